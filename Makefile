@@ -1,0 +1,79 @@
+# pensieve — see README.md. Every target works from a fresh clone; tests that need ../shared
+# say what they skipped when it is absent.
+
+CC       ?= cc
+CFLAGS   ?= -O2 -g
+WARN      = -Wall -Wextra -std=c11
+SHARED   ?= ../shared
+BUILD     = build
+TEST_SRCS = $(wildcard tests/test_*.c)
+TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+TEST_SH   = $(wildcard tests/cli_*.sh)
+FUZZ_SRCS = $(wildcard tests/fuzz_*.c)
+TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never links it
+ARM_CC   ?= aarch64-linux-gnu-gcc
+QEMU_ARM ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
+
+.PHONY: all test debug test-asan fuzz fuzz-run check-syms test-arm64 test-cpp clean
+
+all: pensieve
+
+pensieve: pensieve.c pensieve.h
+	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
+
+# Test programs #include pensieve.c with PSV_TESTING; shell tests drive the built binary.
+$(BUILD)/tests/%: tests/%.c tests/test.h pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(TEST_CFLAGS) -I. $< -o $@ -lpthread $(TEST_LIBS)
+
+$(BUILD)/pensieve-lib.o: pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) -DPSV_NO_MAIN -c pensieve.c -o $@
+
+$(BUILD)/tests/test_header_cpp: tests/header.cpp pensieve.h $(BUILD)/pensieve-lib.o
+	@mkdir -p $(dir $@)
+	$(CXX) -Wall -Wextra $(CFLAGS) -I. tests/header.cpp $(BUILD)/pensieve-lib.o -o $@ -lpthread
+
+test: pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp
+	PSV_SHARED=$(SHARED) PSV_BIN=$(CURDIR)/pensieve sh tests/run.sh $(BUILD)/tests $(TEST_SH)
+
+# ASan + UBSan: the binary, and the whole suite built and run with them.
+debug: pensieve.c pensieve.h
+	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer pensieve.c -o pensieve-debug -lpthread
+
+test-asan: debug
+	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+
+# libFuzzer harnesses (clang). `make fuzz-run FUZZ_SECONDS=60` runs each with its seed corpus.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+fuzz: $(patsubst tests/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
+
+$(BUILD)/fuzz/%: tests/%.c pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. $< -o $@ -lpthread
+
+fuzz-run: fuzz
+	@for f in $(BUILD)/fuzz/fuzz_*; do \
+	  name=$$(basename $$f); mkdir -p $(BUILD)/corpus/$$name; \
+	  seeds=tests/corpus/$$name; [ -d $$seeds ] || seeds=; \
+	  echo "== $$name for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	      $(BUILD)/corpus/$$name $$seeds 2>&1 | tail -n 12 || exit 1; \
+	done
+
+# Every symbol pensieve.c exports must start with psv_ (STYLE.md).
+check-syms: pensieve.c pensieve.h
+	@mkdir -p $(BUILD)
+	$(CC) $(WARN) -O0 -DPSV_NO_MAIN -c pensieve.c -o $(BUILD)/pensieve.o
+	@bad=$$(nm -g --defined-only $(BUILD)/pensieve.o | awk '{print $$3}' | grep -v '^psv_'); \
+	if [ -n "$$bad" ]; then echo "check-syms: exported symbols without psv_ prefix:"; echo "$$bad"; exit 1; fi; \
+	echo "check-syms: ok ($$(nm -g --defined-only $(BUILD)/pensieve.o | wc -l) exported symbols, all psv_)"
+
+# The same unit tests, cross-compiled for aarch64 and run under qemu-user.
+test-arm64:
+	$(MAKE) $(patsubst tests/%.c,$(BUILD)/arm64/tests/%,$(TEST_SRCS)) BUILD=$(BUILD)/arm64 CC=$(ARM_CC) CFLAGS="-O2 -g -static"
+	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" sh tests/run.sh $(BUILD)/arm64/tests
+
+clean:
+	rm -rf $(BUILD) pensieve pensieve-debug

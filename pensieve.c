@@ -1,0 +1,9705 @@
+// pensieve.c — a local LLM inference server and embeddable inference library in one C11 file.
+//
+// pensieve loads a quantized model from the GGUF ecosystem, runs it on the CPU, and serves it
+// over HTTP with Anthropic's Messages API and OpenAI's chat API. The public, embeddable API is
+// pensieve.h; everything else, including `main`, is in this file.
+//
+// Build:
+//   cc pensieve.c -o pensieve          no flags needed: libc + pthreads, no libm
+//   make                               optimised binary (-O2, -march left generic: kernels are
+//                                      chosen at run time by CPU detection)
+//   make test                          unit, conformance and integration tests
+//   make debug / make fuzz             ASan+UBSan build / libFuzzer harnesses (clang)
+//
+// Configuration macros (define before including, or with -D):
+//   PSV_NO_MAIN     leave out `main` (tests and embedders)
+//   PSV_STATIC      make the public API `static` (for people who #include "pensieve.c")
+//   PSV_TESTING     expose internals to tests/ (they #include this file)
+//   PSV_*_MAX_*     limits, each documented where it is defined (section 1)
+//
+// Contents (leaf to root):
+//   1. Config            limits and tunables
+//   2. Platform          includes, OS and CPU specifics (the only place with #ifdef _WIN32 & co.)
+//   3. Core              asserts, checked arithmetic, errors, growable buffers, byte cursor
+//   4. Math              expf, logf, sqrtf, sin/cos, fp16/bf16 without libm
+//   5. SHA-256           FIPS 180-4, portable and SHA-NI / ARMv8 SHA2
+//   6. JSON              reader (tree) and writer (streaming into a buffer)
+//   7. GGUF              type table, reader (mmap, validated), writer, `info`
+//   8. Unicode           generated category tables
+//   9. Tokenizers        SPM and byte-level BPE with pre-tokenizers, detokenizer
+//  10. Chat templates    built-in formatters recognised from tokenizer.chat_template
+//  11. Kernels           scalar reference kernels for every tensor type (the oracle)
+//  12. Thread pool       persistent pthread workers
+//  13. Model             hyper-parameters, weights, KV cache, forward pass
+//  14. Sampling          greedy, temperature, top-k/p, min-p, penalties, seeded RNG
+//  15. Public API        psv_* functions declared in pensieve.h
+//  16. CLI               subcommands and main
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 // madvise, pthread affinity, getline: all in glibc behind this
+#endif
+
+#include "pensieve.h"
+
+// ----------------------------------------------------------------------------
+// 1. Config
+// Every limit on untrusted input is a named macro so embedders can tighten it.
+
+// GGUF files declare counts that size our allocations; these caps turn an absurd header into a
+// clear error instead of a multi-terabyte malloc.
+#ifndef PSV_GGUF_MAX_TENSORS
+#define PSV_GGUF_MAX_TENSORS 65536
+#endif
+#ifndef PSV_GGUF_MAX_KV
+#define PSV_GGUF_MAX_KV 65536
+#endif
+#ifndef PSV_GGUF_MAX_STRING // longest single metadata string (chat templates are ~10 KB)
+#define PSV_GGUF_MAX_STRING (64u << 20)
+#endif
+#ifndef PSV_GGUF_MAX_ARRAY // largest metadata array (vocabularies reach ~260k entries)
+#define PSV_GGUF_MAX_ARRAY (16u << 20)
+#endif
+
+// JSON nesting depth: the reader recurses per level, so this bounds its stack use.
+#ifndef PSV_JSON_MAX_DEPTH
+#define PSV_JSON_MAX_DEPTH 128
+#endif
+
+// ----------------------------------------------------------------------------
+// 2. Platform
+// Includes and everything OS- or CPU-specific. Other sections call the plat_* helpers.
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#define PSV_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#define PSV_ARM64 1
+#include <arm_neon.h>
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#endif
+
+#if defined(PSV_NO_MAIN)
+// An embedder that leaves out main also leaves some internal helpers unreferenced.
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+
+#define PSV_UNUSED(x) ((void)(x))
+// Marks an internal helper that belongs to a section's internal API but that not every build
+// calls (the server uses some, tests and tools others), so -Wunused-function stays quiet for it
+// while staying on for everything else.
+#define PSV_MAYBE_UNUSED __attribute__((unused))
+#define PSV_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define PSV_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define PSV_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+// Monotonic time in seconds, for rates and timeouts (never for tests).
+PSV_MAYBE_UNUSED static double plat_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int plat_n_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (n > 1024 ? 1024 : (int)n);
+}
+
+// CPU features, detected once. x86: cpuid plus XGETBV so a feature counts only when the OS saves
+// its register state (Intel SDM vol. 1 §13.3). ARM: hwcaps on Linux, sysctl on macOS.
+typedef struct {
+    bool detected;
+    bool sse3, ssse3, fma, f16c, avx, avx2, avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16,
+        avxvnni, sha_ni;
+    bool neon, dotprod, i8mm, arm_sha2, fp16;
+} plat_cpu;
+
+static plat_cpu plat_cpu_info;
+static pthread_once_t plat_cpu_once = PTHREAD_ONCE_INIT;
+
+static void plat_cpu_detect_once(void) {
+    plat_cpu c;
+    memset(&c, 0, sizeof c);
+#if defined(PSV_X86)
+    unsigned a, b, cx, d;
+    if (__get_cpuid(1, &a, &b, &cx, &d)) {
+        c.sse3 = (cx >> 0) & 1;
+        c.ssse3 = (cx >> 9) & 1;
+        c.fma = (cx >> 12) & 1;
+        c.f16c = (cx >> 29) & 1;
+        bool osxsave = (cx >> 27) & 1, avx_hw = (cx >> 28) & 1;
+        unsigned long long xcr0 = 0;
+        if (osxsave) {
+            unsigned lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            xcr0 = ((unsigned long long)hi << 32) | lo;
+        }
+        bool os_avx = (xcr0 & 0x6) == 0x6;      // XMM and YMM state
+        bool os_avx512 = (xcr0 & 0xe6) == 0xe6; // plus opmask, ZMM_Hi256, Hi16_ZMM
+        c.avx = avx_hw && os_avx;
+        if (!c.avx) c.fma = c.f16c = false;
+        unsigned max_leaf = __get_cpuid_max(0, NULL);
+        if (max_leaf >= 7) {
+            __cpuid_count(7, 0, a, b, cx, d);
+            c.avx2 = c.avx && ((b >> 5) & 1);
+            c.sha_ni = (b >> 29) & 1;
+            c.avx512f = os_avx512 && ((b >> 16) & 1);
+            c.avx512bw = c.avx512f && ((b >> 30) & 1);
+            c.avx512vl = c.avx512f && ((b >> 31) & 1);
+            c.avx512vnni = c.avx512f && ((cx >> 11) & 1);
+            unsigned a1, b1, c1, d1;
+            __cpuid_count(7, 1, a1, b1, c1, d1);
+            c.avxvnni = c.avx2 && ((a1 >> 4) & 1);
+            c.avx512bf16 = c.avx512f && ((a1 >> 5) & 1);
+            PSV_UNUSED(b1); PSV_UNUSED(c1); PSV_UNUSED(d1);
+        }
+    }
+#elif defined(PSV_ARM64)
+    c.neon = true; // Advanced SIMD is baseline on AArch64
+#if defined(__linux__)
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    c.fp16 = (hw >> 9) & 1;     // HWCAP_FPHP
+    c.arm_sha2 = (hw >> 6) & 1; // HWCAP_SHA2
+    c.dotprod = (hw >> 20) & 1; // HWCAP_ASIMDDP
+    c.i8mm = (hw2 >> 13) & 1;   // HWCAP2_I8MM
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t sz = sizeof v;
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &sz, NULL, 0) == 0) c.dotprod = v;
+    sz = sizeof v; v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &sz, NULL, 0) == 0) c.i8mm = v;
+    sz = sizeof v; v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_SHA256", &v, &sz, NULL, 0) == 0) c.arm_sha2 = v;
+    c.fp16 = true;
+#endif
+#endif
+    c.detected = true;
+    plat_cpu_info = c;
+}
+
+static const plat_cpu *plat_cpu_get(void) {
+    pthread_once(&plat_cpu_once, plat_cpu_detect_once);
+    return &plat_cpu_info;
+}
+
+// A read-only mapping of a whole file. size 0 files map to data == NULL.
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+    void *map; // what munmap needs (NULL when nothing is mapped)
+} plat_map;
+
+// ----------------------------------------------------------------------------
+// 3. Core
+// Always-on asserts, overflow-checked size arithmetic, the error record, growable buffers and a
+// bounds-checked little-endian byte cursor for every binary parser.
+
+#define PSV_ASSERT(x)                                                                      \
+    do {                                                                                   \
+        if (!(x)) {                                                                        \
+            fprintf(stderr, "pensieve: assertion failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                    #x);                                                                   \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+// Checked arithmetic: return false on overflow and leave *r unspecified.
+static inline bool ck_add(size_t a, size_t b, size_t *r) { return !__builtin_add_overflow(a, b, r); }
+static inline bool ck_mul(size_t a, size_t b, size_t *r) { return !__builtin_mul_overflow(a, b, r); }
+static inline bool ck_add_u64(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_add_overflow(a, b, r); }
+static inline bool ck_mul_u64(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+
+// Fill an optional caller-owned error record. Messages follow `module: object: problem (expected
+// X, got Y)`. Returns `st` so callers can write `return err_set(err, PSV_ERR_FORMAT, ...)`.
+// When err already holds an error, the first one is kept: it is the cause, later ones are
+// consequences.
+static psv_status err_set(psv_error *err, psv_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static psv_status err_set(psv_error *err, psv_status st, const char *fmt, ...) {
+    if (err && err->status == PSV_OK) {
+        err->status = st;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+// Prefix an existing message with context ("model 'x.gguf': " + message).
+static void err_prefix(psv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void err_prefix(psv_error *err, const char *fmt, ...) {
+    if (!err || err->status == PSV_OK) return;
+    char pre[256], old[sizeof err->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->message, sizeof old);
+    size_t np = strlen(pre), no = strlen(old), cap = sizeof err->message - 1;
+    if (np > cap) np = cap;
+    if (no > cap - np) no = cap - np;
+    memcpy(err->message, pre, np);
+    memcpy(err->message + np, old, no);
+    err->message[np + no] = 0;
+}
+
+PSV_API const char *psv_status_name(psv_status st) {
+    switch (st) {
+    case PSV_OK: return "ok";
+    case PSV_ERR_INVALID: return "invalid";
+    case PSV_ERR_FORMAT: return "format";
+    case PSV_ERR_UNSUPPORTED: return "unsupported";
+    case PSV_ERR_IO: return "io";
+    case PSV_ERR_NOMEM: return "nomem";
+    case PSV_ERR_RANGE: return "range";
+    case PSV_ERR_CANCELLED: return "cancelled";
+    }
+    return "unknown";
+}
+
+PSV_MAYBE_UNUSED static void err_clear(psv_error *err) {
+    if (err) {
+        err->status = PSV_OK;
+        err->message[0] = 0;
+    }
+}
+
+// A growable byte buffer with a sticky out-of-memory flag: writers append without checking each
+// call and look at `oom` once at the end. data is always NUL-terminated when len > 0 or cap > 0.
+typedef struct {
+    char *data;
+    size_t len, cap;
+    bool oom;
+} buf_t;
+
+static bool buf_reserve(buf_t *b, size_t extra) {
+    if (b->oom) return false;
+    size_t need;
+    if (!ck_add(b->len, extra, &need) || !ck_add(need, 1, &need)) {
+        b->oom = true;
+        return false;
+    }
+    if (need <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) {
+        if (!ck_mul(cap, 2, &cap)) {
+            cap = need;
+            break;
+        }
+    }
+    char *p = realloc(b->data, cap);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    if (!b->data) p[0] = 0; // a fresh buffer reads as the empty string
+    b->data = p;
+    b->cap = cap;
+    return true;
+}
+
+static void buf_append(buf_t *b, const void *p, size_t n) {
+    if (!buf_reserve(b, n)) return;
+    if (n) memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = 0;
+}
+
+static void buf_puts(buf_t *b, const char *s) { buf_append(b, s, strlen(s)); }
+static void buf_putc(buf_t *b, char c) { buf_append(b, &c, 1); }
+
+static void buf_printf(buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(buf_t *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[256];
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        buf_append(b, tmp, (size_t)n);
+        return;
+    }
+    if (!buf_reserve(b, (size_t)n)) return;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+static void buf_free(buf_t *b) {
+    if (!b) return;
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+// A string slice: bytes that are not necessarily NUL-terminated (GGUF strings, JSON keys).
+typedef struct {
+    const char *p;
+    size_t n;
+} str_t;
+
+static inline str_t str_c(const char *s) { return (str_t){s, strlen(s)}; }
+static inline bool str_eq(str_t a, str_t b) { return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0); }
+static inline bool str_eq_c(str_t a, const char *b) { return str_eq(a, str_c(b)); }
+
+// A malloc'd NUL-terminated copy of a slice (NULL on out-of-memory).
+static char *str_dup(str_t s) {
+    char *r = malloc(s.n + 1);
+    if (!r) return NULL;
+    if (s.n) memcpy(r, s.p, s.n);
+    r[s.n] = 0;
+    return r;
+}
+
+// A bounds-checked little-endian reader over untrusted bytes. Every read checks the remaining
+// length first; after the first failure `bad` stays set and reads return zeros, so a parser can
+// read a group of fields and check once.
+typedef struct {
+    const uint8_t *p;
+    size_t n, off;
+    bool bad;
+} rd_t;
+
+static bool rd_need(rd_t *r, size_t k) {
+    if (r->bad || r->n - r->off < k) {
+        r->bad = true;
+        return false;
+    }
+    return true;
+}
+PSV_MAYBE_UNUSED static uint8_t rd_u8(rd_t *r) { return rd_need(r, 1) ? r->p[r->off++] : 0; }
+PSV_MAYBE_UNUSED static uint16_t rd_u16(rd_t *r) {
+    if (!rd_need(r, 2)) return 0;
+    const uint8_t *q = r->p + r->off;
+    r->off += 2;
+    return (uint16_t)(q[0] | (q[1] << 8));
+}
+static uint32_t rd_u32(rd_t *r) {
+    if (!rd_need(r, 4)) return 0;
+    const uint8_t *q = r->p + r->off;
+    r->off += 4;
+    return (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+}
+static uint64_t rd_u64(rd_t *r) {
+    uint64_t lo = rd_u32(r), hi = rd_u32(r);
+    return lo | (hi << 32);
+}
+PSV_MAYBE_UNUSED static float rd_f32(rd_t *r) {
+    uint32_t u = rd_u32(r);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+PSV_MAYBE_UNUSED static double rd_f64(rd_t *r) {
+    uint64_t u = rd_u64(r);
+    double f;
+    memcpy(&f, &u, 8);
+    return f;
+}
+// A slice of k bytes in place (no copy); NULL and bad on overrun.
+static const uint8_t *rd_bytes(rd_t *r, size_t k) {
+    if (!rd_need(r, k)) return NULL;
+    const uint8_t *q = r->p + r->off;
+    r->off += k;
+    return q;
+}
+
+// Little-endian stores, for writers.
+static void wr_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void wr_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void wr_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t ld_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t ld_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+// Whole-file helpers. plat_map_file maps read-only; a size-0 file gives an empty map.
+static psv_status plat_map_file(const char *path, plat_map *m, psv_error *err) {
+    memset(m, 0, sizeof *m);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, PSV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return err_set(err, PSV_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(err, PSV_ERR_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
+            close(fd);
+            return err_set(err, PSV_ERR_IO, "%s: file too large to map", path);
+        }
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return err_set(err, PSV_ERR_IO, "%s: cannot mmap %lld bytes: %s", path,
+                           (long long)st.st_size, strerror(e));
+        }
+        m->map = p;
+        m->data = p;
+        m->size = (size_t)st.st_size;
+    }
+    close(fd);
+    return PSV_OK;
+}
+
+static void plat_unmap(plat_map *m) {
+    if (m && m->map) munmap(m->map, m->size);
+    if (m) memset(m, 0, sizeof *m);
+}
+
+// Read a whole file (or stdin for "-") into a malloc'd NUL-terminated buffer.
+static psv_status plat_read_file(const char *path, char **out, size_t *out_len, psv_error *err) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) return err_set(err, PSV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    buf_t b = {0};
+    char tmp[65536];
+    size_t k;
+    while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) buf_append(&b, tmp, k);
+    bool failed = ferror(f);
+    if (f != stdin) fclose(f);
+    if (failed) {
+        buf_free(&b);
+        return err_set(err, PSV_ERR_IO, "%s: read error", path);
+    }
+    if (b.oom) {
+        buf_free(&b);
+        return err_set(err, PSV_ERR_NOMEM, "%s: out of memory reading file", path);
+    }
+    if (!b.data) buf_reserve(&b, 0);
+    if (b.oom) return err_set(err, PSV_ERR_NOMEM, "%s: out of memory reading file", path);
+    *out = b.data;
+    if (out_len) *out_len = b.len;
+    return PSV_OK;
+}
+
+// ----------------------------------------------------------------------------
+// 4. Math
+// pensieve links no libm. These are the functions the forward pass and sampler need, with their
+// accuracy stated. All are pure and thread-safe.
+
+static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline double f64_from_bits(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }
+static inline uint64_t f64_bits(double f) { uint64_t u; memcpy(&u, &f, 8); return u; }
+
+static inline float psv_fabsf(float x) { return f32_from_bits(f32_bits(x) & 0x7fffffffu); }
+static inline bool psv_isnan(float x) { return (f32_bits(x) & 0x7fffffffu) > 0x7f800000u; }
+static inline bool psv_isfinite(float x) { return (f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+
+// Correctly rounded square root: the hardware instruction where there is one (IEEE 754 requires
+// it to be exact), else Newton iteration in double, which converges to the correctly rounded
+// float after rounding.
+static inline double psv_sqrt(double x) {
+#if defined(PSV_X86)
+    return _mm_cvtsd_f64(_mm_sqrt_sd(_mm_setzero_pd(), _mm_set_sd(x)));
+#elif defined(PSV_ARM64)
+    double r;
+    __asm__("fsqrt %d0, %d1" : "=w"(r) : "w"(x));
+    return r;
+#else
+    if (!(x > 0)) return x == 0 ? x : (x != x ? x : f64_from_bits(0x7ff8000000000000ull));
+    if (x == f64_from_bits(0x7ff0000000000000ull)) return x;
+    int e = (int)((f64_bits(x) >> 52) & 0x7ff) - 1023;
+    double g = f64_from_bits((uint64_t)((e / 2) + 1023) << 52); // 2^(e/2)
+    for (int i = 0; i < 60; i++) {
+        double ng = 0.5 * (g + x / g);
+        if (ng == g) break;
+        g = ng;
+    }
+    return g;
+#endif
+}
+static inline float psv_sqrtf(float x) { return (float)psv_sqrt((double)x); }
+
+// 2^k for integer k in the normal double range.
+static inline double psv_pow2i(int k) {
+    if (k > 1023) return f64_from_bits(0x7ff0000000000000ull);
+    if (k < -1022) {
+        if (k < -1074) return 0.0;
+        return f64_from_bits(1ull << (k + 1074)); // subnormal
+    }
+    return f64_from_bits((uint64_t)(k + 1023) << 52);
+}
+
+static inline double psv_round_half_away(double x) {
+    // Values beyond 2^52 are already integers.
+    if (!(x < 4503599627370496.0 && x > -4503599627370496.0)) return x;
+    double t = (double)(int64_t)x; // truncates toward zero
+    double d = x - t;
+    if (d >= 0.5) t += 1.0;
+    else if (d <= -0.5) t -= 1.0;
+    return t;
+}
+
+// exp(x) in double: reduce x = k ln2 + r with |r| <= ln2/2 (ln2 split in two parts so k*ln2_hi is
+// exact), then a degree-13 Taylor polynomial, then scale by 2^k. Relative error < 2e-16 for
+// normal results; subnormal results lose precision gradually, as they must.
+static double psv_exp(double x) {
+    if (x != x) return x;
+    if (x > 709.782712893384) return f64_from_bits(0x7ff0000000000000ull);
+    if (x < -745.2) return 0.0;
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    double k = psv_round_half_away(x * 1.44269504088896338700);
+    double r = (x - k * ln2_hi) - k * ln2_lo;
+    // Horner, 1 + r + r^2/2! + ... + r^13/13!
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    int ki = (int)k;
+    // Split the scale so that 2^k never overflows or flushes early near the range ends.
+    if (ki > 1000) return p * psv_pow2i(1000) * psv_pow2i(ki - 1000);
+    if (ki < -1000) return p * psv_pow2i(-1000) * psv_pow2i(ki + 1000);
+    return p * psv_pow2i(ki);
+}
+
+// expf: through double, so the result is the correctly rounded float of a value with relative
+// error < 2e-16 where the result is a normal float (at most 1 ulp). Hot loops use the vectorised variants of
+// the kernels section; this is the reference.
+PSV_MAYBE_UNUSED static inline float psv_expf(float x) { return (float)psv_exp((double)x); }
+
+// log(x) in double: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s),
+// s = (m-1)/(m+1), |s| < 0.172, series to s^21. Relative error < 1e-15.
+static double psv_log(double x) {
+    if (x != x || x < 0) return f64_from_bits(0x7ff8000000000000ull);
+    if (x == 0) return -f64_from_bits(0x7ff0000000000000ull);
+    if (x == f64_from_bits(0x7ff0000000000000ull)) return x;
+    uint64_t u = f64_bits(x);
+    int e = (int)((u >> 52) & 0x7ff);
+    if (e == 0) { // subnormal: normalise
+        x *= 18014398509481984.0; // 2^54
+        u = f64_bits(x);
+        e = (int)((u >> 52) & 0x7ff) - 54;
+    }
+    e -= 1023;
+    double m = f64_from_bits((u & 0x000fffffffffffffull) | 0x3ff0000000000000ull); // [1,2)
+    if (m > 1.41421356237309504880) {
+        m *= 0.5;
+        e += 1;
+    }
+    double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+    double p = 1.0 / 21;
+    for (int k = 19; k >= 1; k -= 2) p = p * s2 + 1.0 / k;
+    return 2.0 * s * p + (double)e * 0.69314718055994530942;
+}
+PSV_MAYBE_UNUSED static inline float psv_logf(float x) { return (float)psv_log((double)x); }
+
+// x^y for x > 0 (rope frequency bases, sampling temperatures). Relative error ~1e-14.
+static inline double psv_pow(double x, double y) {
+    if (y == 0) return 1.0;
+    if (x == 0) return y > 0 ? 0.0 : f64_from_bits(0x7ff0000000000000ull);
+    return psv_exp(y * psv_log(x));
+}
+
+// tanh through exp; for |x| > 22 it is ±1 to double precision.
+static inline double psv_tanh(double x) {
+    if (x > 22) return 1.0;
+    if (x < -22) return -1.0;
+    if (x > -1e-5 && x < 1e-5) return x - x * x * x / 3.0;
+    double e = psv_exp(2.0 * x);
+    return (e - 1.0) / (e + 1.0);
+}
+static inline float psv_tanhf(float x) { return (float)psv_tanh((double)x); }
+
+// Fused multiply-add a*b + c with one rounding, without FMA hardware: a*b is exact in double;
+// the double sum s and its exact error e (TwoSum) are then rounded to float, nudging s by one
+// double ulp toward e when s sits exactly halfway between two floats, so the final rounding is
+// correct (no double-rounding error). Exact for all finite inputs whose result is finite.
+static inline float psv_fmaf(float a, float b, float c) {
+    double p = (double)a * (double)b, s = p + (double)c;
+    double bp = s - p, e = (p - (s - bp)) + ((double)c - bp);
+    uint64_t u = f64_bits(s);
+    if (e != 0 && (u & 0x1fffffffull) == 0x10000000ull) { // halfway between two floats
+        bool away = (e > 0) == (s > 0);
+        u = away ? u + 1 : u - 1;
+        s = f64_from_bits(u);
+    }
+    return (float)s;
+}
+
+// exp(x) in float as the GGUF ecosystem's reference runtime computes it in its vector kernels
+// (the Arm optimized-routines algorithm): x = n ln2 + b with n from a shift-based round and ln2
+// in two parts, exp(b) - 1 by a degree-5 polynomial, scaled by 2^n through the exponent bits.
+// Max error about 1.5 ulp against the true exp. pensieve uses it where the reference does (SiLU,
+// attention softmax) because the models amplify last-bit differences: matching the rounding
+// keeps results within the reference contract. Values above ~88.7 overflow to infinity, below
+// ~-103.9 flush to zero.
+static float psv_expf_poly(float x) {
+    const float shift = 0x1.8p23f;
+    float z = psv_fmaf(x, 0x1.715476p+0f, shift);
+    float n = z - shift;
+    float b = psv_fmaf(-n, 0x1.7f7d1cp-20f, psv_fmaf(-n, 0x1.62e4p-1f, x));
+    uint32_t e = f32_bits(z) << 23;
+    float k = f32_from_bits(e + f32_bits(1.0f));
+    float u = b * b;
+    float j = psv_fmaf(psv_fmaf(psv_fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, psv_fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                       0x1.ffffecp-1f * b);
+    if (!(psv_fabsf(n) > 126.0f)) return psv_fmaf(k, j, k);
+    // Out of the directly representable range: split 2^n into two factors.
+    uint32_t d = n <= 0.0f ? 0x82000000u : 0u;
+    float s1 = f32_from_bits(d + 0x7f000000u), s2 = f32_from_bits(e - d);
+    if (psv_fabsf(n) > 192.0f) return s1 * s1;
+    return psv_fmaf(s2, j, s2) * s1;
+}
+
+// sin and cos of a double argument, for rotary embeddings whose angles reach ~1e6 radians.
+// Reduction by pi/2 with a three-part Cody-Waite constant (33+33+rest bits) is exact while
+// k*pio2_1 is, i.e. |x| < 2^20*pi/2 (~1.6e6), giving absolute error < 1e-15 there; beyond it
+// accuracy degrades gradually. Then Taylor series on |r| <= pi/4.
+static void psv_sincos(double x, double *s, double *c) {
+    if (x != x || x > 1e15 || x < -1e15) {
+        *s = *c = f64_from_bits(0x7ff8000000000000ull);
+        return;
+    }
+    const double pio2_1 = 1.57079632673412561417e+00, pio2_2 = 6.07710050630396597660e-11,
+                 pio2_3 = 2.02226624879595063154e-21;
+    double k = psv_round_half_away(x * 0.63661977236758134308);
+    double r = ((x - k * pio2_1) - k * pio2_2) - k * pio2_3;
+    double r2 = r * r;
+    // Taylor series to r^19 (sin) and r^18 (cos): on |r| <= pi/4 the first omitted term is
+    // below 1e-18.
+    double sr = r, cr = 1.0, ts = r, tc = 1.0;
+    for (int i = 1; i <= 9; i++) {
+        ts *= -r2 / (double)((2 * i) * (2 * i + 1));
+        tc *= -r2 / (double)((2 * i - 1) * (2 * i));
+        sr += ts;
+        cr += tc;
+    }
+    int64_t q = (int64_t)k & 3;
+    switch (q) {
+    case 0: *s = sr; *c = cr; break;
+    case 1: *s = cr; *c = -sr; break;
+    case 2: *s = -sr; *c = -cr; break;
+    default: *s = -cr; *c = sr; break;
+    }
+}
+
+// IEEE half <-> float, exact in both directions (float -> half rounds to nearest even).
+static inline float psv_fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0) {
+        if (man == 0) return f32_from_bits(sign);
+        // subnormal: value = man * 2^-24
+        float v = (float)man * (1.0f / 16777216.0f);
+        return (sign ? -v : v);
+    }
+    if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (man << 13));
+    return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+static inline uint16_t psv_f32_to_fp16(float f) {
+    uint32_t u = f32_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00 | ((a >> 13) & 0x3ff)); // NaN stays NaN
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); // rounds to >= 65520: infinity
+    if (a < 0x38800000u) { // below the smallest normal half (2^-14): subnormal or zero
+        // half subnormal = round(x * 2^24) with ties to even; x * 2^24 is exact in float
+        float x = f32_from_bits(a) * 16777216.0f;
+        uint32_t i = (uint32_t)x;
+        float fr = x - (float)i;
+        if (fr > 0.5f || (fr == 0.5f && (i & 1))) i++;
+        return (uint16_t)(sign | i);
+    }
+    uint32_t e = (a >> 23) - 112, m = a & 0x7fffff;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; // carries into the exponent correctly
+    return (uint16_t)(sign | h);
+}
+
+static inline float psv_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+static inline uint16_t psv_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // quiet NaN
+    u += 0x7fff + ((u >> 16) & 1); // round to nearest even
+    return (uint16_t)(u >> 16);
+}
+
+// Tensor types, by their ggml type id as stored in GGUF tensor infos (GGUF v3 / ggml.h). Ids
+// 4, 5 and 31-33, 36-38 were retired upstream and are invalid. A block of `blck_size` values
+// takes `type_size` bytes. `supported` marks the types this build can compute with; the others
+// are known by name so that a model using them gets a clear error.
+typedef enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+    T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15,
+    T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ1_S = 19, T_IQ4_NL = 20, T_IQ3_S = 21,
+    T_IQ2_S = 22, T_IQ4_XS = 23, T_I8 = 24, T_I16 = 25, T_I32 = 26, T_I64 = 27, T_F64 = 28,
+    T_IQ1_M = 29, T_BF16 = 30, T_TQ1_0 = 34, T_TQ2_0 = 35, T_MXFP4 = 39,
+    T_COUNT = 40
+} tensor_type;
+
+typedef struct {
+    const char *name; // NULL: not a valid type id
+    uint32_t blck_size;
+    uint32_t type_size;
+    bool supported;
+} type_info;
+
+#define QK_K 256 // values per k-quant super-block
+
+static const type_info type_table[T_COUNT] = {
+    [T_F32] = {"F32", 1, 4, true},          [T_F16] = {"F16", 1, 2, true},
+    [T_Q4_0] = {"Q4_0", 32, 18, true},      [T_Q4_1] = {"Q4_1", 32, 20, true},
+    [T_Q5_0] = {"Q5_0", 32, 22, true},      [T_Q5_1] = {"Q5_1", 32, 24, true},
+    [T_Q8_0] = {"Q8_0", 32, 34, true},      [T_Q8_1] = {"Q8_1", 32, 36, false},
+    [T_Q2_K] = {"Q2_K", 256, 84, true},     [T_Q3_K] = {"Q3_K", 256, 110, true},
+    [T_Q4_K] = {"Q4_K", 256, 144, true},    [T_Q5_K] = {"Q5_K", 256, 176, true},
+    [T_Q6_K] = {"Q6_K", 256, 210, true},    [T_Q8_K] = {"Q8_K", 256, 292, false},
+    [T_IQ2_XXS] = {"IQ2_XXS", 256, 66, false}, [T_IQ2_XS] = {"IQ2_XS", 256, 74, false},
+    [T_IQ3_XXS] = {"IQ3_XXS", 256, 98, false}, [T_IQ1_S] = {"IQ1_S", 256, 50, false},
+    [T_IQ4_NL] = {"IQ4_NL", 32, 18, false}, [T_IQ3_S] = {"IQ3_S", 256, 110, false},
+    [T_IQ2_S] = {"IQ2_S", 256, 82, false},  [T_IQ4_XS] = {"IQ4_XS", 256, 136, false},
+    [T_I8] = {"I8", 1, 1, false},           [T_I16] = {"I16", 1, 2, false},
+    [T_I32] = {"I32", 1, 4, false},         [T_I64] = {"I64", 1, 8, false},
+    [T_F64] = {"F64", 1, 8, false},         [T_IQ1_M] = {"IQ1_M", 256, 56, false},
+    [T_BF16] = {"BF16", 1, 2, true},        [T_TQ1_0] = {"TQ1_0", 256, 54, false},
+    [T_TQ2_0] = {"TQ2_0", 256, 66, false},  [T_MXFP4] = {"MXFP4", 32, 17, false},
+};
+
+static const type_info *type_get(uint32_t id) {
+    return id < T_COUNT && type_table[id].name ? &type_table[id] : NULL;
+}
+
+// Bytes of one row of n values; false when n is not a whole number of blocks or overflows.
+static bool type_row_size(uint32_t id, uint64_t n, uint64_t *out) {
+    const type_info *t = type_get(id);
+    if (!t || n % t->blck_size) return false;
+    return ck_mul_u64(n / t->blck_size, t->type_size, out);
+}
+
+// ----------------------------------------------------------------------------
+// 5. SHA-256
+// FIPS 180-4 SHA-256: a portable compression function (the oracle), x86 SHA-NI and ARMv8 SHA2
+// variants picked once at run time, the streaming psv_sha256_* API, file hashing, and the
+// `sha256` subcommand, whose output is byte for byte that of coreutils `sha256sum`.
+// PSV_KERNELS=ref in the environment forces the portable code, as it does for the tensor kernels.
+
+// Processes n_blocks consecutive 64-byte blocks at p into state (FIPS 180-4 §6.2.2). Every
+// variant computes exactly the same function; they differ only in speed.
+typedef void (*sha256_blocks_fn)(uint32_t state[8], const uint8_t *p, size_t n_blocks);
+
+// Bytes per read() when hashing a file: large enough that syscall overhead is noise next to
+// hashing (~0.5 ms of SHA-NI work per read), small enough to stay in L2/L3.
+#define SHA256_READ_SIZE ((size_t)1 << 20)
+
+// FIPS 180-4 §4.2.2: the first 32 bits of the fractional parts of the cube roots of the first 64
+// primes. Aligned so the SIMD variants can load four at a time.
+static _Alignas(16) const uint32_t sha256_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+// FIPS 180-4 §5.3.3: the initial hash value H(0).
+static const uint32_t sha256_h0[8] = {
+    0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+};
+
+static inline uint32_t sha256_rotr(uint32_t x, unsigned n) { return (x >> n) | (x << (32 - n)); }
+
+static inline uint32_t sha256_ld_be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline void sha256_st_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+// FIPS 180-4 §4.1.2, functions (4.2)-(4.7). Ch and Maj are written in equivalent forms with one
+// operation fewer.
+#define SHA256_CH(x, y, z) ((z) ^ ((x) & ((y) ^ (z))))
+#define SHA256_MAJ(x, y, z) (((x) & (y)) | ((z) & ((x) | (y))))
+#define SHA256_BSIG0(x) (sha256_rotr((x), 2) ^ sha256_rotr((x), 13) ^ sha256_rotr((x), 22))
+#define SHA256_BSIG1(x) (sha256_rotr((x), 6) ^ sha256_rotr((x), 11) ^ sha256_rotr((x), 25))
+#define SHA256_SSIG0(x) (sha256_rotr((x), 7) ^ sha256_rotr((x), 18) ^ ((x) >> 3))
+#define SHA256_SSIG1(x) (sha256_rotr((x), 17) ^ sha256_rotr((x), 19) ^ ((x) >> 10))
+
+// One round of §6.2.2 step 3. Instead of shifting the eight working variables down, the caller
+// renames them: afterwards the variable passed as h holds the new a and the one passed as d holds
+// the new e, so the next round is SHA256_ROUND(h, a, b, c, d, e, f, g, ...).
+#define SHA256_ROUND(a, b, c, d, e, f, g, h, kw)                              \
+    do {                                                                      \
+        uint32_t t1_ = (h) + SHA256_BSIG1(e) + SHA256_CH(e, f, g) + (kw);     \
+        uint32_t t2_ = SHA256_BSIG0(a) + SHA256_MAJ(a, b, c);                 \
+        (d) += t1_;                                                           \
+        (h) = t1_ + t2_;                                                      \
+    } while (0)
+
+// The portable compression function, written to follow §6.2.2 step by step; it is the oracle the
+// accelerated variants are tested against.
+static void sha256_blocks_ref(uint32_t state[8], const uint8_t *p, size_t n_blocks) {
+    uint32_t w[64];
+    for (; n_blocks > 0; n_blocks--, p += 64) {
+        // Step 1: the message schedule.
+        for (int t = 0; t < 16; t++) w[t] = sha256_ld_be32(p + 4 * t);
+        for (int t = 16; t < 64; t++)
+            w[t] = SHA256_SSIG1(w[t - 2]) + w[t - 7] + SHA256_SSIG0(w[t - 15]) + w[t - 16];
+        // Steps 2-3: 64 rounds, eight per iteration so the renaming comes back to the start.
+        uint32_t a = state[0], b = state[1], c = state[2], d = state[3];
+        uint32_t e = state[4], f = state[5], g = state[6], h = state[7];
+        for (int t = 0; t < 64; t += 8) {
+            SHA256_ROUND(a, b, c, d, e, f, g, h, sha256_k[t + 0] + w[t + 0]);
+            SHA256_ROUND(h, a, b, c, d, e, f, g, sha256_k[t + 1] + w[t + 1]);
+            SHA256_ROUND(g, h, a, b, c, d, e, f, sha256_k[t + 2] + w[t + 2]);
+            SHA256_ROUND(f, g, h, a, b, c, d, e, sha256_k[t + 3] + w[t + 3]);
+            SHA256_ROUND(e, f, g, h, a, b, c, d, sha256_k[t + 4] + w[t + 4]);
+            SHA256_ROUND(d, e, f, g, h, a, b, c, sha256_k[t + 5] + w[t + 5]);
+            SHA256_ROUND(c, d, e, f, g, h, a, b, sha256_k[t + 6] + w[t + 6]);
+            SHA256_ROUND(b, c, d, e, f, g, h, a, sha256_k[t + 7] + w[t + 7]);
+        }
+        // Step 4: the intermediate hash value.
+        state[0] += a; state[1] += b; state[2] += c; state[3] += d;
+        state[4] += e; state[5] += f; state[6] += g; state[7] += h;
+    }
+}
+
+#if defined(PSV_X86)
+// x86 SHA extensions (Intel SDM vol. 2, SHA256RNDS2/SHA256MSG1/SHA256MSG2). The state lives in
+// two registers in the order the instructions want: abef = lanes (F, E, B, A) and
+// cdgh = (H, G, D, C), lane 0 first. Besides SHA it needs only SSSE3 (pshufb, palignr): the
+// state shuffles use SSE2 unpacks, so the run-time check is exactly sha_ni && ssse3.
+#define SHA256_NI_TARGET __attribute__((target("sha,ssse3")))
+
+// Rounds 4g..4g+3 with message words m = W[4g..4g+3]. SHA256RNDS2 takes (CDGH, ABEF, two W+K
+// in the low lanes) and returns the new ABEF; the old ABEF is then the new CDGH, so the two
+// registers swap roles between the two calls and are back in place after four rounds.
+#define SHA256_NI_4ROUNDS(g, m)                                                           \
+    do {                                                                                  \
+        __m128i wk_ = _mm_add_epi32((m), _mm_load_si128((const __m128i *)&sha256_k[4 * (g)])); \
+        cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk_);                                    \
+        abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk_, 0x0e));           \
+    } while (0)
+
+// §6.2.2 step 1 for t = 4g..4g+3 given m0..m3 = W[4g-16..], W[4g-12..], W[4g-8..], W[4g-4..]:
+// MSG1 adds sigma0 of the next word to each of m0, the add brings in W[t-7] (m2:m3 shifted by
+// one word), MSG2 adds sigma1 of W[t-2] (including the two words it has just produced). The
+// result replaces m0, the oldest group.
+#define SHA256_NI_SCHEDULE(m0, m1, m2, m3)                                                \
+    (m0) = _mm_sha256msg2_epu32(                                                          \
+        _mm_add_epi32(_mm_sha256msg1_epu32((m0), (m1)), _mm_alignr_epi8((m3), (m2), 4)), (m3))
+
+SHA256_NI_TARGET
+static void sha256_blocks_shani(uint32_t state[8], const uint8_t *p, size_t n_blocks) {
+    // Byte order within each 32-bit word reversed: message words are big-endian (§3.1).
+    const __m128i bswap = _mm_set_epi8(12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3);
+    __m128i x = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&state[0]), 0x1b); // D C B A
+    __m128i y = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&state[4]), 0x1b); // H G F E
+    __m128i abef = _mm_unpackhi_epi64(y, x); // F E B A
+    __m128i cdgh = _mm_unpacklo_epi64(y, x); // H G D C
+    for (; n_blocks > 0; n_blocks--, p += 64) {
+        __m128i abef0 = abef, cdgh0 = cdgh;
+        __m128i m0 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 0)), bswap);
+        __m128i m1 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16)), bswap);
+        __m128i m2 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 32)), bswap);
+        __m128i m3 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 48)), bswap);
+        SHA256_NI_4ROUNDS(0, m0);
+        SHA256_NI_4ROUNDS(1, m1);
+        SHA256_NI_4ROUNDS(2, m2);
+        SHA256_NI_4ROUNDS(3, m3);
+        for (int g = 4; g < 16; g += 4) {
+            SHA256_NI_SCHEDULE(m0, m1, m2, m3);
+            SHA256_NI_4ROUNDS(g + 0, m0);
+            SHA256_NI_SCHEDULE(m1, m2, m3, m0);
+            SHA256_NI_4ROUNDS(g + 1, m1);
+            SHA256_NI_SCHEDULE(m2, m3, m0, m1);
+            SHA256_NI_4ROUNDS(g + 2, m2);
+            SHA256_NI_SCHEDULE(m3, m0, m1, m2);
+            SHA256_NI_4ROUNDS(g + 3, m3);
+        }
+        abef = _mm_add_epi32(abef, abef0);
+        cdgh = _mm_add_epi32(cdgh, cdgh0);
+    }
+    x = _mm_shuffle_epi32(abef, 0x1b); // A B E F
+    y = _mm_shuffle_epi32(cdgh, 0x1b); // C D G H
+    _mm_storeu_si128((__m128i *)&state[0], _mm_unpacklo_epi64(x, y)); // A B C D
+    _mm_storeu_si128((__m128i *)&state[4], _mm_unpackhi_epi64(x, y)); // E F G H
+}
+#endif // PSV_X86
+
+#if defined(PSV_ARM64)
+// ARMv8 Cryptographic Extension, SHA2 part (Arm ARM, SHA256H/SHA256H2/SHA256SU0/SHA256SU1). The
+// state is two registers in natural order, abcd and efgh. gcc spells the target "+crypto" and
+// its arm_neon.h exposes the intrinsics under it. clang spells it "sha2", and before clang 16
+// its arm_neon.h hides the intrinsics unless the whole file is built with SHA2, so there the four
+// instructions are issued by inline asm, which clang assembles under the function's target.
+#if defined(__clang__)
+#define SHA256_ARM_TARGET __attribute__((target("sha2")))
+#else
+#define SHA256_ARM_TARGET __attribute__((target("+crypto")))
+#endif
+
+#if defined(__clang__) && !defined(__ARM_FEATURE_SHA2)
+SHA256_ARM_TARGET
+static inline uint32x4_t sha256_arm_h(uint32x4_t abcd, uint32x4_t efgh, uint32x4_t wk) {
+    __asm__("sha256h %q0, %q1, %2.4s" : "+w"(abcd) : "w"(efgh), "w"(wk));
+    return abcd;
+}
+SHA256_ARM_TARGET
+static inline uint32x4_t sha256_arm_h2(uint32x4_t efgh, uint32x4_t abcd, uint32x4_t wk) {
+    __asm__("sha256h2 %q0, %q1, %2.4s" : "+w"(efgh) : "w"(abcd), "w"(wk));
+    return efgh;
+}
+SHA256_ARM_TARGET
+static inline uint32x4_t sha256_arm_su0(uint32x4_t w0, uint32x4_t w4) {
+    __asm__("sha256su0 %0.4s, %1.4s" : "+w"(w0) : "w"(w4));
+    return w0;
+}
+SHA256_ARM_TARGET
+static inline uint32x4_t sha256_arm_su1(uint32x4_t t, uint32x4_t w8, uint32x4_t w12) {
+    __asm__("sha256su1 %0.4s, %1.4s, %2.4s" : "+w"(t) : "w"(w8), "w"(w12));
+    return t;
+}
+#else
+#define sha256_arm_h vsha256hq_u32
+#define sha256_arm_h2 vsha256h2q_u32
+#define sha256_arm_su0 vsha256su0q_u32
+#define sha256_arm_su1 vsha256su1q_u32
+#endif
+
+// Rounds 4g..4g+3 with message words m = W[4g..4g+3]: SHA256H advances abcd and SHA256H2 efgh,
+// the latter from the abcd before the update.
+#define SHA256_ARM_4ROUNDS(g, m)                                  \
+    do {                                                          \
+        uint32x4_t wk_ = vaddq_u32((m), vld1q_u32(&sha256_k[4 * (g)])); \
+        uint32x4_t abcd_ = abcd;                                  \
+        abcd = sha256_arm_h(abcd, efgh, wk_);                     \
+        efgh = sha256_arm_h2(efgh, abcd_, wk_);                   \
+    } while (0)
+
+// §6.2.2 step 1 for t = 4g..4g+3, same register roles as SHA256_NI_SCHEDULE.
+#define SHA256_ARM_SCHEDULE(m0, m1, m2, m3) \
+    (m0) = sha256_arm_su1(sha256_arm_su0((m0), (m1)), (m2), (m3))
+
+SHA256_ARM_TARGET
+static void sha256_blocks_arm(uint32_t state[8], const uint8_t *p, size_t n_blocks) {
+    uint32x4_t abcd = vld1q_u32(&state[0]), efgh = vld1q_u32(&state[4]);
+    for (; n_blocks > 0; n_blocks--, p += 64) {
+        uint32x4_t abcd0 = abcd, efgh0 = efgh;
+        // Message words are big-endian (§3.1): reverse the bytes of each word.
+        uint32x4_t m0 = vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p + 0)));
+        uint32x4_t m1 = vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p + 16)));
+        uint32x4_t m2 = vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p + 32)));
+        uint32x4_t m3 = vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p + 48)));
+        SHA256_ARM_4ROUNDS(0, m0);
+        SHA256_ARM_4ROUNDS(1, m1);
+        SHA256_ARM_4ROUNDS(2, m2);
+        SHA256_ARM_4ROUNDS(3, m3);
+        for (int g = 4; g < 16; g += 4) {
+            SHA256_ARM_SCHEDULE(m0, m1, m2, m3);
+            SHA256_ARM_4ROUNDS(g + 0, m0);
+            SHA256_ARM_SCHEDULE(m1, m2, m3, m0);
+            SHA256_ARM_4ROUNDS(g + 1, m1);
+            SHA256_ARM_SCHEDULE(m2, m3, m0, m1);
+            SHA256_ARM_4ROUNDS(g + 2, m2);
+            SHA256_ARM_SCHEDULE(m3, m0, m1, m2);
+            SHA256_ARM_4ROUNDS(g + 3, m3);
+        }
+        abcd = vaddq_u32(abcd, abcd0);
+        efgh = vaddq_u32(efgh, efgh0);
+    }
+    vst1q_u32(&state[0], abcd);
+    vst1q_u32(&state[4], efgh);
+}
+#endif // PSV_ARM64
+
+// The fastest variant this CPU supports, unless `kernels` (the value of PSV_KERNELS) is "ref".
+// Pure, so tests can ask what would be chosen for any CPU. *name gets a short label.
+static sha256_blocks_fn sha256_pick(const plat_cpu *cpu, const char *kernels, const char **name) {
+    bool ref_only = kernels && strcmp(kernels, "ref") == 0;
+#if defined(PSV_X86)
+    if (!ref_only && cpu->sha_ni && cpu->ssse3) {
+        *name = "sha-ni";
+        return sha256_blocks_shani;
+    }
+#elif defined(PSV_ARM64)
+    if (!ref_only && cpu->arm_sha2) {
+        *name = "armv8-sha2";
+        return sha256_blocks_arm;
+    }
+#endif
+    PSV_UNUSED(cpu);
+    PSV_UNUSED(ref_only);
+    *name = "ref";
+    return sha256_blocks_ref;
+}
+
+// Resolved once per process; after that each call is one pthread_once fast-path check.
+static sha256_blocks_fn sha256_impl_fn;
+static const char *sha256_impl_label;
+static pthread_once_t sha256_impl_once = PTHREAD_ONCE_INIT;
+
+static void sha256_impl_init(void) {
+    sha256_impl_fn = sha256_pick(plat_cpu_get(), getenv("PSV_KERNELS"), &sha256_impl_label);
+}
+
+static sha256_blocks_fn sha256_impl(void) {
+    pthread_once(&sha256_impl_once, sha256_impl_init);
+    return sha256_impl_fn;
+}
+
+// Which variant psv_sha256_* use: "sha-ni", "armv8-sha2" or "ref" (for logs and `--help`).
+static const char *sha256_impl_name(void) {
+    pthread_once(&sha256_impl_once, sha256_impl_init);
+    return sha256_impl_label;
+}
+
+// The streaming core with an explicit compression function, so tests can drive each variant
+// through the same buffering and padding code the public API uses.
+static void sha256_update_with(psv_sha256 *s, sha256_blocks_fn blocks, const void *data, size_t n) {
+    PSV_ASSERT(s && s->n_block < 64);
+    if (n == 0) return; // data may be NULL then
+    const uint8_t *p = data;
+    s->n_bytes += n;
+    if (s->n_block > 0) {
+        size_t k = PSV_MIN(n, 64 - (size_t)s->n_block);
+        memcpy(s->block + s->n_block, p, k);
+        s->n_block += (uint32_t)k;
+        p += k;
+        n -= k;
+        if (s->n_block < 64) return;
+        blocks(s->state, s->block, 1);
+        s->n_block = 0;
+    }
+    if (n >= 64) { // whole blocks straight from the caller's buffer, in one call
+        blocks(s->state, p, n / 64);
+        p += n & ~(size_t)63;
+        n &= 63;
+    }
+    if (n > 0) {
+        memcpy(s->block, p, n);
+        s->n_block = (uint32_t)n;
+    }
+}
+
+static void sha256_final_with(psv_sha256 *s, sha256_blocks_fn blocks, uint8_t digest[32]) {
+    PSV_ASSERT(s && s->n_block < 64);
+    // §5.1.1: append a 1 bit, then zeros up to 56 mod 64 bytes, then the message length in bits
+    // as a 64-bit big-endian integer. That takes one more block, or two when fewer than 9 bytes
+    // of the last one are free. The length is taken mod 2^64 bits.
+    uint8_t pad[128];
+    size_t n = s->n_block;
+    memcpy(pad, s->block, n);
+    pad[n++] = 0x80;
+    size_t total = n + 8 <= 64 ? 64 : 128;
+    memset(pad + n, 0, total - 8 - n);
+    uint64_t bits = s->n_bytes << 3;
+    sha256_st_be32(pad + total - 8, (uint32_t)(bits >> 32));
+    sha256_st_be32(pad + total - 4, (uint32_t)bits);
+    blocks(s->state, pad, total / 64);
+    for (int i = 0; i < 8; i++) sha256_st_be32(digest + 4 * i, s->state[i]); // §6.2.2: H0..H7
+    memset(s, 0, sizeof *s);
+}
+
+// Lower-case hex of a digest, NUL-terminated.
+static void sha256_hex(const uint8_t digest[32], char out[65]) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hex[digest[i] >> 4];
+        out[2 * i + 1] = hex[digest[i] & 15];
+    }
+    out[64] = 0;
+}
+
+PSV_API void psv_sha256_init(psv_sha256 *s) {
+    PSV_ASSERT(s);
+    memset(s, 0, sizeof *s);
+    memcpy(s->state, sha256_h0, sizeof s->state);
+}
+
+PSV_API void psv_sha256_update(psv_sha256 *s, const void *data, size_t n) {
+    sha256_update_with(s, sha256_impl(), data, n);
+}
+
+PSV_API void psv_sha256_final(psv_sha256 *s, uint8_t digest[32]) {
+    sha256_final_with(s, sha256_impl(), digest);
+}
+
+// Hash everything readable from fd until end of file, reading through buf (buf_size bytes).
+// name is only for messages. fd stays open.
+static psv_status sha256_fd(int fd, const char *name, uint8_t *buf, size_t buf_size,
+                            uint8_t digest[32], psv_error *err) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
+        return err_set(err, PSV_ERR_IO, "sha256: %s: is a directory", name);
+    sha256_blocks_fn blocks = sha256_impl();
+    psv_sha256 s;
+    psv_sha256_init(&s);
+    for (;;) {
+        ssize_t k = read(fd, buf, buf_size);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return err_set(err, PSV_ERR_IO, "sha256: %s: read error: %s", name, strerror(errno));
+        }
+        if (k == 0) break;
+        sha256_update_with(&s, blocks, buf, (size_t)k);
+    }
+    sha256_final_with(&s, blocks, digest);
+    return PSV_OK;
+}
+
+// Reads with plain read() into one SHA256_READ_SIZE buffer rather than mapping, so it works on
+// pipes and devices too and a file truncated underneath gives an error instead of SIGBUS.
+PSV_API psv_status psv_sha256_file(const char *path, uint8_t digest[32], psv_error *err) {
+    if (!path || !digest)
+        return err_set(err, PSV_ERR_INVALID, "sha256: file: path and digest must not be NULL");
+    memset(digest, 0, 32);
+    psv_status st = PSV_OK;
+    uint8_t *buf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = err_set(err, PSV_ERR_IO, "sha256: %s: cannot open: %s", path, strerror(errno));
+        goto done;
+    }
+    buf = malloc(SHA256_READ_SIZE);
+    if (!buf) {
+        st = err_set(err, PSV_ERR_NOMEM, "sha256: %s: out of memory for the read buffer", path);
+        goto done;
+    }
+    st = sha256_fd(fd, path, buf, SHA256_READ_SIZE, digest, err);
+    if (st != PSV_OK) memset(digest, 0, 32);
+done:
+    free(buf);
+    if (fd >= 0) close(fd);
+    return st;
+}
+
+// One output line in sha256sum's format: hex, two spaces (text mode), the name. Like coreutils
+// (8.x and later), a name containing a backslash, newline or carriage return is written with those
+// escaped as \\, \n, \r and the line starts with a backslash, so `sha256sum -c` can read it back.
+static void sha256_print_line(FILE *out, const uint8_t digest[32], const char *name) {
+    char hex[65];
+    sha256_hex(digest, hex);
+    bool escape = strpbrk(name, "\\\n\r") != NULL;
+    if (escape) fputc('\\', out);
+    fputs(hex, out);
+    fputs("  ", out);
+    if (!escape) {
+        fputs(name, out);
+    } else {
+        for (const char *c = name; *c; c++) {
+            switch (*c) {
+            case '\\': fputs("\\\\", out); break;
+            case '\n': fputs("\\n", out); break;
+            case '\r': fputs("\\r", out); break;
+            default: fputc(*c, out); break;
+            }
+        }
+    }
+    fputc('\n', out);
+}
+
+static void sha256_usage(FILE *out) {
+    fprintf(out,
+            "usage: pensieve sha256 [FILE]...\n"
+            "Print the SHA-256 (FIPS 180-4) digest of each FILE, in the format of sha256sum.\n"
+            "With no FILE, or when FILE is -, read standard input.\n"
+            "Uses the CPU's SHA instructions when present (now: %s); PSV_KERNELS=ref forces\n"
+            "the portable code.\n",
+            sha256_impl_name());
+}
+
+// `pensieve sha256 FILE...`. Exit status 0 when every file was hashed, 1 when any could not be
+// read (the others are still hashed), 2 for a bad option.
+static int cli_sha256(int argc, char **argv) {
+    // Options first, all of them, so a typo fails before any output (as getopt does).
+    bool opts_done = false;
+    int n_files = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!opts_done && strcmp(a, "--") == 0) {
+            opts_done = true;
+        } else if (!opts_done && a[0] == '-' && a[1] != 0) {
+            if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+                sha256_usage(stdout);
+                return 0;
+            }
+            fprintf(stderr, "pensieve sha256: unknown option '%s' (try --help)\n", a);
+            return 2;
+        } else {
+            n_files++;
+        }
+    }
+    uint8_t *buf = malloc(SHA256_READ_SIZE);
+    if (!buf) {
+        fprintf(stderr, "pensieve sha256: out of memory for the read buffer\n");
+        return 1;
+    }
+    int rc = 0;
+    opts_done = false;
+    for (int i = 1; i <= argc; i++) {
+        const char *name;
+        if (i == argc) {
+            if (n_files > 0) break;
+            name = "-"; // no FILE: standard input
+        } else {
+            name = argv[i];
+            if (!opts_done && strcmp(name, "--") == 0) {
+                opts_done = true;
+                continue;
+            }
+            if (!opts_done && name[0] == '-' && name[1] != 0) continue;
+        }
+        psv_error err = {0};
+        uint8_t digest[32];
+        bool is_stdin = strcmp(name, "-") == 0;
+        int fd = is_stdin ? STDIN_FILENO : open(name, O_RDONLY | O_CLOEXEC);
+        psv_status st;
+        if (fd < 0)
+            st = err_set(&err, PSV_ERR_IO, "sha256: %s: cannot open: %s", name, strerror(errno));
+        else
+            st = sha256_fd(fd, name, buf, SHA256_READ_SIZE, digest, &err);
+        if (fd >= 0 && !is_stdin) close(fd);
+        if (st != PSV_OK) {
+            fflush(stdout); // keep stdout and stderr in order when both go to a terminal
+            fprintf(stderr, "pensieve %s\n", err.message);
+            rc = 1;
+            continue;
+        }
+        sha256_print_line(stdout, digest, name);
+    }
+    free(buf);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "pensieve sha256: write error on standard output\n");
+        rc = 1;
+    }
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// 6. JSON
+// An RFC 8259 reader that builds an immutable tree in an arena owned by a json_doc, and a
+// streaming writer into a buf_t that always emits compact, valid UTF-8 JSON.
+//
+// Reader decisions (each one rejects rather than guesses, so what we accept round-trips):
+// - Strings must be valid UTF-8 (RFC 8259 §8.1, RFC 3629 §4); escapes are decoded, surrogate
+//   pairs are joined, a lone surrogate escape is an error (§8.2 allows either; an unpaired
+//   surrogate cannot be represented in UTF-8). Decoded strings may contain NUL bytes.
+// - A leading byte order mark is an error: a JSON text is `ws value ws` (§2) and §8.1 only
+//   permits, never requires, ignoring one. HTTP clients do not send one.
+// - Integers without fraction or exponent that fit int64 are JSON_INT exactly; every other
+//   number is JSON_REAL, converted with correct rounding. A number whose magnitude overflows a
+//   double is an error (PSV_ERR_RANGE, "number out of range"): turning it into an infinity would
+//   let `1e309` through as a valid number. Underflow rounds to zero or a subnormal, silently.
+// - Nesting deeper than PSV_JSON_MAX_DEPTH is an error (PSV_ERR_RANGE); the reader recurses
+//   once per level, so this bounds its stack use.
+// - Duplicate object keys are all kept, in document order; json_get returns the last.
+// Errors are PSV_ERR_FORMAT (syntax), PSV_ERR_RANGE (limits) or PSV_ERR_NOMEM, with messages
+// `json: line L, column C (byte B): problem (expected X, got Y)`: L and C count from 1, C in
+// bytes from the start of the line, B is the 0-based byte offset of the problem.
+
+#include <langinfo.h> // nl_langinfo(RADIXCHAR): strtod and printf use the locale's decimal point
+
+typedef enum { JSON_NULL, JSON_BOOL, JSON_INT, JSON_REAL, JSON_STRING, JSON_ARRAY, JSON_OBJECT } json_kind;
+typedef struct json_value json_value;
+typedef struct json_member json_member;
+struct json_value {
+    json_kind kind;
+    union {
+        bool b;
+        int64_t i;                                   // JSON_INT: integers that fit int64 exactly
+        double d;                                    // JSON_REAL: everything else numeric (finite)
+        struct { const char *p; size_t n; } s;       // JSON_STRING: decoded UTF-8, NUL-terminated, may contain \0
+        struct { json_value *items; size_t n; } arr; // JSON_ARRAY
+        struct { json_member *items; size_t n; } obj;// JSON_OBJECT, in document order
+    } u;
+};
+struct json_member { const char *key; size_t key_len; json_value value; };
+
+// The arena: a list of chunks, newest first. Small allocations bump-allocate from the newest
+// chunk; each new chunk doubles in size (up to JSON_CHUNK_MAX) so a document costs O(log n)
+// mallocs. The json_doc itself lives at the start of the first chunk.
+typedef struct json_chunk json_chunk;
+struct json_chunk {
+    json_chunk *next;
+    size_t cap, used; // bytes of data after the header
+};
+#define JSON_CHUNK_HDR ((sizeof(json_chunk) + 15) & ~(size_t)15) // data starts 16-byte aligned
+#define JSON_CHUNK_MIN ((size_t)1024)
+#define JSON_CHUNK_MAX ((size_t)64 << 20)
+
+typedef struct json_doc json_doc;
+struct json_doc {
+    json_chunk *chunks; // every chunk, including the one holding this struct
+    size_t next_cap;    // data size of the next chunk to allocate
+    json_value root;
+};
+
+static json_chunk *json_chunk_new(size_t cap) {
+    size_t total;
+    if (!ck_add(cap, JSON_CHUNK_HDR, &total)) return NULL;
+    json_chunk *c = malloc(total);
+    if (!c) return NULL;
+    c->next = NULL;
+    c->cap = cap;
+    c->used = 0;
+    return c;
+}
+
+static inline void *json_chunk_data(json_chunk *c) { return (char *)c + JSON_CHUNK_HDR; }
+
+// size bytes aligned to align (a power of two, at most 16) from the doc's arena; NULL when out
+// of memory. Memory lives until json_doc_free.
+static void *json_alloc(json_doc *d, size_t size, size_t align) {
+    PSV_ASSERT(align && align <= 16 && (align & (align - 1)) == 0);
+    json_chunk *c = d->chunks;
+    size_t at = (c->used + align - 1) & ~(align - 1);
+    if (at <= c->cap && size <= c->cap - at) {
+        c->used = at + size;
+        return (char *)json_chunk_data(c) + at;
+    }
+    if (size > d->next_cap / 2) {
+        // A big block (a long string or array) gets a chunk of its own, linked behind the
+        // current one so the current chunk's free space stays in use.
+        json_chunk *big = json_chunk_new(size);
+        if (!big) return NULL;
+        big->used = size;
+        big->next = c->next;
+        c->next = big;
+        return json_chunk_data(big);
+    }
+    json_chunk *nc = json_chunk_new(d->next_cap);
+    if (!nc) return NULL;
+    if (d->next_cap < JSON_CHUNK_MAX) d->next_cap *= 2;
+    nc->next = c;
+    nc->used = size;
+    d->chunks = nc;
+    return json_chunk_data(nc);
+}
+
+static void json_doc_free(json_doc *doc) {
+    if (!doc) return;
+    // The doc is inside one of the chunks: take the list first, then touch nothing of it.
+    json_chunk *c = doc->chunks;
+    while (c) {
+        json_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+}
+
+static const json_value *json_root(const json_doc *doc) { return doc ? &doc->root : NULL; }
+
+// ---- UTF-8 -----------------------------------------------------------------------------------
+
+// Length (1-4) of the well-formed UTF-8 sequence at p[0..n) per RFC 3629 §4 (no overlongs, no
+// surrogates, nothing above U+10FFFF), or 0 when it is ill-formed; then *bad is the length of its
+// maximal ill-formed prefix (>= 1), the unit that Unicode §3.9 replaces with one U+FFFD.
+static size_t json_utf8_len(const uint8_t *p, size_t n, size_t *bad) {
+    uint8_t c = p[0];
+    if (c < 0x80) return 1;
+    size_t need;
+    uint8_t lo = 0x80, hi = 0xBF; // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) need = 2;
+    else if (c == 0xE0) need = 3, lo = 0xA0;                 // no overlongs below U+0800
+    else if (c == 0xED) need = 3, hi = 0x9F;                 // no UTF-16 surrogates D800-DFFF
+    else if (c >= 0xE1 && c <= 0xEF) need = 3;
+    else if (c == 0xF0) need = 4, lo = 0x90;                 // no overlongs below U+10000
+    else if (c == 0xF4) need = 4, hi = 0x8F;                 // nothing above U+10FFFF
+    else if (c >= 0xF1 && c <= 0xF3) need = 4;
+    else {                                                   // 80-C1, F5-FF never start one
+        *bad = 1;
+        return 0;
+    }
+    size_t i = 1;
+    for (; i < need && i < n; i++) {
+        if (p[i] < lo || p[i] > hi) break;
+        lo = 0x80, hi = 0xBF;
+    }
+    if (i == need) return need;
+    *bad = i;
+    return 0;
+}
+
+static size_t json_utf8_put(uint8_t *o, uint32_t cp) {
+    if (cp < 0x80) {
+        o[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (uint8_t)(0xC0 | (cp >> 6));
+        o[1] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (uint8_t)(0xE0 | (cp >> 12));
+        o[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (uint8_t)(0xF0 | (cp >> 18));
+    o[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+// ---- Numbers ---------------------------------------------------------------------------------
+
+// The decimal point of the calling thread's locale, which strtod and printf use ("," after
+// setlocale(LC_ALL, "de_DE.UTF-8"); may be several bytes). nl_langinfo rather than localeconv:
+// glibc documents it MT-Safe, while localeconv rewrites a static struct on every call.
+static const char *json_decimal_point(size_t *len) {
+    const char *dp = nl_langinfo(RADIXCHAR);
+    if (!dp || !*dp) dp = ".";
+    *len = strlen(dp);
+    return dp;
+}
+
+// Converts the n bytes at s, which already match the RFC 8259 §6 number grammar, to a double with
+// libc's strtod (correctly rounded in glibc and the BSDs). strtod reads the locale's decimal point,
+// so the '.' is replaced by it first: an embedder that called setlocale(LC_ALL, "") must not see
+// "1.5" read as 1. Returns PSV_ERR_RANGE when the value overflows a double, PSV_ERR_NOMEM when a
+// very long number cannot be copied. errno is preserved.
+static psv_status json_strtod(const char *s, size_t n, double *out) {
+    size_t dpn;
+    const char *dp = json_decimal_point(&dpn);
+    char small[64], *buf = small;
+    size_t cap;
+    if (!ck_add(n, dpn, &cap) || !ck_add(cap, 1, &cap)) return PSV_ERR_NOMEM;
+    if (cap > sizeof small && !(buf = malloc(cap))) return PSV_ERR_NOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '.') {
+            memcpy(buf + k, dp, dpn);
+            k += dpn;
+        } else {
+            buf[k++] = s[i];
+        }
+    }
+    buf[k] = 0;
+    int saved = errno;
+    char *end;
+    double d = strtod(buf, &end);
+    errno = saved;
+    PSV_ASSERT(end == buf + k); // the grammar was checked, so strtod must take every byte
+    if (buf != small) free(buf);
+    *out = d;
+    return (f64_bits(d) & 0x7fffffffffffffffull) == 0x7ff0000000000000ull ? PSV_ERR_RANGE : PSV_OK;
+}
+
+// ---- Reader ----------------------------------------------------------------------------------
+
+typedef struct {
+    const uint8_t *p;
+    size_t n, off;
+    json_doc *doc;
+    json_value *vstack; // scratch: items of the arrays being parsed, innermost on top
+    size_t vn, vcap;
+    json_member *mstack; // scratch: members of the objects being parsed
+    size_t mn, mcap;
+    psv_error *err;
+    psv_status st; // first failure
+} json_parser;
+
+static bool json_fail(json_parser *ps, size_t off, psv_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool json_fail(json_parser *ps, size_t off, psv_status st, const char *fmt, ...) {
+    if (ps->st != PSV_OK) return false;
+    ps->st = st;
+    if (!ps->err) return false;
+    size_t line = 1, line_start = 0;
+    for (size_t i = 0; i < off && i < ps->n; i++) {
+        if (ps->p[i] == '\n') line++, line_start = i + 1;
+    }
+    char what[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    err_set(ps->err, st, "json: line %zu, column %zu (byte %zu): %s", line, off - line_start + 1,
+            off, what);
+    return false;
+}
+
+static bool json_oom(json_parser *ps) {
+    return json_fail(ps, ps->off, PSV_ERR_NOMEM, "out of memory building the document tree");
+}
+
+// Describes the byte at off for an error message: 'x' for printable ASCII, else its hex value.
+static const char *json_got(const json_parser *ps, size_t off, char tmp[24]) {
+    if (off >= ps->n) return "end of input";
+    uint8_t c = ps->p[off];
+    if (c >= 0x20 && c < 0x7F) snprintf(tmp, 24, "'%c'", c);
+    else snprintf(tmp, 24, "byte 0x%02X", c);
+    return tmp;
+}
+
+// RFC 8259 §2: insignificant whitespace is exactly space, tab, line feed and carriage return.
+static void json_skip_ws(json_parser *ps) {
+    while (ps->off < ps->n) {
+        uint8_t c = ps->p[ps->off];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+        ps->off++;
+    }
+}
+
+static int json_hex4(const uint8_t *p) {
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = p[i], d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+// Parses the string whose opening quote is at ps->off (RFC 8259 §7) into a NUL-terminated copy in
+// the arena. The decoded form is never longer than the raw one (\uXXXX is 6 bytes for at most 3,
+// a pair is 12 for 4), so the raw length sizes the copy.
+static bool json_parse_string(json_parser *ps, const char **out, size_t *out_n) {
+    const uint8_t *p = ps->p;
+    size_t q = ps->off, i = q + 1, end;
+    for (;;) {
+        if (i >= ps->n)
+            return json_fail(ps, q, PSV_ERR_FORMAT, "unterminated string (expected a closing '\"')");
+        if (p[i] == '"') break;
+        i += p[i] == '\\' ? 2 : 1;
+    }
+    end = i;
+    uint8_t *o = json_alloc(ps->doc, end - q, 1); // raw content + NUL
+    if (!o) return json_oom(ps);
+    size_t k = 0;
+    char tmp[24];
+    for (i = q + 1; i < end;) {
+        uint8_t c = p[i];
+        if (c == '\\') {
+            uint8_t e = p[i + 1]; // exists: the scan above skipped it before finding the quote
+            const char *simple = "\"\"\\\\//b\bf\fn\nr\rt\t";
+            const char *m = NULL;
+            for (const char *s = simple; *s; s += 2) {
+                if ((uint8_t)*s == e) {
+                    m = s;
+                    break;
+                }
+            }
+            if (m) {
+                o[k++] = (uint8_t)m[1];
+                i += 2;
+                continue;
+            }
+            if (e != 'u')
+                return json_fail(ps, i, PSV_ERR_FORMAT,
+                                 "invalid escape in string (expected one of \\\" \\\\ \\/ \\b \\f \\n "
+                                 "\\r \\t \\uXXXX, got %s after '\\')",
+                                 json_got(ps, i + 1, tmp));
+            int hi = end - i >= 6 ? json_hex4(p + i + 2) : -1;
+            if (hi < 0)
+                return json_fail(ps, i, PSV_ERR_FORMAT,
+                                 "invalid \\u escape in string (expected 4 hex digits)");
+            uint32_t cp = (uint32_t)hi;
+            if (cp >= 0xDC00 && cp <= 0xDFFF)
+                return json_fail(ps, i, PSV_ERR_FORMAT,
+                                 "lone surrogate \\u%04X in string (expected a high surrogate "
+                                 "\\uD800-\\uDBFF before it)", (unsigned)cp);
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                // RFC 8259 §7: a character outside the BMP is escaped as a UTF-16 surrogate pair.
+                int lo = end - i >= 12 && p[i + 6] == '\\' && p[i + 7] == 'u' ? json_hex4(p + i + 8) : -1;
+                if (lo < 0xDC00 || lo > 0xDFFF)
+                    return json_fail(ps, i, PSV_ERR_FORMAT,
+                                     "lone surrogate \\u%04X in string (expected a low surrogate "
+                                     "\\uDC00-\\uDFFF after it)", (unsigned)cp);
+                cp = 0x10000 + ((cp - 0xD800) << 10) + ((uint32_t)lo - 0xDC00);
+                i += 6;
+            }
+            i += 6;
+            k += json_utf8_put(o + k, cp);
+        } else if (c < 0x20) {
+            // RFC 8259 §7: control characters must be escaped.
+            return json_fail(ps, i, PSV_ERR_FORMAT,
+                             "unescaped control character in string (expected an escape such as "
+                             "\\n or \\u%04X, got byte 0x%02X)", c, c);
+        } else if (c < 0x80) {
+            o[k++] = c;
+            i++;
+        } else {
+            size_t bad, len = json_utf8_len(p + i, end - i, &bad);
+            if (!len)
+                return json_fail(ps, i, PSV_ERR_FORMAT, "invalid UTF-8 in string (got byte 0x%02X)", c);
+            memcpy(o + k, p + i, len);
+            k += len;
+            i += len;
+        }
+    }
+    o[k] = 0;
+    *out = (const char *)o;
+    *out_n = k;
+    ps->off = end + 1;
+    return true;
+}
+
+static inline bool json_is_digit(const json_parser *ps, size_t i) {
+    return i < ps->n && ps->p[i] >= '0' && ps->p[i] <= '9';
+}
+
+// RFC 8259 §6: number = [ minus ] int [ frac ] [ exp ]; int = zero / ( digit1-9 *DIGIT ).
+static bool json_parse_number(json_parser *ps, json_value *v) {
+    const uint8_t *p = ps->p;
+    size_t start = ps->off, i = start;
+    bool neg = p[i] == '-', is_int = true;
+    char tmp[24];
+    if (neg) i++;
+    if (!json_is_digit(ps, i))
+        return json_fail(ps, i, PSV_ERR_FORMAT, "invalid number (expected a digit after '-', got %s)",
+                         json_got(ps, i, tmp));
+    if (p[i] == '0') {
+        i++;
+        if (json_is_digit(ps, i))
+            return json_fail(ps, start, PSV_ERR_FORMAT, "invalid number (leading zeros are not allowed)");
+    } else {
+        while (json_is_digit(ps, i)) i++;
+    }
+    if (i < ps->n && p[i] == '.') {
+        is_int = false;
+        i++;
+        if (!json_is_digit(ps, i))
+            return json_fail(ps, i, PSV_ERR_FORMAT, "invalid number (expected a digit after '.', got %s)",
+                             json_got(ps, i, tmp));
+        while (json_is_digit(ps, i)) i++;
+    }
+    if (i < ps->n && (p[i] == 'e' || p[i] == 'E')) {
+        is_int = false;
+        i++;
+        if (i < ps->n && (p[i] == '+' || p[i] == '-')) i++;
+        if (!json_is_digit(ps, i))
+            return json_fail(ps, i, PSV_ERR_FORMAT,
+                             "invalid number (expected a digit in the exponent, got %s)",
+                             json_got(ps, i, tmp));
+        while (json_is_digit(ps, i)) i++;
+    }
+    ps->off = i;
+    if (is_int) {
+        // Accumulate the magnitude; -2^63 is the one value whose magnitude exceeds INT64_MAX.
+        uint64_t limit = neg ? (uint64_t)1 << 63 : ((uint64_t)1 << 63) - 1, m = 0;
+        size_t j = start + neg;
+        for (; j < i; j++) {
+            uint64_t d = (uint64_t)(p[j] - '0');
+            if (m > (limit - d) / 10) break;
+            m = m * 10 + d;
+        }
+        if (j == i) {
+            v->kind = JSON_INT;
+            v->u.i = !neg ? (int64_t)m : m == (uint64_t)1 << 63 ? INT64_MIN : -(int64_t)m;
+            return true;
+        }
+    }
+    double d;
+    psv_status st = json_strtod((const char *)p + start, i - start, &d);
+    if (st == PSV_ERR_NOMEM) return json_oom(ps);
+    if (st != PSV_OK)
+        return json_fail(ps, start, PSV_ERR_RANGE,
+                         "number out of range (expected a magnitude below 1.8e308)");
+    v->kind = JSON_REAL;
+    v->u.d = d;
+    return true;
+}
+
+// Grows a scratch stack so it holds at least one more element of size elem.
+static bool json_stack_grow(void **stack, size_t *cap, size_t n, size_t elem) {
+    if (n < *cap) return true;
+    size_t ncap = *cap ? *cap * 2 : 16, bytes;
+    if (!ck_mul(ncap, elem, &bytes)) return false;
+    void *p = realloc(*stack, bytes);
+    if (!p) return false;
+    *stack = p;
+    *cap = ncap;
+    return true;
+}
+
+static bool json_parse_value(json_parser *ps, json_value *v, int depth);
+
+// The array or object opening at ps->off. Children are parsed onto the scratch stack (nested
+// containers push above and pop back to where they started), then copied into the arena in one
+// contiguous block when the container closes.
+static bool json_parse_container(json_parser *ps, json_value *v, int depth) {
+    bool is_obj = ps->p[ps->off] == '{';
+    char close = is_obj ? '}' : ']', tmp[24];
+    if (depth >= PSV_JSON_MAX_DEPTH)
+        return json_fail(ps, ps->off, PSV_ERR_RANGE,
+                         "nesting too deep (expected at most %d levels of arrays and objects)",
+                         PSV_JSON_MAX_DEPTH);
+    ps->off++;
+    size_t base = is_obj ? ps->mn : ps->vn;
+    json_skip_ws(ps);
+    if (ps->off < ps->n && ps->p[ps->off] == (uint8_t)close) {
+        ps->off++;
+    } else {
+        for (;;) {
+            json_skip_ws(ps);
+            if (is_obj) {
+                if (ps->off >= ps->n || ps->p[ps->off] != '"')
+                    return json_fail(ps, ps->off, PSV_ERR_FORMAT,
+                                     "expected a string key in object (got %s)",
+                                     json_got(ps, ps->off, tmp));
+                if (!json_stack_grow((void **)&ps->mstack, &ps->mcap, ps->mn, sizeof(json_member)))
+                    return json_oom(ps);
+                json_member *m = &ps->mstack[ps->mn];
+                if (!json_parse_string(ps, &m->key, &m->key_len)) return false;
+                json_skip_ws(ps);
+                if (ps->off >= ps->n || ps->p[ps->off] != ':')
+                    return json_fail(ps, ps->off, PSV_ERR_FORMAT,
+                                     "expected ':' after object key (got %s)",
+                                     json_got(ps, ps->off, tmp));
+                ps->off++;
+                ps->mn++; // the slot is ours from here; nested objects push above it
+                json_value val;
+                if (!json_parse_value(ps, &val, depth + 1)) return false;
+                ps->mstack[ps->mn - 1].value = val; // the stack may have moved meanwhile
+            } else {
+                json_value val;
+                if (!json_parse_value(ps, &val, depth + 1)) return false;
+                if (!json_stack_grow((void **)&ps->vstack, &ps->vcap, ps->vn, sizeof(json_value)))
+                    return json_oom(ps);
+                ps->vstack[ps->vn++] = val;
+            }
+            json_skip_ws(ps);
+            if (ps->off < ps->n && ps->p[ps->off] == ',') {
+                ps->off++;
+                continue;
+            }
+            if (ps->off < ps->n && ps->p[ps->off] == (uint8_t)close) {
+                ps->off++;
+                break;
+            }
+            return json_fail(ps, ps->off, PSV_ERR_FORMAT, "expected ',' or '%c' in %s (got %s)",
+                             close, is_obj ? "object" : "array", json_got(ps, ps->off, tmp));
+        }
+    }
+    size_t n = (is_obj ? ps->mn : ps->vn) - base, elem = is_obj ? sizeof(json_member) : sizeof(json_value);
+    void *items = NULL;
+    if (n) {
+        size_t bytes;
+        if (!ck_mul(n, elem, &bytes) || !(items = json_alloc(ps->doc, bytes, is_obj ? _Alignof(json_member) : _Alignof(json_value))))
+            return json_oom(ps);
+        memcpy(items, is_obj ? (void *)(ps->mstack + base) : (void *)(ps->vstack + base), bytes);
+    }
+    if (is_obj) {
+        ps->mn = base;
+        v->kind = JSON_OBJECT;
+        v->u.obj.items = items;
+        v->u.obj.n = n;
+    } else {
+        ps->vn = base;
+        v->kind = JSON_ARRAY;
+        v->u.arr.items = items;
+        v->u.arr.n = n;
+    }
+    return true;
+}
+
+// One value at ps->off (after whitespace); depth counts the containers around it.
+static bool json_parse_value(json_parser *ps, json_value *v, int depth) {
+    char tmp[24];
+    json_skip_ws(ps);
+    memset(v, 0, sizeof *v);
+    if (ps->off >= ps->n)
+        return json_fail(ps, ps->off, PSV_ERR_FORMAT, "unexpected end of input (expected a value)");
+    uint8_t c = ps->p[ps->off];
+    switch (c) {
+    case '{':
+    case '[':
+        return json_parse_container(ps, v, depth);
+    case '"':
+        v->kind = JSON_STRING;
+        return json_parse_string(ps, &v->u.s.p, &v->u.s.n);
+    case 't':
+    case 'f':
+    case 'n': {
+        static const char *const lit[3] = {"true", "false", "null"};
+        const char *w = lit[c == 't' ? 0 : c == 'f' ? 1 : 2];
+        size_t len = strlen(w);
+        if (ps->n - ps->off < len || memcmp(ps->p + ps->off, w, len) != 0)
+            return json_fail(ps, ps->off, PSV_ERR_FORMAT,
+                             "invalid literal (expected true, false or null)");
+        ps->off += len;
+        v->kind = c == 'n' ? JSON_NULL : JSON_BOOL;
+        v->u.b = c == 't';
+        return true;
+    }
+    default:
+        if (c == '-' || (c >= '0' && c <= '9')) return json_parse_number(ps, v);
+        return json_fail(ps, ps->off, PSV_ERR_FORMAT, "unexpected %s (expected a value)",
+                         json_got(ps, ps->off, tmp));
+    }
+}
+
+// Parses text[0..len) (NUL bytes allowed; no terminator needed) into a new document. On success
+// *out owns every node and string (free with json_doc_free); on failure *out is NULL and err says
+// where and why. The input is not referenced after the call.
+static psv_status json_parse(const char *text, size_t len, json_doc **out, psv_error *err) {
+    json_parser ps;
+    memset(&ps, 0, sizeof ps);
+    ps.p = (const uint8_t *)text;
+    ps.n = len;
+    ps.err = err;
+    *out = NULL;
+    if (!text && len) return err_set(err, PSV_ERR_INVALID, "json: input is NULL");
+    // Size the first chunk from the input: most documents then need one malloc for the tree.
+    size_t first = PSV_MIN(PSV_MAX(len, JSON_CHUNK_MIN), JSON_CHUNK_MAX / 4);
+    json_chunk *c = json_chunk_new(first);
+    if (!c) return err_set(err, PSV_ERR_NOMEM, "json: out of memory");
+    ps.doc = json_chunk_data(c);
+    memset(ps.doc, 0, sizeof *ps.doc);
+    c->used = sizeof *ps.doc;
+    ps.doc->chunks = c;
+    ps.doc->next_cap = first * 2;
+
+    if (len == 0) {
+        json_fail(&ps, 0, PSV_ERR_FORMAT, "empty input (expected a value)");
+    } else if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
+        json_fail(&ps, 0, PSV_ERR_FORMAT,
+                  "byte order mark before the value (RFC 8259 section 8.1: expected none)");
+    } else if (json_parse_value(&ps, &ps.doc->root, 0)) {
+        json_skip_ws(&ps);
+        char tmp[24];
+        if (ps.off < ps.n)
+            json_fail(&ps, ps.off, PSV_ERR_FORMAT, "unexpected %s after the value (expected end of input)",
+                      json_got(&ps, ps.off, tmp));
+    }
+    free(ps.vstack);
+    free(ps.mstack);
+    if (ps.st != PSV_OK) {
+        json_doc_free(ps.doc);
+        return ps.st;
+    }
+    *out = ps.doc;
+    return PSV_OK;
+}
+
+// ---- Accessors (all accept NULL, so lookups chain: json_str(json_get(json_get(r, "a"), "b"))) --
+
+static const json_value *json_get(const json_value *obj, const char *key) {
+    if (!obj || obj->kind != JSON_OBJECT || !key) return NULL;
+    size_t kn = strlen(key);
+    for (size_t i = obj->u.obj.n; i-- > 0;) { // from the end: the last duplicate wins
+        const json_member *m = &obj->u.obj.items[i];
+        if (m->key_len == kn && memcmp(m->key, key, kn) == 0) return &m->value;
+    }
+    return NULL;
+}
+
+static size_t json_len(const json_value *v) {
+    if (!v) return 0;
+    if (v->kind == JSON_ARRAY) return v->u.arr.n;
+    if (v->kind == JSON_OBJECT) return v->u.obj.n;
+    return 0;
+}
+
+static const json_value *json_at(const json_value *arr, size_t i) {
+    if (!arr || arr->kind != JSON_ARRAY || i >= arr->u.arr.n) return NULL;
+    return &arr->u.arr.items[i];
+}
+
+PSV_MAYBE_UNUSED static bool json_is_number(const json_value *v) {
+    return v && (v->kind == JSON_INT || v->kind == JSON_REAL);
+}
+
+PSV_MAYBE_UNUSED static double json_num(const json_value *v) {
+    if (!v) return 0;
+    if (v->kind == JSON_INT) return (double)v->u.i;
+    if (v->kind == JSON_REAL) return v->u.d;
+    return 0;
+}
+
+PSV_MAYBE_UNUSED static const char *json_str(const json_value *v) {
+    return v && v->kind == JSON_STRING ? v->u.s.p : NULL;
+}
+
+#ifdef PSV_TESTING
+// Structural equality for tests: same kinds, values (doubles bit for bit, so -0.0 != 0.0),
+// strings and keys byte for byte, array items and object members in the same order.
+static bool json_equal(const json_value *a, const json_value *b) {
+    if (!a || !b) return a == b;
+    if (a->kind != b->kind) return false;
+    switch (a->kind) {
+    case JSON_NULL: return true;
+    case JSON_BOOL: return a->u.b == b->u.b;
+    case JSON_INT: return a->u.i == b->u.i;
+    case JSON_REAL: return f64_bits(a->u.d) == f64_bits(b->u.d);
+    case JSON_STRING:
+        return a->u.s.n == b->u.s.n && memcmp(a->u.s.p, b->u.s.p, a->u.s.n) == 0;
+    case JSON_ARRAY:
+        if (a->u.arr.n != b->u.arr.n) return false;
+        for (size_t i = 0; i < a->u.arr.n; i++)
+            if (!json_equal(&a->u.arr.items[i], &b->u.arr.items[i])) return false;
+        return true;
+    case JSON_OBJECT:
+        if (a->u.obj.n != b->u.obj.n) return false;
+        for (size_t i = 0; i < a->u.obj.n; i++) {
+            const json_member *x = &a->u.obj.items[i], *y = &b->u.obj.items[i];
+            if (x->key_len != y->key_len || memcmp(x->key, y->key, x->key_len) != 0) return false;
+            if (!json_equal(&x->value, &y->value)) return false;
+        }
+        return true;
+    }
+    return false;
+}
+#endif
+
+// ---- Writer ----------------------------------------------------------------------------------
+// Compact output (no whitespace) with commas and colons placed for the caller. Misuse (ending a
+// container that is not open, a key without a value) is an internal bug and asserts. Failures
+// land in the buffer's sticky `oom` flag: check it once at the end. Nesting deeper than the
+// writer tracks (8 * (PSV_JSON_MAX_DEPTH + 1) - 1 levels) also sets it, never writes bad JSON.
+
+typedef struct json_writer json_writer;
+struct json_writer {
+    buf_t *out;
+    int depth;
+    // Bit d set: level d has had no element yet (needs no comma). A bitset rather than one byte
+    // per level, so a parsed tree of the maximum depth still fits inside a few envelope levels.
+    uint8_t first[PSV_JSON_MAX_DEPTH + 1];
+    bool after_key;
+};
+#define JSON_W_MAX_DEPTH ((int)(8 * (PSV_JSON_MAX_DEPTH + 1)) - 1)
+
+PSV_MAYBE_UNUSED static void json_w_init(json_writer *w, buf_t *out) {
+    memset(w, 0, sizeof *w);
+    w->out = out;
+}
+
+// Before a value or a key: a comma unless it is the first element of its container. Values at
+// depth 0 get none, so one writer can emit a stream of top-level values the caller separates.
+static void json_w_sep(json_writer *w) {
+    if (w->after_key) {
+        w->after_key = false;
+        return;
+    }
+    int d = w->depth;
+    if (d <= 0 || d > JSON_W_MAX_DEPTH) return;
+    uint8_t bit = (uint8_t)(1u << (d & 7));
+    if (!(w->first[d >> 3] & bit)) buf_putc(w->out, ',');
+    w->first[d >> 3] &= (uint8_t)~bit;
+}
+
+static void json_w_open(json_writer *w, char c) {
+    json_w_sep(w);
+    buf_putc(w->out, c);
+    w->depth++;
+    if (w->depth > JSON_W_MAX_DEPTH) w->out->oom = true; // untracked: the output would be wrong
+    else w->first[w->depth >> 3] |= (uint8_t)(1u << (w->depth & 7));
+}
+
+static void json_w_close(json_writer *w, char c) {
+    PSV_ASSERT(w->depth > 0 && !w->after_key);
+    w->depth--;
+    buf_putc(w->out, c);
+}
+
+static void json_w_obj_begin(json_writer *w) { json_w_open(w, '{'); }
+static void json_w_obj_end(json_writer *w) { json_w_close(w, '}'); }
+static void json_w_arr_begin(json_writer *w) { json_w_open(w, '['); }
+static void json_w_arr_end(json_writer *w) { json_w_close(w, ']'); }
+
+// A quoted string. Escapes '"', '\\' and every control character (RFC 8259 §7), and U+2028 and
+// U+2029, which JSON allows raw but JavaScript before ES2019 does not in string literals (output
+// may end up inside a <script>). Ill-formed UTF-8 becomes U+FFFD per maximal subpart (Unicode
+// §3.9), so the output is valid UTF-8 whatever the input.
+static void json_w_quoted(buf_t *b, const char *s, size_t n) {
+    const uint8_t *p = (const uint8_t *)s;
+    size_t run = 0, i = 0; // p[run..i) is pending verbatim output
+    buf_putc(b, '"');
+    while (i < n) {
+        uint8_t c = p[i];
+        char esc[8];
+        const char *rep = NULL;
+        size_t skip = 1;
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            i++;
+            continue;
+        }
+        if (c == '"') rep = "\\\"";
+        else if (c == '\\') rep = "\\\\";
+        else if (c == '\b') rep = "\\b";
+        else if (c == '\f') rep = "\\f";
+        else if (c == '\n') rep = "\\n";
+        else if (c == '\r') rep = "\\r";
+        else if (c == '\t') rep = "\\t";
+        else if (c < 0x20) {
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            rep = esc;
+        } else {
+            size_t bad = 0, len = json_utf8_len(p + i, n - i, &bad);
+            if (len == 3 && c == 0xE2 && p[i + 1] == 0x80 && (p[i + 2] == 0xA8 || p[i + 2] == 0xA9)) {
+                rep = p[i + 2] == 0xA8 ? "\\u2028" : "\\u2029";
+                skip = 3;
+            } else if (!len) {
+                rep = "\xEF\xBF\xBD";
+                skip = bad;
+            } else {
+                i += len;
+                continue;
+            }
+        }
+        buf_append(b, p + run, i - run);
+        buf_puts(b, rep);
+        i += skip;
+        run = i;
+    }
+    buf_append(b, p + run, i - run);
+    buf_putc(b, '"');
+}
+
+static void json_w_str(json_writer *w, const char *s, size_t n) {
+    json_w_sep(w);
+    json_w_quoted(w->out, s, n);
+}
+
+PSV_MAYBE_UNUSED static void json_w_cstr(json_writer *w, const char *s) { json_w_str(w, s, strlen(s)); }
+
+// A key of n bytes (may contain NUL); the next call writes its value.
+static void json_w_key_n(json_writer *w, const char *key, size_t n) {
+    PSV_ASSERT(w->depth > 0 && !w->after_key);
+    json_w_sep(w);
+    json_w_quoted(w->out, key, n);
+    buf_putc(w->out, ':');
+    w->after_key = true;
+}
+
+PSV_MAYBE_UNUSED static void json_w_key(json_writer *w, const char *key) { json_w_key_n(w, key, strlen(key)); }
+
+static void json_w_int(json_writer *w, int64_t v) {
+    json_w_sep(w);
+    buf_printf(w->out, "%" PRId64, v);
+}
+
+// The shortest of %.15g, %.16g, %.17g that reads back to the same bits (17 significant digits
+// always do, IEEE 754-2008 §5.12.2). An integral value gets ".0" so it reads back as JSON_REAL.
+// printf also uses the locale's decimal point: it is put back to '.'.
+static void json_w_double(json_writer *w, double v) {
+    json_w_sep(w);
+    if ((f64_bits(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) { // NaN or infinity
+        buf_puts(w->out, "null");
+        return;
+    }
+    size_t dpn;
+    const char *dp = json_decimal_point(&dpn);
+    char s[64];
+    size_t n = 0;
+    for (int prec = 15; prec <= 17; prec++) {
+        char raw[64];
+        int r = snprintf(raw, sizeof raw, "%.*g", prec, v);
+        PSV_ASSERT(r > 0 && (size_t)r < sizeof raw);
+        n = 0;
+        for (int i = 0; i < r;) {
+            if ((size_t)(r - i) >= dpn && memcmp(raw + i, dp, dpn) == 0) {
+                s[n++] = '.';
+                i += (int)dpn;
+            } else {
+                s[n++] = raw[i++];
+            }
+        }
+        s[n] = 0;
+        double back;
+        if (json_strtod(s, n, &back) == PSV_OK && f64_bits(back) == f64_bits(v)) break;
+    }
+    if (!memchr(s, '.', n) && !memchr(s, 'e', n)) memcpy(s + n, ".0", 3), n += 2;
+    buf_append(w->out, s, n);
+}
+
+static void json_w_bool(json_writer *w, bool v) {
+    json_w_sep(w);
+    buf_puts(w->out, v ? "true" : "false");
+}
+
+static void json_w_null(json_writer *w) {
+    json_w_sep(w);
+    buf_puts(w->out, "null");
+}
+
+// Writes a tree (from json_parse or built by hand) back out; parse(write(v)) equals v.
+PSV_MAYBE_UNUSED static void json_w_value(json_writer *w, const json_value *v) {
+    switch (v->kind) {
+    case JSON_NULL: json_w_null(w); break;
+    case JSON_BOOL: json_w_bool(w, v->u.b); break;
+    case JSON_INT: json_w_int(w, v->u.i); break;
+    case JSON_REAL: json_w_double(w, v->u.d); break;
+    case JSON_STRING: json_w_str(w, v->u.s.p, v->u.s.n); break;
+    case JSON_ARRAY:
+        json_w_arr_begin(w);
+        for (size_t i = 0; i < v->u.arr.n; i++) json_w_value(w, &v->u.arr.items[i]);
+        json_w_arr_end(w);
+        break;
+    case JSON_OBJECT:
+        json_w_obj_begin(w);
+        for (size_t i = 0; i < v->u.obj.n; i++) {
+            json_w_key_n(w, v->u.obj.items[i].key, v->u.obj.items[i].key_len);
+            json_w_value(w, &v->u.obj.items[i].value);
+        }
+        json_w_obj_end(w);
+        break;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 7. GGUF
+// Reader, writer and `pensieve info` for GGUF v2/v3 files (ggml docs/gguf.md). The reader parses
+// the header, metadata and tensor table of a read-only mapping, checking every count, length,
+// offset and size before use; tensor data stays in the mapping. Nothing from the file is trusted.
+
+// Value types of metadata (gguf.md "gguf_metadata_value_type").
+typedef enum {
+    GGUF_T_UINT8 = 0, GGUF_T_INT8 = 1, GGUF_T_UINT16 = 2, GGUF_T_INT16 = 3, GGUF_T_UINT32 = 4,
+    GGUF_T_INT32 = 5, GGUF_T_FLOAT32 = 6, GGUF_T_BOOL = 7, GGUF_T_STRING = 8, GGUF_T_ARRAY = 9,
+    GGUF_T_UINT64 = 10, GGUF_T_INT64 = 11, GGUF_T_FLOAT64 = 12,
+    GGUF_T_COUNT = 13
+} gguf_vtype;
+
+// Functions other sections call. A given build may leave some unreferenced (the writer serves
+// tests and model generators, not the server), which is expected, not a warning.
+#define GGUF_API PSV_MAYBE_UNUSED static
+
+#define GGUF_MAGIC "GGUF"
+#define GGUF_DEFAULT_ALIGNMENT 32 // gguf.md: used when general.alignment is absent
+#define GGUF_MAX_DIMS 4           // ggml tensors have at most 4 dimensions
+// gguf.md limits keys to 2^16-1 bytes; tensor names get the same bound (ggml's own is 63).
+#define GGUF_MAX_NAME 65535
+// Smallest possible encodings, used to reject counts the remaining bytes could never hold:
+// a kv is key length (8) + at least 1 key byte + type (4) + at least 1 value byte; a tensor info
+// is name length (8) + at least 1 name byte + n_dims (4) + one dim (8) + type (4) + offset (8).
+#define GGUF_MIN_KV_SIZE 14
+#define GGUF_MIN_TENSOR_SIZE 33
+
+static const char *const gguf_vtype_names[GGUF_T_COUNT] = {
+    "UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLOAT32",
+    "BOOL", "STRING", "ARRAY", "UINT64", "INT64", "FLOAT64",
+};
+// Bytes of one value of each fixed-size type; 0 for STRING and ARRAY.
+static const uint8_t gguf_vtype_sizes[GGUF_T_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+static const char *gguf_vtype_name(uint32_t t) { return t < GGUF_T_COUNT ? gguf_vtype_names[t] : "?"; }
+
+static bool gguf_vtype_is_int(uint32_t t) {
+    return t <= GGUF_T_INT32 || t == GGUF_T_UINT64 || t == GGUF_T_INT64;
+}
+static bool gguf_vtype_is_signed(uint32_t t) {
+    return t == GGUF_T_INT8 || t == GGUF_T_INT16 || t == GGUF_T_INT32 || t == GGUF_T_INT64;
+}
+
+// One metadata pair. Scalars are decoded: integers in v.i (signed types) or v.u (unsigned types
+// and BOOL), floats in v.f, strings in v.s (a slice of the mapping, not NUL-terminated, any
+// bytes). Arrays keep their raw little-endian elements in the mapping (possibly unaligned: read
+// them with gguf_arr_*); string arrays also get strs[k], slices into the mapping.
+typedef struct {
+    str_t key;     // a NUL-terminated copy owned by the file: key.p is also a C string
+    uint32_t type; // gguf_vtype
+    union {
+        uint64_t u;
+        int64_t i;
+        double f;
+        str_t s;
+    } v;
+    uint32_t arr_type;
+    uint64_t arr_n;
+    const uint8_t *arr_data;
+    str_t *strs;
+} gguf_kv;
+
+typedef struct {
+    str_t name;          // a NUL-terminated copy owned by the file: name.p is also a C string
+    uint32_t n_dims;     // 1..4
+    uint64_t ne[4];      // ne[0] is the row length (innermost); unused dims are 1; all >= 1
+    uint32_t type;       // tensor_type id (T_*)
+    uint64_t offset;     // relative to the data section, a multiple of the alignment
+    uint64_t size;       // bytes, > 0
+    const uint8_t *data; // in the mapping (NULL in the writer's callback view)
+} gguf_tensor;
+
+// Name -> index hash slot (open addressing, linear probing). idx1 is index + 1; 0 marks empty.
+typedef struct {
+    const char *p;
+    size_t n;
+    uint32_t idx1;
+} gguf_slot;
+
+// A parsed file. Keys and tensor names are NUL-terminated copies; everything else points into
+// `base` (the mapping when opened from a path, else the caller's buffer). All of it lives until
+// gguf_close. Read-only after gguf_open*, so threads may share it.
+typedef struct gguf_file {
+    plat_map map; // owned when opened from a path
+    uint32_t version;
+    uint64_t n_kv, n_tensors;
+    gguf_kv *kv;
+    gguf_tensor *tensors;
+    uint64_t alignment, data_offset; // data_offset: file offset of the data section
+    // private
+    const uint8_t *base;
+    size_t size;
+    uint64_t tensor_bytes; // sum of all tensor sizes
+    char *names;           // the copies of keys and tensor names, each NUL-terminated
+    gguf_slot *kv_index, *tensor_index;
+    size_t kv_index_cap, tensor_index_cap; // powers of two
+} gguf_file;
+
+// FNV-1a: names are short and come from one file, so a simple hash is enough; probing is
+// bounded because tables are at most half full.
+static uint64_t gguf_hash(const char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static gguf_slot *gguf_probe(gguf_slot *tab, size_t cap, const char *p, size_t n) {
+    size_t mask = cap - 1, i = (size_t)gguf_hash(p, n) & mask;
+    while (tab[i].idx1 && !(tab[i].n == n && memcmp(tab[i].p, p, n) == 0)) i = (i + 1) & mask;
+    return &tab[i];
+}
+
+static size_t gguf_index_cap(uint64_t n) {
+    size_t cap = 8;
+    while (cap < 2 * n) cap *= 2; // n <= PSV_GGUF_MAX_* keeps this small
+    return cap;
+}
+
+// A printable, bounded copy of an untrusted name for error messages: control bytes become '?',
+// and long names are cut at a character boundary with "...".
+static const char *gguf_printable(char out[96], str_t s) {
+    size_t n = s.n, k = 0, lim = 80;
+    if (n > lim) {
+        n = lim;
+        while (n > 0 && ((uint8_t)s.p[n] & 0xc0) == 0x80) n--;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)s.p[i];
+        out[k++] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+    }
+    if (n < s.n) {
+        memcpy(out + k, "...", 3);
+        k += 3;
+    }
+    out[k] = 0;
+    return out;
+}
+
+// Strict UTF-8 (RFC 3629 §4): no overlong forms, no surrogates, nothing above U+10FFFF.
+static bool gguf_utf8_valid(const char *s, size_t n) {
+    const uint8_t *p = (const uint8_t *)s;
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp, min;
+        if ((c & 0xe0) == 0xc0) k = 1, cp = c & 0x1f, min = 0x80;
+        else if ((c & 0xf0) == 0xe0) k = 2, cp = c & 0x0f, min = 0x800;
+        else if ((c & 0xf8) == 0xf0) k = 3, cp = c & 0x07, min = 0x10000;
+        else return false;
+        if (n - i <= k) return false;
+        for (size_t j = 1; j <= k; j++) {
+            if ((p[i + j] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (p[i + j] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+static psv_status gguf_truncated(psv_error *err, const rd_t *r, const char *what, size_t need) {
+    return err_set(err, PSV_ERR_FORMAT,
+                   "gguf: %s: truncated at byte %zu (needs %zu more bytes, the file has %zu)",
+                   what, r->off, need, r->n);
+}
+
+// A GGUF string (gguf.md "gguf_string_t"): uint64 length, then that many bytes, no terminator.
+static psv_status gguf_rd_str(rd_t *r, str_t *out, uint64_t max, const char *what, psv_error *err) {
+    if (r->n - r->off < 8) return gguf_truncated(err, r, what, 8);
+    uint64_t len = rd_u64(r);
+    if (len > r->n - r->off)
+        return err_set(err, PSV_ERR_FORMAT,
+                       "gguf: %s: string of %" PRIu64 " bytes runs past the end of the file "
+                       "(%zu bytes left at byte %zu)",
+                       what, len, r->n - r->off, r->off);
+    if (len > max)
+        return err_set(err, PSV_ERR_RANGE, "gguf: %s: string of %" PRIu64 " bytes exceeds the limit of %" PRIu64,
+                       what, len, max);
+    out->p = (const char *)rd_bytes(r, (size_t)len);
+    out->n = (size_t)len;
+    return PSV_OK;
+}
+
+// Keys and tensor names are identifiers we print and look up: non-empty UTF-8 without NUL.
+// `mod` is the message's module ("gguf" for the reader, "gguf writer"); `st` the status to report.
+static psv_status gguf_check_name(str_t s, const char *mod, const char *what, psv_status st, psv_error *err) {
+    char pr[96];
+    if (s.n == 0) return err_set(err, st, "%s: %s: empty name", mod, what);
+    if (memchr(s.p, 0, s.n))
+        return err_set(err, st, "%s: %s '%s': name contains a NUL byte", mod, what, gguf_printable(pr, s));
+    if (!gguf_utf8_valid(s.p, s.n))
+        return err_set(err, st, "%s: %s '%s': name is not valid UTF-8", mod, what, gguf_printable(pr, s));
+    return PSV_OK;
+}
+
+// Decode one little-endian element of a fixed-size type into the matching field.
+static void gguf_load_scalar(uint32_t type, const uint8_t *p, uint64_t *u, int64_t *i, double *f) {
+    switch (type) {
+    case GGUF_T_UINT8: case GGUF_T_BOOL: *u = p[0]; break;
+    case GGUF_T_INT8: *i = (int8_t)p[0]; break;
+    case GGUF_T_UINT16: *u = ld_u16(p); break;
+    case GGUF_T_INT16: *i = (int16_t)ld_u16(p); break;
+    case GGUF_T_UINT32: *u = ld_u32(p); break;
+    case GGUF_T_INT32: *i = (int32_t)ld_u32(p); break;
+    case GGUF_T_FLOAT32: *f = (double)f32_from_bits(ld_u32(p)); break;
+    case GGUF_T_UINT64: *u = (uint64_t)ld_u32(p) | ((uint64_t)ld_u32(p + 4) << 32); break;
+    case GGUF_T_INT64: *i = (int64_t)((uint64_t)ld_u32(p) | ((uint64_t)ld_u32(p + 4) << 32)); break;
+    case GGUF_T_FLOAT64: *f = f64_from_bits((uint64_t)ld_u32(p) | ((uint64_t)ld_u32(p + 4) << 32)); break;
+    default: PSV_ASSERT(!"gguf_load_scalar: not a fixed-size type");
+    }
+}
+
+static psv_status gguf_parse_kv(gguf_file *f, rd_t *r, uint64_t idx, psv_error *err) {
+    gguf_kv *kv = &f->kv[idx];
+    char what[160], pr[96];
+    snprintf(what, sizeof what, "key #%" PRIu64, idx);
+    psv_status st = gguf_rd_str(r, &kv->key, GGUF_MAX_NAME, what, err);
+    if (st) return st;
+    if ((st = gguf_check_name(kv->key, "gguf", "key", PSV_ERR_FORMAT, err))) return st;
+    snprintf(what, sizeof what, "key '%s'", gguf_printable(pr, kv->key));
+    gguf_slot *slot = gguf_probe(f->kv_index, f->kv_index_cap, kv->key.p, kv->key.n);
+    if (slot->idx1)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: duplicate key '%s' (entries #%u and #%" PRIu64 ")",
+                       pr, slot->idx1 - 1, idx);
+    *slot = (gguf_slot){kv->key.p, kv->key.n, (uint32_t)idx + 1};
+
+    if (r->n - r->off < 4) return gguf_truncated(err, r, what, 4);
+    kv->type = rd_u32(r);
+    if (kv->type >= GGUF_T_COUNT)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: %s: unknown value type %u (expected 0 to %d)", what,
+                       kv->type, GGUF_T_COUNT - 1);
+    if (kv->type == GGUF_T_STRING) return gguf_rd_str(r, &kv->v.s, PSV_GGUF_MAX_STRING, what, err);
+    if (kv->type != GGUF_T_ARRAY) {
+        size_t sz = gguf_vtype_sizes[kv->type];
+        const uint8_t *p = rd_bytes(r, sz);
+        if (!p) return gguf_truncated(err, r, what, sz);
+        gguf_load_scalar(kv->type, p, &kv->v.u, &kv->v.i, &kv->v.f);
+        // gguf.md: a bool is one byte, 0 or 1; anything else is invalid.
+        if (kv->type == GGUF_T_BOOL && p[0] > 1)
+            return err_set(err, PSV_ERR_FORMAT, "gguf: %s: bool value %u (expected 0 or 1)", what, p[0]);
+        return PSV_OK;
+    }
+
+    // Array: uint32 element type, uint64 count, then the elements (gguf.md "gguf_metadata_value_t").
+    if (r->n - r->off < 12) return gguf_truncated(err, r, what, 12);
+    kv->arr_type = rd_u32(r);
+    kv->arr_n = rd_u64(r);
+    uint64_t n = kv->arr_n;
+    if (kv->arr_type == GGUF_T_ARRAY)
+        return err_set(err, PSV_ERR_UNSUPPORTED, "gguf: %s: arrays of arrays are not supported", what);
+    if (kv->arr_type >= GGUF_T_COUNT)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: %s: unknown array element type %u (expected 0 to %d)", what,
+                       kv->arr_type, GGUF_T_COUNT - 1);
+    size_t left = r->n - r->off;
+    kv->arr_data = r->p + r->off;
+    if (kv->arr_type != GGUF_T_STRING) {
+        uint64_t bytes, esz = gguf_vtype_sizes[kv->arr_type];
+        if (!ck_mul_u64(n, esz, &bytes))
+            return err_set(err, PSV_ERR_FORMAT, "gguf: %s: array count %" PRIu64 " overflows (x %" PRIu64 " bytes)",
+                           what, n, esz);
+        if (bytes > left)
+            return err_set(err, PSV_ERR_FORMAT,
+                           "gguf: %s: array of %" PRIu64 " %s (%" PRIu64 " bytes) runs past the end of the file "
+                           "(%zu bytes left)", what, n, gguf_vtype_name(kv->arr_type), bytes, left);
+        if (n > PSV_GGUF_MAX_ARRAY)
+            return err_set(err, PSV_ERR_RANGE, "gguf: %s: array of %" PRIu64 " elements exceeds the limit of %u",
+                           what, n, (unsigned)PSV_GGUF_MAX_ARRAY);
+        const uint8_t *p = rd_bytes(r, (size_t)bytes);
+        if (kv->arr_type == GGUF_T_BOOL)
+            for (uint64_t k = 0; k < n; k++)
+                if (p[k] > 1)
+                    return err_set(err, PSV_ERR_FORMAT,
+                                   "gguf: %s: element %" PRIu64 ": bool value %u (expected 0 or 1)", what, k, p[k]);
+        return PSV_OK;
+    }
+    if (n > left / 8)
+        return err_set(err, PSV_ERR_FORMAT,
+                       "gguf: %s: array of %" PRIu64 " strings runs past the end of the file (%zu bytes left, "
+                       "8 or more per string)", what, n, left);
+    if (n > PSV_GGUF_MAX_ARRAY)
+        return err_set(err, PSV_ERR_RANGE, "gguf: %s: array of %" PRIu64 " elements exceeds the limit of %u", what,
+                       n, (unsigned)PSV_GGUF_MAX_ARRAY);
+    kv->strs = calloc(n ? (size_t)n : 1, sizeof *kv->strs);
+    if (!kv->strs) return err_set(err, PSV_ERR_NOMEM, "gguf: %s: out of memory for %" PRIu64 " strings", what, n);
+    for (uint64_t k = 0; k < n; k++) {
+        char ewhat[200];
+        snprintf(ewhat, sizeof ewhat, "%s: element %" PRIu64, what, k);
+        if ((st = gguf_rd_str(r, &kv->strs[k], PSV_GGUF_MAX_STRING, ewhat, err))) return st;
+    }
+    return PSV_OK;
+}
+
+// Tensor info (gguf.md "gguf_tensor_info_t"): name, uint32 n_dims, uint64 ne[n_dims], uint32
+// type, uint64 offset into the data section.
+static psv_status gguf_parse_tensor(gguf_file *f, rd_t *r, uint64_t idx, psv_error *err) {
+    gguf_tensor *t = &f->tensors[idx];
+    char what[160], pr[96];
+    snprintf(what, sizeof what, "tensor #%" PRIu64, idx);
+    psv_status st = gguf_rd_str(r, &t->name, GGUF_MAX_NAME, what, err);
+    if (st) return st;
+    if ((st = gguf_check_name(t->name, "gguf", "tensor", PSV_ERR_FORMAT, err))) return st;
+    snprintf(what, sizeof what, "tensor '%s'", gguf_printable(pr, t->name));
+    gguf_slot *slot = gguf_probe(f->tensor_index, f->tensor_index_cap, t->name.p, t->name.n);
+    if (slot->idx1)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: duplicate tensor name '%s' (tensors #%u and #%" PRIu64 ")", pr,
+                       slot->idx1 - 1, idx);
+    *slot = (gguf_slot){t->name.p, t->name.n, (uint32_t)idx + 1};
+
+    if (r->n - r->off < 4) return gguf_truncated(err, r, what, 4);
+    t->n_dims = rd_u32(r);
+    if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: %s: %u dimensions (expected 1 to %d)", what, t->n_dims,
+                       GGUF_MAX_DIMS);
+    if (r->n - r->off < 8 * (size_t)t->n_dims + 12) return gguf_truncated(err, r, what, 8 * (size_t)t->n_dims + 12);
+    uint64_t n_elem = 1;
+    for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
+        t->ne[d] = d < t->n_dims ? rd_u64(r) : 1;
+        // ggml stores dims as int64: larger values are negative there. Empty tensors carry no
+        // weights and would make every shape check downstream special-case 0, so we reject them.
+        if (t->ne[d] == 0 || t->ne[d] > (uint64_t)INT64_MAX)
+            return err_set(err, PSV_ERR_FORMAT, "gguf: %s: dimension %u is %" PRIu64 " (expected 1 to 2^63-1)", what,
+                           d, t->ne[d]);
+        if (!ck_mul_u64(n_elem, t->ne[d], &n_elem) || n_elem > (uint64_t)INT64_MAX)
+            return err_set(err, PSV_ERR_FORMAT, "gguf: %s: element count overflows at dimension %u (%" PRIu64 ")",
+                           what, d, t->ne[d]);
+    }
+    t->type = rd_u32(r);
+    t->offset = rd_u64(r);
+    const type_info *ti = type_get(t->type);
+    if (!ti)
+        return err_set(err, PSV_ERR_FORMAT,
+                       "gguf: %s: tensor type %u is unknown or retired (expected a ggml type id below %d)", what,
+                       t->type, T_COUNT);
+    uint64_t row;
+    if (t->ne[0] % ti->blck_size)
+        return err_set(err, PSV_ERR_FORMAT,
+                       "gguf: %s: row length %" PRIu64 " is not a multiple of the %s block size %u", what, t->ne[0],
+                       ti->name, ti->blck_size);
+    if (!type_row_size(t->type, t->ne[0], &row) || !ck_mul_u64(row, t->ne[1], &t->size) ||
+        !ck_mul_u64(t->size, t->ne[2], &t->size) || !ck_mul_u64(t->size, t->ne[3], &t->size))
+        return err_set(err, PSV_ERR_FORMAT, "gguf: %s: byte size overflows", what);
+    if (t->offset % f->alignment)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: %s: offset %" PRIu64 " is not a multiple of the alignment %" PRIu64,
+                       what, t->offset, f->alignment);
+    return PSV_OK;
+}
+
+typedef struct {
+    uint64_t offset;
+    uint64_t idx;
+} gguf_extent;
+
+static int gguf_extent_cmp(const void *a, const void *b) {
+    const gguf_extent *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+// Tensors must lie inside the file and must not share bytes: overlapping weights are either a
+// corrupt table or a trick to make writes through one tensor show up in another.
+static psv_status gguf_check_extents(gguf_file *f, psv_error *err) {
+    char pa[96], pb[96];
+    uint64_t total = 0;
+    for (uint64_t k = 0; k < f->n_tensors; k++) {
+        gguf_tensor *t = &f->tensors[k];
+        uint64_t start = 0, end = 0;
+        if (!ck_add_u64(f->data_offset, t->offset, &start) || !ck_add_u64(start, t->size, &end))
+            return err_set(err, PSV_ERR_FORMAT, "gguf: tensor '%s': data ends beyond 2^64 but the file has %zu bytes",
+                           gguf_printable(pa, t->name), f->size);
+        if (end > f->size)
+            return err_set(err, PSV_ERR_FORMAT,
+                           "gguf: tensor '%s': data ends at %" PRIu64 " but the file has %zu bytes",
+                           gguf_printable(pa, t->name), end, f->size);
+        t->data = f->base + start;
+        total += t->size; // cannot overflow: every tensor is inside the file and none overlap (below)
+    }
+    if (f->n_tensors > 1) {
+        gguf_extent *ex = malloc((size_t)f->n_tensors * sizeof *ex);
+        if (!ex) return err_set(err, PSV_ERR_NOMEM, "gguf: out of memory checking tensor extents");
+        for (uint64_t k = 0; k < f->n_tensors; k++) ex[k] = (gguf_extent){f->tensors[k].offset, k};
+        qsort(ex, (size_t)f->n_tensors, sizeof *ex, gguf_extent_cmp);
+        for (uint64_t k = 1; k < f->n_tensors; k++) {
+            const gguf_tensor *a = &f->tensors[ex[k - 1].idx], *b = &f->tensors[ex[k].idx];
+            if (a->offset + a->size > b->offset) {
+                err_set(err, PSV_ERR_FORMAT,
+                        "gguf: tensors '%s' and '%s' overlap (data bytes %" PRIu64 "..%" PRIu64 " and %" PRIu64
+                        "..%" PRIu64 ")", gguf_printable(pa, a->name), gguf_printable(pb, b->name), a->offset,
+                        a->offset + a->size, b->offset, b->offset + b->size);
+                free(ex);
+                return PSV_ERR_FORMAT;
+            }
+        }
+        free(ex);
+    }
+    f->tensor_bytes = total;
+    return PSV_OK;
+}
+
+// Callers use keys and names as C strings (messages, lookups by formatted name), so they get
+// NUL-terminated copies; the index slots move with them.
+static psv_status gguf_copy_names(gguf_file *f, psv_error *err) {
+    size_t total = 1; // bounded by the file size plus one byte per name: cannot overflow
+    for (uint64_t k = 0; k < f->n_kv; k++) total += f->kv[k].key.n + 1;
+    for (uint64_t k = 0; k < f->n_tensors; k++) total += f->tensors[k].name.n + 1;
+    char *p = f->names = malloc(total);
+    if (!p) return err_set(err, PSV_ERR_NOMEM, "gguf: out of memory for %zu bytes of names", total);
+    for (uint64_t k = 0; k < f->n_kv; k++) {
+        str_t *s = &f->kv[k].key;
+        memcpy(p, s->p, s->n);
+        p[s->n] = 0;
+        s->p = p;
+        p += s->n + 1;
+    }
+    for (uint64_t k = 0; k < f->n_tensors; k++) {
+        str_t *s = &f->tensors[k].name;
+        memcpy(p, s->p, s->n);
+        p[s->n] = 0;
+        s->p = p;
+        p += s->n + 1;
+    }
+    for (size_t i = 0; i < f->kv_index_cap; i++)
+        if (f->kv_index[i].idx1) f->kv_index[i].p = f->kv[f->kv_index[i].idx1 - 1].key.p;
+    for (size_t i = 0; i < f->tensor_index_cap; i++)
+        if (f->tensor_index[i].idx1) f->tensor_index[i].p = f->tensors[f->tensor_index[i].idx1 - 1].name.p;
+    return PSV_OK;
+}
+
+static psv_status gguf_parse(gguf_file *f, psv_error *err) {
+    rd_t r = {f->base, f->size, 0, false};
+    const uint8_t *b = f->base;
+    if (f->size < 4)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: file is %zu bytes, too small for a GGUF header (24 bytes)", f->size);
+    if (memcmp(b, GGUF_MAGIC, 4) != 0) {
+        // Earlier ggml formats wrote their magic as a little-endian uint32 ("ggjt" -> "tjgg").
+        bool legacy = memcmp(b, "tjgg", 4) == 0 || memcmp(b, "fmgg", 4) == 0 || memcmp(b, "lmgg", 4) == 0;
+        return err_set(err, PSV_ERR_FORMAT,
+                       "gguf: bad magic (expected \"GGUF\" = 47 47 55 46, got %02x %02x %02x %02x)%s", b[0], b[1],
+                       b[2], b[3], legacy ? ": a legacy GGML/GGJT file, convert it to GGUF" : "");
+    }
+    r.off = 4;
+    if (f->size < 8) return gguf_truncated(err, &r, "header", 20);
+    f->version = rd_u32(&r);
+    if (f->version == 1)
+        return err_set(err, PSV_ERR_UNSUPPORTED,
+                       "gguf: version 1 is not supported (expected 2 or 3, got 1; v1 used 32-bit counts: "
+                       "re-convert the model)");
+    if (f->version != 2 && f->version != 3) {
+        // GGUF v3 allows big-endian files; their version field reads byte-swapped here.
+        if (f->version != 0 && (f->version & 0xffffu) == 0)
+            return err_set(err, PSV_ERR_UNSUPPORTED,
+                           "gguf: big-endian GGUF files are not supported (version field 0x%08x)", f->version);
+        return err_set(err, PSV_ERR_UNSUPPORTED, "gguf: unsupported version (expected 2 or 3, got %u)", f->version);
+    }
+    if (f->size < 24) return gguf_truncated(err, &r, "header", 24 - r.off);
+    f->n_tensors = rd_u64(&r);
+    f->n_kv = rd_u64(&r);
+    size_t left = r.n - r.off;
+    if (f->n_kv > left / GGUF_MIN_KV_SIZE)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: header claims %" PRIu64 " metadata keys but only %zu bytes follow "
+                       "(%d or more per key)", f->n_kv, left, GGUF_MIN_KV_SIZE);
+    if (f->n_tensors > left / GGUF_MIN_TENSOR_SIZE)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: header claims %" PRIu64 " tensors but only %zu bytes follow "
+                       "(%d or more per tensor)", f->n_tensors, left, GGUF_MIN_TENSOR_SIZE);
+    if (f->n_kv * GGUF_MIN_KV_SIZE + f->n_tensors * GGUF_MIN_TENSOR_SIZE > left)
+        return err_set(err, PSV_ERR_FORMAT, "gguf: header claims %" PRIu64 " keys and %" PRIu64 " tensors but only %zu "
+                       "bytes follow", f->n_kv, f->n_tensors, left);
+    if (f->n_kv > PSV_GGUF_MAX_KV)
+        return err_set(err, PSV_ERR_RANGE, "gguf: %" PRIu64 " metadata keys exceed the limit of %d", f->n_kv,
+                       PSV_GGUF_MAX_KV);
+    if (f->n_tensors > PSV_GGUF_MAX_TENSORS)
+        return err_set(err, PSV_ERR_RANGE, "gguf: %" PRIu64 " tensors exceed the limit of %d", f->n_tensors,
+                       PSV_GGUF_MAX_TENSORS);
+
+    f->kv = calloc(f->n_kv ? (size_t)f->n_kv : 1, sizeof *f->kv);
+    f->tensors = calloc(f->n_tensors ? (size_t)f->n_tensors : 1, sizeof *f->tensors);
+    f->kv_index_cap = gguf_index_cap(f->n_kv);
+    f->tensor_index_cap = gguf_index_cap(f->n_tensors);
+    f->kv_index = calloc(f->kv_index_cap, sizeof *f->kv_index);
+    f->tensor_index = calloc(f->tensor_index_cap, sizeof *f->tensor_index);
+    if (!f->kv || !f->tensors || !f->kv_index || !f->tensor_index)
+        return err_set(err, PSV_ERR_NOMEM, "gguf: out of memory for %" PRIu64 " keys and %" PRIu64 " tensors",
+                       f->n_kv, f->n_tensors);
+
+    psv_status st;
+    for (uint64_t k = 0; k < f->n_kv; k++)
+        if ((st = gguf_parse_kv(f, &r, k, err))) return st;
+
+    // gguf.md: general.alignment is a uint32 and must be a multiple of 8 in writers; readers
+    // need only a power of two to round offsets, so that is what we require.
+    f->alignment = GGUF_DEFAULT_ALIGNMENT;
+    const gguf_slot *as = gguf_probe(f->kv_index, f->kv_index_cap, "general.alignment", 17);
+    if (as->idx1) {
+        const gguf_kv *al = &f->kv[as->idx1 - 1];
+        if (al->type != GGUF_T_UINT32)
+            return err_set(err, PSV_ERR_FORMAT, "gguf: key 'general.alignment': wrong type (expected UINT32, got %s)",
+                           gguf_vtype_name(al->type));
+        if (al->v.u == 0 || (al->v.u & (al->v.u - 1)))
+            return err_set(err, PSV_ERR_FORMAT,
+                           "gguf: key 'general.alignment': not a power of two (expected 1, 2, 4, ..., got %" PRIu64 ")",
+                           al->v.u);
+        f->alignment = al->v.u;
+    }
+
+    for (uint64_t k = 0; k < f->n_tensors; k++)
+        if ((st = gguf_parse_tensor(f, &r, k, err))) return st;
+
+    if ((st = gguf_copy_names(f, err))) return st;
+
+    // The data section starts at the next multiple of the alignment (gguf.md "_padding"). A file
+    // without tensors may end before it.
+    uint64_t end_infos = r.off;
+    f->data_offset = (end_infos + f->alignment - 1) & ~(f->alignment - 1);
+    return gguf_check_extents(f, err);
+}
+
+GGUF_API void gguf_close(gguf_file *f) {
+    if (!f) return;
+    if (f->kv)
+        for (uint64_t k = 0; k < f->n_kv; k++) free(f->kv[k].strs);
+    free(f->kv);
+    free(f->tensors);
+    free(f->kv_index);
+    free(f->tensor_index);
+    free(f->names);
+    plat_unmap(&f->map);
+    free(f);
+}
+
+// Parse `size` bytes at `data`, which the caller keeps alive and unchanged until gguf_close.
+// On failure *out is NULL and err says what is wrong (messages start with "gguf: ").
+GGUF_API psv_status gguf_open_mem(const void *data, size_t size, gguf_file **out, psv_error *err) {
+    *out = NULL;
+    gguf_file *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, PSV_ERR_NOMEM, "gguf: out of memory");
+    f->base = data;
+    f->size = size;
+    psv_status st = gguf_parse(f, err);
+    if (st) {
+        gguf_close(f);
+        return st;
+    }
+    *out = f;
+    return PSV_OK;
+}
+
+// Map and parse a file. The mapping lives until gguf_close. Error messages start with the path.
+GGUF_API psv_status gguf_open(const char *path, gguf_file **out, psv_error *err) {
+    *out = NULL;
+    plat_map m;
+    psv_status st = plat_map_file(path, &m, err); // its messages already name the path
+    if (st) return st;
+    gguf_file *f;
+    st = gguf_open_mem(m.data, m.size, &f, err);
+    if (st) {
+        plat_unmap(&m);
+        err_prefix(err, "%s: ", path);
+        return st;
+    }
+    f->map = m;
+    *out = f;
+    return PSV_OK;
+}
+
+GGUF_API const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key) {
+    if (!f || !key) return NULL;
+    const gguf_slot *s = gguf_probe(f->kv_index, f->kv_index_cap, key, strlen(key));
+    return s->idx1 ? &f->kv[s->idx1 - 1] : NULL;
+}
+
+GGUF_API const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
+    if (!f || !name) return NULL;
+    const gguf_slot *s = gguf_probe(f->tensor_index, f->tensor_index_cap, name, strlen(name));
+    return s->idx1 ? &f->tensors[s->idx1 - 1] : NULL;
+}
+
+// Typed getters: true when the key is present and its value converts. Integer getters take any
+// integer type whose value is in range (not BOOL); gguf_get_f32 takes FLOAT32, FLOAT64 within the
+// float range, and integers (rounded to the nearest float); gguf_get_bool only BOOL; gguf_get_str
+// only STRING (a slice of the mapping, not NUL-terminated). *out is untouched on false.
+GGUF_API bool gguf_get_i64(const gguf_file *f, const char *key, int64_t *out) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv || !gguf_vtype_is_int(kv->type)) return false;
+    if (gguf_vtype_is_signed(kv->type)) *out = kv->v.i;
+    else if (kv->v.u > (uint64_t)INT64_MAX) return false;
+    else *out = (int64_t)kv->v.u;
+    return true;
+}
+
+GGUF_API bool gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv || !gguf_vtype_is_int(kv->type)) return false;
+    if (gguf_vtype_is_signed(kv->type) ? (kv->v.i < 0 || kv->v.i > (int64_t)UINT32_MAX) : kv->v.u > UINT32_MAX)
+        return false;
+    *out = gguf_vtype_is_signed(kv->type) ? (uint32_t)kv->v.i : (uint32_t)kv->v.u;
+    return true;
+}
+
+// A double as float; false when it is finite but beyond the float range (3.4e38).
+static bool gguf_to_f32(double d, float *out) {
+    bool finite = ((f64_bits(d) >> 52) & 0x7ff) != 0x7ff;
+    if (finite && (d > 3.4028234663852886e38 || d < -3.4028234663852886e38)) return false;
+    *out = (float)d;
+    return true;
+}
+
+GGUF_API bool gguf_get_f32(const gguf_file *f, const char *key, float *out) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv) return false;
+    if (kv->type == GGUF_T_FLOAT32 || kv->type == GGUF_T_FLOAT64) return gguf_to_f32(kv->v.f, out);
+    else if (gguf_vtype_is_int(kv->type))
+        *out = gguf_vtype_is_signed(kv->type) ? (float)kv->v.i : (float)kv->v.u;
+    else return false;
+    return true;
+}
+
+GGUF_API bool gguf_get_bool(const gguf_file *f, const char *key, bool *out) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv || kv->type != GGUF_T_BOOL) return false;
+    *out = kv->v.u != 0;
+    return true;
+}
+
+GGUF_API bool gguf_get_str(const gguf_file *f, const char *key, str_t *out) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv || kv->type != GGUF_T_STRING) return false;
+    *out = kv->v.s;
+    return true;
+}
+
+// The array under `key` when its elements are `elem_type`, else NULL.
+GGUF_API const gguf_kv *gguf_get_arr(const gguf_file *f, const char *key, uint32_t elem_type) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    return kv && kv->type == GGUF_T_ARRAY && kv->arr_type == elem_type ? kv : NULL;
+}
+
+// Element i of a FLOAT32 (or FLOAT64) array; 0 when i is out of range or the array is not one.
+// FLOAT64 values beyond the float range become infinities.
+GGUF_API float gguf_arr_f32(const gguf_kv *kv, uint64_t i) {
+    if (!kv || kv->type != GGUF_T_ARRAY || i >= kv->arr_n) return 0.0f;
+    uint64_t u = 0;
+    int64_t s = 0;
+    double d = 0;
+    if (kv->arr_type == GGUF_T_FLOAT32) gguf_load_scalar(GGUF_T_FLOAT32, kv->arr_data + 4 * i, &u, &s, &d);
+    else if (kv->arr_type == GGUF_T_FLOAT64) gguf_load_scalar(GGUF_T_FLOAT64, kv->arr_data + 8 * i, &u, &s, &d);
+    float r;
+    if (!gguf_to_f32(d, &r)) r = f32_from_bits(d < 0 ? 0xff800000u : 0x7f800000u);
+    return r;
+}
+
+// Element i of an integer (or BOOL) array; UINT64 values above INT64_MAX saturate. 0 when i is
+// out of range or the array is not one.
+GGUF_API int64_t gguf_arr_int(const gguf_kv *kv, uint64_t i) {
+    if (!kv || kv->type != GGUF_T_ARRAY || i >= kv->arr_n) return 0;
+    if (!gguf_vtype_is_int(kv->arr_type) && kv->arr_type != GGUF_T_BOOL) return 0;
+    uint64_t u = 0;
+    int64_t s = 0;
+    double d = 0;
+    gguf_load_scalar(kv->arr_type, kv->arr_data + gguf_vtype_sizes[kv->arr_type] * i, &u, &s, &d);
+    if (gguf_vtype_is_signed(kv->arr_type)) return s;
+    return u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)u;
+}
+
+// Element i of a STRING array; an empty slice when out of range or not a string array.
+GGUF_API str_t gguf_arr_str(const gguf_kv *kv, uint64_t i) {
+    if (!kv || kv->type != GGUF_T_ARRAY || kv->arr_type != GGUF_T_STRING || i >= kv->arr_n) return (str_t){"", 0};
+    return kv->strs[i];
+}
+
+// ---- Writer -----------------------------------------------------------------------------------
+// Builds a GGUF v3 file: metadata is encoded as it is added, tensors are described up front and
+// their bytes are produced only while writing (from a caller pointer or a callback), so a
+// multi-GB model streams to disk without being held in memory. Add calls never fail loudly: the
+// first problem (bad name, duplicate, out of memory, ...) is kept and returned by the write call,
+// and later add calls are ignored. Not thread-safe; one writer per thread.
+
+// Where the writer's bytes go: a FILE* (when f is set) or a growable buffer. Fill callbacks write
+// their tensor's bytes through gguf_sink_write, which counts them.
+typedef struct gguf_sink {
+    FILE *f;
+    buf_t *b;
+    uint64_t n;  // bytes written so far
+    bool failed; // a write failed; err_no says why
+    int err_no;
+} gguf_sink;
+
+GGUF_API void gguf_sink_write(gguf_sink *s, const void *p, size_t n) {
+    if (s->failed || n == 0) return;
+    if (s->f) {
+        if (fwrite(p, 1, n, s->f) != n) {
+            s->failed = true;
+            s->err_no = errno ? errno : EIO;
+            return;
+        }
+    } else {
+        buf_append(s->b, p, n);
+        if (s->b->oom) {
+            s->failed = true;
+            s->err_no = ENOMEM;
+            return;
+        }
+    }
+    s->n += n;
+}
+
+static void gguf_sink_zeros(gguf_sink *s, uint64_t n) {
+    static const uint8_t zeros[4096];
+    while (n > 0 && !s->failed) {
+        size_t k = n > sizeof zeros ? sizeof zeros : (size_t)n;
+        gguf_sink_write(s, zeros, k);
+        n -= k;
+    }
+}
+
+// Produces the bytes of tensor `t` (name, type, ne and size are set; data is NULL): it must call
+// gguf_sink_write with exactly t->size bytes in total, or return an error status.
+typedef psv_status (*gguf_fill_fn)(void *user, const gguf_tensor *t, gguf_sink *out, psv_error *err);
+
+typedef struct {
+    char *name; // owned; t.name slices it
+    gguf_tensor t;
+    const void *src; // borrowed; NULL with no fill: zeros
+    gguf_fill_fn fill;
+    void *user;
+} gguf_wtensor;
+
+typedef struct gguf_writer {
+    buf_t meta; // the kv pairs, encoded
+    uint64_t n_kv;
+    str_t *keys; // slices of key_store copies, for the duplicate check
+    size_t n_keys, cap_keys;
+    gguf_wtensor *tensors;
+    size_t n_tensors, cap_tensors;
+    uint64_t alignment;
+    psv_error err; // the first error from an add call
+} gguf_writer;
+
+GGUF_API gguf_writer *gguf_writer_new(void) {
+    gguf_writer *w = calloc(1, sizeof *w);
+    if (w) w->alignment = GGUF_DEFAULT_ALIGNMENT;
+    return w;
+}
+
+GGUF_API void gguf_writer_free(gguf_writer *w) {
+    if (!w) return;
+    for (size_t k = 0; k < w->n_keys; k++) free((char *)w->keys[k].p);
+    free(w->keys);
+    for (size_t k = 0; k < w->n_tensors; k++) free(w->tensors[k].name);
+    free(w->tensors);
+    buf_free(&w->meta);
+    free(w);
+}
+
+static void gw_u32(buf_t *b, uint32_t v) {
+    uint8_t t[4];
+    wr_u32(t, v);
+    buf_append(b, t, 4);
+}
+static void gw_u64(buf_t *b, uint64_t v) {
+    uint8_t t[8];
+    wr_u64(t, v);
+    buf_append(b, t, 8);
+}
+static void gw_str(buf_t *b, const char *p, size_t n) {
+    gw_u64(b, n);
+    buf_append(b, p, n);
+}
+// One fixed-size value from its bit pattern (two's complement or IEEE), little-endian.
+static void gw_bits(buf_t *b, uint32_t type, uint64_t bits) {
+    uint8_t t[8];
+    wr_u64(t, bits);
+    buf_append(b, t, gguf_vtype_sizes[type]);
+}
+
+static bool gguf_w_ok(gguf_writer *w) { return w && w->err.status == PSV_OK && !w->meta.oom; }
+
+static bool gguf_w_name_ok(gguf_writer *w, str_t s, const char *what) {
+    char pr[96];
+    if (s.n > GGUF_MAX_NAME) {
+        err_set(&w->err, PSV_ERR_INVALID, "gguf writer: %s '%s': longer than %d bytes", what, gguf_printable(pr, s),
+                GGUF_MAX_NAME);
+        return false;
+    }
+    return gguf_check_name(s, "gguf writer", what, PSV_ERR_INVALID, &w->err) == PSV_OK;
+}
+
+// Starts a pair: checks the key, records it, encodes key and type. false: nothing was added.
+static bool gguf_w_begin(gguf_writer *w, str_t key, uint32_t type) {
+    char pr[96];
+    if (!gguf_w_ok(w) || !gguf_w_name_ok(w, key, "key")) return false;
+    for (size_t k = 0; k < w->n_keys; k++)
+        if (str_eq(w->keys[k], key)) {
+            err_set(&w->err, PSV_ERR_INVALID, "gguf writer: duplicate key '%s'", gguf_printable(pr, key));
+            return false;
+        }
+    if (w->n_kv >= PSV_GGUF_MAX_KV) {
+        err_set(&w->err, PSV_ERR_RANGE, "gguf writer: more than %d keys", PSV_GGUF_MAX_KV);
+        return false;
+    }
+    if (w->n_keys == w->cap_keys) {
+        size_t cap = w->cap_keys ? 2 * w->cap_keys : 32;
+        str_t *p = realloc(w->keys, cap * sizeof *p);
+        if (!p) goto oom;
+        w->keys = p;
+        w->cap_keys = cap;
+    }
+    char *copy = str_dup(key);
+    if (!copy) goto oom;
+    w->keys[w->n_keys++] = (str_t){copy, key.n};
+    w->n_kv++;
+    gw_str(&w->meta, key.p, key.n);
+    gw_u32(&w->meta, type);
+    return true;
+oom:
+    err_set(&w->err, PSV_ERR_NOMEM, "gguf writer: out of memory");
+    return false;
+}
+
+static void gguf_w_scalar(gguf_writer *w, const char *key, uint32_t type, uint64_t bits) {
+    if (w && strcmp(key, "general.alignment") == 0 && gguf_w_ok(w)) {
+        if (type != GGUF_T_UINT32) {
+            err_set(&w->err, PSV_ERR_INVALID,
+                    "gguf writer: key 'general.alignment': wrong type (expected UINT32, got %s)",
+                    gguf_vtype_name(type));
+            return;
+        }
+        if (bits == 0 || (bits & (bits - 1))) {
+            err_set(&w->err, PSV_ERR_INVALID, "gguf writer: key 'general.alignment': %" PRIu64 " is not a power of two",
+                    bits);
+            return;
+        }
+        w->alignment = bits;
+    }
+    if (gguf_w_begin(w, str_c(key), type)) gw_bits(&w->meta, type, bits);
+}
+
+GGUF_API void gguf_w_u8(gguf_writer *w, const char *key, uint8_t v) {
+    gguf_w_scalar(w, key, GGUF_T_UINT8, v);
+}
+GGUF_API void gguf_w_i8(gguf_writer *w, const char *key, int8_t v) {
+    gguf_w_scalar(w, key, GGUF_T_INT8, (uint64_t)(int64_t)v);
+}
+GGUF_API void gguf_w_u16(gguf_writer *w, const char *key, uint16_t v) {
+    gguf_w_scalar(w, key, GGUF_T_UINT16, v);
+}
+GGUF_API void gguf_w_i16(gguf_writer *w, const char *key, int16_t v) {
+    gguf_w_scalar(w, key, GGUF_T_INT16, (uint64_t)(int64_t)v);
+}
+GGUF_API void gguf_w_u32(gguf_writer *w, const char *key, uint32_t v) {
+    gguf_w_scalar(w, key, GGUF_T_UINT32, v);
+}
+GGUF_API void gguf_w_i32(gguf_writer *w, const char *key, int32_t v) {
+    gguf_w_scalar(w, key, GGUF_T_INT32, (uint64_t)(int64_t)v);
+}
+GGUF_API void gguf_w_f32(gguf_writer *w, const char *key, float v) {
+    gguf_w_scalar(w, key, GGUF_T_FLOAT32, f32_bits(v));
+}
+GGUF_API void gguf_w_bool(gguf_writer *w, const char *key, bool v) {
+    gguf_w_scalar(w, key, GGUF_T_BOOL, v ? 1 : 0);
+}
+GGUF_API void gguf_w_u64(gguf_writer *w, const char *key, uint64_t v) {
+    gguf_w_scalar(w, key, GGUF_T_UINT64, v);
+}
+GGUF_API void gguf_w_i64(gguf_writer *w, const char *key, int64_t v) {
+    gguf_w_scalar(w, key, GGUF_T_INT64, (uint64_t)v);
+}
+GGUF_API void gguf_w_f64(gguf_writer *w, const char *key, double v) {
+    gguf_w_scalar(w, key, GGUF_T_FLOAT64, f64_bits(v));
+}
+// Sets general.alignment (a power of two; default 32).
+GGUF_API void gguf_w_alignment(gguf_writer *w, uint32_t alignment) { gguf_w_u32(w, "general.alignment", alignment); }
+
+static bool gguf_w_len_ok(gguf_writer *w, str_t key, uint64_t n, uint64_t max, const char *what) {
+    char pr[96];
+    if (!gguf_w_ok(w)) return false;
+    if (n > max) {
+        err_set(&w->err, PSV_ERR_RANGE, "gguf writer: key '%s': %s of %" PRIu64 " exceeds the limit of %" PRIu64,
+                gguf_printable(pr, key), what, n, max);
+        return false;
+    }
+    return true;
+}
+
+GGUF_API void gguf_w_strn(gguf_writer *w, const char *key, const char *s, size_t n) {
+    if (!gguf_w_len_ok(w, str_c(key), n, PSV_GGUF_MAX_STRING, "string length")) return;
+    if (gguf_w_begin(w, str_c(key), GGUF_T_STRING)) gw_str(&w->meta, s, n);
+}
+GGUF_API void gguf_w_str(gguf_writer *w, const char *key, const char *s) { gguf_w_strn(w, key, s, strlen(s)); }
+
+// Fixed-size elements given as a C array of the element's type (uint8_t, int8_t, uint16_t,
+// int16_t, uint32_t, int32_t, float, bool, uint64_t, int64_t, double).
+GGUF_API void gguf_w_arr(gguf_writer *w, const char *key, uint32_t elem_type, const void *elems, uint64_t n) {
+    if (w && gguf_w_ok(w) && (elem_type >= GGUF_T_COUNT || gguf_vtype_sizes[elem_type] == 0)) {
+        err_set(&w->err, PSV_ERR_INVALID, "gguf writer: key '%s': gguf_w_arr takes fixed-size elements (got type %u)",
+                key, elem_type);
+        return;
+    }
+    if (!gguf_w_len_ok(w, str_c(key), n, PSV_GGUF_MAX_ARRAY, "array count")) return;
+    if (!gguf_w_begin(w, str_c(key), GGUF_T_ARRAY)) return;
+    gw_u32(&w->meta, elem_type);
+    gw_u64(&w->meta, n);
+    size_t esz = gguf_vtype_sizes[elem_type];
+    const uint8_t *p = elems;
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t bits = 0;
+        if (elem_type == GGUF_T_BOOL) bits = ((const bool *)elems)[k] ? 1 : 0;
+        else if (esz == 1) bits = p[k];
+        else if (esz == 2) { uint16_t v; memcpy(&v, p + 2 * k, 2); bits = v; }
+        else if (esz == 4) { uint32_t v; memcpy(&v, p + 4 * k, 4); bits = v; }
+        else memcpy(&bits, p + 8 * k, 8);
+        gw_bits(&w->meta, elem_type, bits);
+    }
+}
+
+GGUF_API void gguf_w_arr_strn(gguf_writer *w, const char *key, const str_t *strs, uint64_t n) {
+    if (!gguf_w_len_ok(w, str_c(key), n, PSV_GGUF_MAX_ARRAY, "array count")) return;
+    for (uint64_t k = 0; k < n; k++)
+        if (!gguf_w_len_ok(w, str_c(key), strs[k].n, PSV_GGUF_MAX_STRING, "string length")) return;
+    if (!gguf_w_begin(w, str_c(key), GGUF_T_ARRAY)) return;
+    gw_u32(&w->meta, GGUF_T_STRING);
+    gw_u64(&w->meta, n);
+    for (uint64_t k = 0; k < n; k++) gw_str(&w->meta, strs[k].p, strs[k].n);
+}
+
+// NUL-terminated strings.
+GGUF_API void gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t n) {
+    if (!gguf_w_len_ok(w, str_c(key), n, PSV_GGUF_MAX_ARRAY, "array count")) return;
+    if (!gguf_w_begin(w, str_c(key), GGUF_T_ARRAY)) return;
+    gw_u32(&w->meta, GGUF_T_STRING);
+    gw_u64(&w->meta, n);
+    for (uint64_t k = 0; k < n; k++) gw_str(&w->meta, strs[k], strlen(strs[k]));
+}
+
+// Copies a pair from a parsed file (e.g. to rewrite a model with new tensors).
+GGUF_API void gguf_w_kv(gguf_writer *w, const gguf_kv *kv) {
+    if (!gguf_w_ok(w)) return;
+    if (str_eq_c(kv->key, "general.alignment") && kv->type == GGUF_T_UINT32 && kv->v.u && !(kv->v.u & (kv->v.u - 1)))
+        w->alignment = kv->v.u;
+    if (!gguf_w_begin(w, kv->key, kv->type)) return;
+    if (kv->type == GGUF_T_STRING) {
+        gw_str(&w->meta, kv->v.s.p, kv->v.s.n);
+    } else if (kv->type == GGUF_T_ARRAY) {
+        gw_u32(&w->meta, kv->arr_type);
+        gw_u64(&w->meta, kv->arr_n);
+        if (kv->arr_type == GGUF_T_STRING)
+            for (uint64_t k = 0; k < kv->arr_n; k++) gw_str(&w->meta, kv->strs[k].p, kv->strs[k].n);
+        else
+            buf_append(&w->meta, kv->arr_data, (size_t)kv->arr_n * gguf_vtype_sizes[kv->arr_type]);
+    } else if (kv->type == GGUF_T_FLOAT32) {
+        gw_bits(&w->meta, kv->type, f32_bits((float)kv->v.f));
+    } else if (kv->type == GGUF_T_FLOAT64) {
+        gw_bits(&w->meta, kv->type, f64_bits(kv->v.f));
+    } else {
+        gw_bits(&w->meta, kv->type, gguf_vtype_is_signed(kv->type) ? (uint64_t)kv->v.i : kv->v.u);
+    }
+}
+
+static void gguf_w_tensor_add(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const uint64_t *ne,
+                              const void *src, gguf_fill_fn fill, void *user) {
+    char pr[96];
+    if (!gguf_w_ok(w) || !gguf_w_name_ok(w, str_c(name), "tensor")) return;
+    str_t sname = str_c(name);
+    gguf_printable(pr, sname);
+    for (size_t k = 0; k < w->n_tensors; k++)
+        if (str_eq(w->tensors[k].t.name, sname)) {
+            err_set(&w->err, PSV_ERR_INVALID, "gguf writer: duplicate tensor name '%s'", pr);
+            return;
+        }
+    if (w->n_tensors >= PSV_GGUF_MAX_TENSORS) {
+        err_set(&w->err, PSV_ERR_RANGE, "gguf writer: more than %d tensors", PSV_GGUF_MAX_TENSORS);
+        return;
+    }
+    gguf_tensor t = {.name = sname, .n_dims = n_dims, .ne = {1, 1, 1, 1}, .type = type};
+    const type_info *ti = type_get(type);
+    if (!ti) {
+        err_set(&w->err, PSV_ERR_INVALID, "gguf writer: tensor '%s': unknown tensor type %u", pr, type);
+        return;
+    }
+    if (n_dims < 1 || n_dims > GGUF_MAX_DIMS) {
+        err_set(&w->err, PSV_ERR_INVALID, "gguf writer: tensor '%s': %u dimensions (expected 1 to %d)", pr, n_dims,
+                GGUF_MAX_DIMS);
+        return;
+    }
+    uint64_t n_elem = 1, row;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        t.ne[d] = ne[d];
+        if (ne[d] == 0 || ne[d] > (uint64_t)INT64_MAX || !ck_mul_u64(n_elem, ne[d], &n_elem) ||
+            n_elem > (uint64_t)INT64_MAX) {
+            err_set(&w->err, PSV_ERR_INVALID, "gguf writer: tensor '%s': bad dimension %u (%" PRIu64 ")", pr, d, ne[d]);
+            return;
+        }
+    }
+    if (!type_row_size(type, t.ne[0], &row) || !ck_mul_u64(row, t.ne[1], &t.size) ||
+        !ck_mul_u64(t.size, t.ne[2], &t.size) || !ck_mul_u64(t.size, t.ne[3], &t.size)) {
+        err_set(&w->err, PSV_ERR_INVALID,
+                "gguf writer: tensor '%s': row length %" PRIu64 " is not a multiple of the %s block size %u", pr,
+                t.ne[0], ti->name, ti->blck_size);
+        return;
+    }
+    if (src && t.size > SIZE_MAX) {
+        err_set(&w->err, PSV_ERR_RANGE, "gguf writer: tensor '%s': too large for this platform", pr);
+        return;
+    }
+    if (w->n_tensors == w->cap_tensors) {
+        size_t cap = w->cap_tensors ? 2 * w->cap_tensors : 16;
+        gguf_wtensor *p = realloc(w->tensors, cap * sizeof *p);
+        if (!p) goto oom;
+        w->tensors = p;
+        w->cap_tensors = cap;
+    }
+    char *copy = str_dup(sname);
+    if (!copy) goto oom;
+    t.name.p = copy;
+    w->tensors[w->n_tensors++] = (gguf_wtensor){copy, t, src, fill, user};
+    return;
+oom:
+    err_set(&w->err, PSV_ERR_NOMEM, "gguf writer: out of memory");
+}
+
+// A tensor whose bytes are at `data` (borrowed until the write; NULL writes zeros). ne[0] is the
+// row length; n_dims values are read from ne.
+GGUF_API void gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const uint64_t *ne,
+                          const void *data) {
+    gguf_w_tensor_add(w, name, type, n_dims, ne, data, NULL, NULL);
+}
+
+// A tensor whose bytes `fill` produces during the write, in the order tensors were added.
+GGUF_API void gguf_w_tensor_fn(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const uint64_t *ne,
+                             gguf_fill_fn fill, void *user) {
+    gguf_w_tensor_add(w, name, type, n_dims, ne, NULL, fill, user);
+}
+
+static psv_status gguf_sink_status(const gguf_sink *s, psv_error *err) {
+    if (!s->failed) return PSV_OK;
+    return err_set(err, s->err_no == ENOMEM ? PSV_ERR_NOMEM : PSV_ERR_IO, "gguf writer: write failed: %s",
+                   strerror(s->err_no));
+}
+
+// Layout (gguf.md): header, kv pairs, tensor infos, zero padding to the alignment, then each
+// tensor at its offset (a multiple of the alignment). The file ends with the last tensor's last
+// byte, so any truncation is detectable.
+static psv_status gguf_writer_emit(gguf_writer *w, gguf_sink *s, psv_error *err) {
+    if (!w) return err_set(err, PSV_ERR_NOMEM, "gguf writer: out of memory");
+    if (w->err.status) return err_set(err, w->err.status, "%s", w->err.message);
+    if (w->meta.oom) return err_set(err, PSV_ERR_NOMEM, "gguf writer: out of memory");
+    uint64_t off = 0, a = w->alignment;
+    for (size_t k = 0; k < w->n_tensors; k++) {
+        gguf_tensor *t = &w->tensors[k].t;
+        t->offset = off;
+        if (!ck_add_u64(off, t->size, &off) || !ck_add_u64(off, a - 1, &off))
+            return err_set(err, PSV_ERR_RANGE, "gguf writer: total tensor size overflows");
+        off &= ~(a - 1);
+    }
+    buf_t h = {0};
+    buf_append(&h, GGUF_MAGIC, 4);
+    gw_u32(&h, 3);
+    gw_u64(&h, w->n_tensors);
+    gw_u64(&h, w->n_kv);
+    if (w->meta.len) buf_append(&h, w->meta.data, w->meta.len);
+    for (size_t k = 0; k < w->n_tensors; k++) {
+        const gguf_tensor *t = &w->tensors[k].t;
+        gw_str(&h, t->name.p, t->name.n);
+        gw_u32(&h, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims; d++) gw_u64(&h, t->ne[d]);
+        gw_u32(&h, t->type);
+        gw_u64(&h, t->offset);
+    }
+    if (h.oom) {
+        buf_free(&h);
+        return err_set(err, PSV_ERR_NOMEM, "gguf writer: out of memory");
+    }
+    uint64_t start = s->n;
+    gguf_sink_write(s, h.data, h.len);
+    buf_free(&h);
+    uint64_t data_start = (s->n - start + a - 1) & ~(a - 1);
+    for (size_t k = 0; k < w->n_tensors && !s->failed; k++) {
+        const gguf_wtensor *wt = &w->tensors[k];
+        gguf_sink_zeros(s, start + data_start + wt->t.offset - s->n);
+        uint64_t before = s->n;
+        if (wt->fill) {
+            psv_status st = wt->fill(wt->user, &wt->t, s, err);
+            if (st) {
+                char pr[96];
+                err_set(err, st, "gguf writer: tensor '%s': fill callback failed", gguf_printable(pr, wt->t.name));
+                return st;
+            }
+        } else if (wt->src) {
+            gguf_sink_write(s, wt->src, (size_t)wt->t.size);
+        } else {
+            gguf_sink_zeros(s, wt->t.size);
+        }
+        if (!s->failed && s->n - before != wt->t.size) {
+            char pr[96];
+            return err_set(err, PSV_ERR_INVALID, "gguf writer: tensor '%s': fill callback wrote %" PRIu64
+                           " bytes (expected %" PRIu64 ")", gguf_printable(pr, wt->t.name), s->n - before, wt->t.size);
+        }
+    }
+    return gguf_sink_status(s, err);
+}
+
+// Writes the file at the current position of `f`, which must be the start of the file (offsets
+// in the file are counted from where the write begins). The writer can be written again.
+GGUF_API psv_status gguf_writer_write(gguf_writer *w, FILE *f, psv_error *err) {
+    gguf_sink s = {.f = f};
+    errno = 0;
+    return gguf_writer_emit(w, &s, err);
+}
+
+// Appends the file to `out` (tests and fuzz seeds).
+GGUF_API psv_status gguf_writer_to_buf(gguf_writer *w, buf_t *out, psv_error *err) {
+    gguf_sink s = {.b = out};
+    return gguf_writer_emit(w, &s, err);
+}
+
+// Creates or truncates `path`; a partial file is removed on failure.
+GGUF_API psv_status gguf_writer_save(gguf_writer *w, const char *path, psv_error *err) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return err_set(err, PSV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    psv_status st = gguf_writer_write(w, f, err);
+    if (fclose(f) != 0 && st == PSV_OK) st = err_set(err, PSV_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (st) {
+        remove(path);
+        err_prefix(err, "%s: ", path);
+    }
+    return st;
+}
+
+// ---- `pensieve info` --------------------------------------------------------------------------
+
+// Appends untrusted text for a terminal: valid UTF-8 as is, control bytes and invalid UTF-8 as
+// escapes (\n, \t, \r, \xNN), plus \" and \\ when quoted. At most `max` bytes of s are shown,
+// cut at a character boundary and followed by `...` and the full length.
+static void gguf_put_text(buf_t *b, str_t s, size_t max, bool quoted) {
+    if (quoted) buf_putc(b, '"');
+    size_t i = 0;
+    while (i < s.n && i < max) {
+        uint8_t c = (uint8_t)s.p[i];
+        if (c >= 0x80) {
+            size_t k = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+            if (k > 1 && k <= s.n - i && gguf_utf8_valid(s.p + i, k)) {
+                if (i + k > max) break;
+                buf_append(b, s.p + i, k);
+                i += k;
+                continue;
+            }
+            buf_printf(b, "\\x%02x", c);
+        } else if (c == '\n') buf_puts(b, "\\n");
+        else if (c == '\t') buf_puts(b, "\\t");
+        else if (c == '\r') buf_puts(b, "\\r");
+        else if (c < 0x20 || c == 0x7f) buf_printf(b, "\\x%02x", c);
+        else if (quoted && (c == '"' || c == '\\')) {
+            buf_putc(b, '\\');
+            buf_putc(b, (char)c);
+        } else buf_putc(b, (char)c);
+        i++;
+    }
+    if (i < s.n) buf_puts(b, "...");
+    if (quoted) buf_putc(b, '"');
+    if (i < s.n) buf_printf(b, " (%zu bytes)", s.n);
+}
+
+// The shortest decimal that reads back as the same value (as float when `single`).
+static void gguf_put_float(buf_t *b, double v, bool single) {
+    char tmp[48];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
+        if (single ? strtof(tmp, NULL) == (float)v : strtod(tmp, NULL) == v) break;
+    }
+    // Whole numbers read better without an exponent (rope bases like 10000, 1e6).
+    if (strchr(tmp, 'e') && v > -1e16 && v < 1e16 && v == (double)(int64_t)v) snprintf(tmp, sizeof tmp, "%.0f", v);
+    buf_puts(b, tmp);
+}
+
+// One fixed-size value at p.
+static void gguf_put_elem(buf_t *b, uint32_t type, const uint8_t *p) {
+    uint64_t u = 0;
+    int64_t i = 0;
+    double d = 0;
+    gguf_load_scalar(type, p, &u, &i, &d);
+    if (type == GGUF_T_BOOL) buf_puts(b, u ? "true" : "false");
+    else if (type == GGUF_T_FLOAT32 || type == GGUF_T_FLOAT64) gguf_put_float(b, d, type == GGUF_T_FLOAT32);
+    else if (gguf_vtype_is_signed(type)) buf_printf(b, "%" PRId64, i);
+    else buf_printf(b, "%" PRIu64, u);
+}
+
+static void gguf_put_value(buf_t *b, const gguf_kv *kv) {
+    if (kv->type == GGUF_T_STRING) {
+        gguf_put_text(b, kv->v.s, 64, true);
+    } else if (kv->type == GGUF_T_ARRAY) {
+        buf_printf(b, "[%s x %" PRIu64 "]", gguf_vtype_name(kv->arr_type), kv->arr_n);
+        bool str = kv->arr_type == GGUF_T_STRING;
+        uint64_t show = PSV_MIN(kv->arr_n, (uint64_t)(str ? 4 : 8));
+        for (uint64_t k = 0; k < show; k++) {
+            buf_puts(b, k ? ", " : " ");
+            if (str) gguf_put_text(b, kv->strs[k], 24, true);
+            else gguf_put_elem(b, kv->arr_type, kv->arr_data + gguf_vtype_sizes[kv->arr_type] * k);
+        }
+        if (show < kv->arr_n) buf_puts(b, ", ...");
+    } else {
+        uint8_t raw[8];
+        uint64_t bits = kv->type == GGUF_T_FLOAT32   ? f32_bits((float)kv->v.f)
+                        : kv->type == GGUF_T_FLOAT64 ? f64_bits(kv->v.f)
+                        : gguf_vtype_is_signed(kv->type) ? (uint64_t)kv->v.i
+                                                         : kv->v.u;
+        wr_u64(raw, bits);
+        gguf_put_elem(b, kv->type, raw);
+    }
+}
+
+static void gguf_put_count(buf_t *b, uint64_t n) {
+    if (n >= 1000000000ull) buf_printf(b, "%.2f B", (double)n / 1e9);
+    else if (n >= 1000000ull) buf_printf(b, "%.2f M", (double)n / 1e6);
+    else if (n >= 1000ull) buf_printf(b, "%.2f K", (double)n / 1e3);
+    else buf_printf(b, "%" PRIu64, n);
+}
+
+// The report of `pensieve info`: header, every metadata pair (arrays and long strings
+// summarised), the tensor table and totals. `name` labels the first line (may be NULL).
+GGUF_API void gguf_info(const gguf_file *f, const char *name, buf_t *b) {
+    buf_printf(b, "%s: GGUF v%u, %zu bytes\n", name ? name : "(memory)", f->version, f->size);
+    buf_printf(b, "  tensors      %" PRIu64 "\n", f->n_tensors);
+    buf_printf(b, "  metadata     %" PRIu64 " keys\n", f->n_kv);
+    buf_printf(b, "  alignment    %" PRIu64 "\n", f->alignment);
+    buf_printf(b, "  data offset  %" PRIu64 "\n", f->data_offset);
+
+    size_t kw = 8;
+    for (uint64_t k = 0; k < f->n_kv; k++) kw = PSV_MAX(kw, PSV_MIN(f->kv[k].key.n, (size_t)48));
+    buf_printf(b, "\nmetadata:\n");
+    for (uint64_t k = 0; k < f->n_kv; k++) {
+        const gguf_kv *kv = &f->kv[k];
+        size_t len0 = b->len;
+        buf_puts(b, "  ");
+        gguf_put_text(b, kv->key, 200, false);
+        size_t shown = b->len - len0 - 2;
+        buf_printf(b, "%*s  %-7s  ", shown < kw ? (int)(kw - shown) : 0, "", gguf_vtype_name(kv->type));
+        gguf_put_value(b, kv);
+        buf_putc(b, '\n');
+    }
+
+    uint64_t n_params = 0, by_count[T_COUNT] = {0}, by_bytes[T_COUNT] = {0}, by_params[T_COUNT] = {0};
+    size_t nw = 4;
+    for (uint64_t k = 0; k < f->n_tensors; k++) nw = PSV_MAX(nw, PSV_MIN(f->tensors[k].name.n, (size_t)40));
+    buf_printf(b, "\ntensors:%s\n", f->n_tensors ? "" : " none");
+    if (f->n_tensors)
+        buf_printf(b, "  %5s  %-*s  %-7s  %-26s  %12s  %12s\n", "#", (int)nw, "name", "type", "shape (ne0 x ne1 ...)",
+                   "offset", "bytes");
+    for (uint64_t k = 0; k < f->n_tensors; k++) {
+        const gguf_tensor *t = &f->tensors[k];
+        uint64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; // checked when parsed
+        n_params += n;
+        by_count[t->type]++;
+        by_bytes[t->type] += t->size;
+        by_params[t->type] += n;
+        size_t len0 = b->len;
+        buf_printf(b, "  %5" PRIu64 "  ", k);
+        gguf_put_text(b, t->name, 200, false);
+        size_t shown = b->len - len0 - 9;
+        char shape[96];
+        int sl = 0;
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            sl += snprintf(shape + sl, sizeof shape - (size_t)sl, "%s%" PRIu64, d ? " x " : "", t->ne[d]);
+        buf_printf(b, "%*s  %-7s  %-26s  %12" PRIu64 "  %12" PRIu64 "\n", shown < nw ? (int)(nw - shown) : 0, "",
+                   type_get(t->type)->name, shape, t->offset, t->size);
+    }
+
+    buf_printf(b, "\ntotals:\n");
+    buf_printf(b, "  tensor bytes  %" PRIu64 " (%.2f MiB)\n", f->tensor_bytes, (double)f->tensor_bytes / 1048576.0);
+    buf_printf(b, "  parameters    %" PRIu64 " (", n_params);
+    gguf_put_count(b, n_params);
+    buf_puts(b, ")\n");
+    if (f->n_tensors) buf_printf(b, "  %-7s  %7s  %14s  %14s\n", "type", "tensors", "bytes", "parameters");
+    for (uint32_t ty = 0; ty < T_COUNT; ty++)
+        if (by_count[ty])
+            buf_printf(b, "  %-7s  %7" PRIu64 "  %14" PRIu64 "  %14" PRIu64 "\n", type_table[ty].name, by_count[ty],
+                       by_bytes[ty], by_params[ty]);
+}
+
+static int cli_info(int argc, char **argv) {
+    static const char usage[] =
+        "usage: pensieve info FILE...\n"
+        "Prints a GGUF file's header, metadata (arrays and long strings summarised), tensor table\n"
+        "and totals. Exits 1 when a file cannot be read or is not valid GGUF.\n";
+    if (argc < 2) {
+        fprintf(stderr, "pensieve info: expected a FILE\n%s", usage);
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "pensieve info: unknown option '%s'\n%s", argv[i], usage);
+            return 1;
+        }
+    }
+    int rc = 0;
+    for (int i = 1; i < argc; i++) {
+        psv_error err = {0};
+        gguf_file *f;
+        if (gguf_open(argv[i], &f, &err)) {
+            fprintf(stderr, "pensieve info: %s\n", err.message); // gguf_open messages start with the path
+            rc = 1;
+            continue;
+        }
+        buf_t b = {0};
+        if (i > 1) buf_putc(&b, '\n');
+        gguf_info(f, argv[i], &b);
+        gguf_close(f);
+        if (b.oom) {
+            fprintf(stderr, "pensieve info: %s: out of memory\n", argv[i]);
+            rc = 1;
+        } else if (fwrite(b.data, 1, b.len, stdout) != b.len || fflush(stdout) != 0) {
+            fprintf(stderr, "pensieve info: cannot write the report: %s\n", strerror(errno));
+            buf_free(&b);
+            return 1;
+        }
+        buf_free(&b);
+    }
+    return rc;
+}
+
+
+// ----------------------------------------------------------------------------
+// 8. Unicode
+// General_Category and White_Space of every code point, Unicode 15.0.0. GENERATED by
+// tools/gen_unicode.py from the Unicode Character Database (Debian's unicode-data package);
+// do not edit by hand: change the script and run `python3 tools/gen_unicode.py > wip/40_unicode.c`.
+// The tokenizers' pre-tokenizer rules are written in terms of these (UAX #44 §5.7.1).
+
+// General_Category values. UNI_CN (unassigned, and anything above U+10FFFF) is 0.
+typedef enum {
+    UNI_CN = 0, UNI_LU = 1, UNI_LL = 2, UNI_LT = 3, UNI_LM = 4, UNI_LO = 5, UNI_MN = 6, UNI_MC = 7,
+    UNI_ME = 8, UNI_ND = 9, UNI_NL = 10, UNI_NO = 11, UNI_PC = 12, UNI_PD = 13, UNI_PS = 14, UNI_PE = 15,
+    UNI_PI = 16, UNI_PF = 17, UNI_PO = 18, UNI_SM = 19, UNI_SC = 20, UNI_SK = 21, UNI_SO = 22, UNI_ZS = 23,
+    UNI_ZL = 24, UNI_ZP = 25, UNI_CC = 26, UNI_CF = 27, UNI_CS = 28, UNI_CO = 29,
+    UNI_GC_COUNT = 30
+} uni_gc;
+
+// Major classes, as \p{L} \p{M} \p{N} \p{P} \p{S} \p{Z} \p{C} match them.
+#define UNI_IS_L(gc) ((gc) >= UNI_LU && (gc) <= UNI_LO)
+#define UNI_IS_M(gc) ((gc) >= UNI_MN && (gc) <= UNI_ME)
+#define UNI_IS_N(gc) ((gc) >= UNI_ND && (gc) <= UNI_NO)
+#define UNI_IS_P(gc) ((gc) >= UNI_PC && (gc) <= UNI_PO)
+#define UNI_IS_S(gc) ((gc) >= UNI_SM && (gc) <= UNI_SO)
+#define UNI_IS_Z(gc) ((gc) >= UNI_ZS && (gc) <= UNI_ZP)
+#define UNI_IS_C(gc) ((gc) >= UNI_CC && (gc) <= UNI_CO)
+
+static const uint8_t uni_gc_ascii[128] = {
+    26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26,
+    26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26, 26,
+    23, 18, 18, 18, 20, 18, 18, 18, 14, 15, 18, 19, 18, 13, 18, 18,
+    9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 18, 18, 19, 19, 19, 18,
+    18, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 14, 18, 15, 21, 12,
+    21, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+    2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 14, 19, 15, 19, 26,
+};
+
+// 4007 ranges covering U+0000..U+10FFFF in order: (first code point << 5) | uni_gc. A range
+// runs up to the next entry's first code point.
+static const uint32_t uni_gc_ranges[4007] = {
+    0x0000001a, 0x00000417, 0x00000432, 0x00000494, 0x000004b2, 0x0000050e, 0x0000052f, 0x00000552,
+    0x00000573, 0x00000592, 0x000005ad, 0x000005d2, 0x00000609, 0x00000752, 0x00000793, 0x000007f2,
+    0x00000821, 0x00000b6e, 0x00000b92, 0x00000baf, 0x00000bd5, 0x00000bec, 0x00000c15, 0x00000c22,
+    0x00000f6e, 0x00000f93, 0x00000faf, 0x00000fd3, 0x00000ffa, 0x00001417, 0x00001432, 0x00001454,
+    0x000014d6, 0x000014f2, 0x00001515, 0x00001536, 0x00001545, 0x00001570, 0x00001593, 0x000015bb,
+    0x000015d6, 0x000015f5, 0x00001616, 0x00001633, 0x0000164b, 0x00001695, 0x000016a2, 0x000016d2,
+    0x00001715, 0x0000172b, 0x00001745, 0x00001771, 0x0000178b, 0x000017f2, 0x00001801, 0x00001af3,
+    0x00001b01, 0x00001be2, 0x00001ef3, 0x00001f02, 0x00002001, 0x00002022, 0x00002041, 0x00002062,
+    0x00002081, 0x000020a2, 0x000020c1, 0x000020e2, 0x00002101, 0x00002122, 0x00002141, 0x00002162,
+    0x00002181, 0x000021a2, 0x000021c1, 0x000021e2, 0x00002201, 0x00002222, 0x00002241, 0x00002262,
+    0x00002281, 0x000022a2, 0x000022c1, 0x000022e2, 0x00002301, 0x00002322, 0x00002341, 0x00002362,
+    0x00002381, 0x000023a2, 0x000023c1, 0x000023e2, 0x00002401, 0x00002422, 0x00002441, 0x00002462,
+    0x00002481, 0x000024a2, 0x000024c1, 0x000024e2, 0x00002501, 0x00002522, 0x00002541, 0x00002562,
+    0x00002581, 0x000025a2, 0x000025c1, 0x000025e2, 0x00002601, 0x00002622, 0x00002641, 0x00002662,
+    0x00002681, 0x000026a2, 0x000026c1, 0x000026e2, 0x00002721, 0x00002742, 0x00002761, 0x00002782,
+    0x000027a1, 0x000027c2, 0x000027e1, 0x00002802, 0x00002821, 0x00002842, 0x00002861, 0x00002882,
+    0x000028a1, 0x000028c2, 0x000028e1, 0x00002902, 0x00002941, 0x00002962, 0x00002981, 0x000029a2,
+    0x000029c1, 0x000029e2, 0x00002a01, 0x00002a22, 0x00002a41, 0x00002a62, 0x00002a81, 0x00002aa2,
+    0x00002ac1, 0x00002ae2, 0x00002b01, 0x00002b22, 0x00002b41, 0x00002b62, 0x00002b81, 0x00002ba2,
+    0x00002bc1, 0x00002be2, 0x00002c01, 0x00002c22, 0x00002c41, 0x00002c62, 0x00002c81, 0x00002ca2,
+    0x00002cc1, 0x00002ce2, 0x00002d01, 0x00002d22, 0x00002d41, 0x00002d62, 0x00002d81, 0x00002da2,
+    0x00002dc1, 0x00002de2, 0x00002e01, 0x00002e22, 0x00002e41, 0x00002e62, 0x00002e81, 0x00002ea2,
+    0x00002ec1, 0x00002ee2, 0x00002f01, 0x00002f42, 0x00002f61, 0x00002f82, 0x00002fa1, 0x00002fc2,
+    0x00003021, 0x00003062, 0x00003081, 0x000030a2, 0x000030c1, 0x00003102, 0x00003121, 0x00003182,
+    0x000031c1, 0x00003242, 0x00003261, 0x000032a2, 0x000032c1, 0x00003322, 0x00003381, 0x000033c2,
+    0x000033e1, 0x00003422, 0x00003441, 0x00003462, 0x00003481, 0x000034a2, 0x000034c1, 0x00003502,
+    0x00003521, 0x00003542, 0x00003581, 0x000035a2, 0x000035c1, 0x00003602, 0x00003621, 0x00003682,
+    0x000036a1, 0x000036c2, 0x000036e1, 0x00003722, 0x00003765, 0x00003781, 0x000037a2, 0x00003805,
+    0x00003881, 0x000038a3, 0x000038c2, 0x000038e1, 0x00003903, 0x00003922, 0x00003941, 0x00003963,
+    0x00003982, 0x000039a1, 0x000039c2, 0x000039e1, 0x00003a02, 0x00003a21, 0x00003a42, 0x00003a61,
+    0x00003a82, 0x00003aa1, 0x00003ac2, 0x00003ae1, 0x00003b02, 0x00003b21, 0x00003b42, 0x00003b61,
+    0x00003b82, 0x00003bc1, 0x00003be2, 0x00003c01, 0x00003c22, 0x00003c41, 0x00003c62, 0x00003c81,
+    0x00003ca2, 0x00003cc1, 0x00003ce2, 0x00003d01, 0x00003d22, 0x00003d41, 0x00003d62, 0x00003d81,
+    0x00003da2, 0x00003dc1, 0x00003de2, 0x00003e21, 0x00003e43, 0x00003e62, 0x00003e81, 0x00003ea2,
+    0x00003ec1, 0x00003f22, 0x00003f41, 0x00003f62, 0x00003f81, 0x00003fa2, 0x00003fc1, 0x00003fe2,
+    0x00004001, 0x00004022, 0x00004041, 0x00004062, 0x00004081, 0x000040a2, 0x000040c1, 0x000040e2,
+    0x00004101, 0x00004122, 0x00004141, 0x00004162, 0x00004181, 0x000041a2, 0x000041c1, 0x000041e2,
+    0x00004201, 0x00004222, 0x00004241, 0x00004262, 0x00004281, 0x000042a2, 0x000042c1, 0x000042e2,
+    0x00004301, 0x00004322, 0x00004341, 0x00004362, 0x00004381, 0x000043a2, 0x000043c1, 0x000043e2,
+    0x00004401, 0x00004422, 0x00004441, 0x00004462, 0x00004481, 0x000044a2, 0x000044c1, 0x000044e2,
+    0x00004501, 0x00004522, 0x00004541, 0x00004562, 0x00004581, 0x000045a2, 0x000045c1, 0x000045e2,
+    0x00004601, 0x00004622, 0x00004641, 0x00004662, 0x00004741, 0x00004782, 0x000047a1, 0x000047e2,
+    0x00004821, 0x00004842, 0x00004861, 0x000048e2, 0x00004901, 0x00004922, 0x00004941, 0x00004962,
+    0x00004981, 0x000049a2, 0x000049c1, 0x000049e2, 0x00005285, 0x000052a2, 0x00005604, 0x00005855,
+    0x000058c4, 0x00005a55, 0x00005c04, 0x00005cb5, 0x00005d84, 0x00005db5, 0x00005dc4, 0x00005df5,
+    0x00006006, 0x00006e01, 0x00006e22, 0x00006e41, 0x00006e62, 0x00006e84, 0x00006eb5, 0x00006ec1,
+    0x00006ee2, 0x00006f00, 0x00006f44, 0x00006f62, 0x00006fd2, 0x00006fe1, 0x00007000, 0x00007095,
+    0x000070c1, 0x000070f2, 0x00007101, 0x00007160, 0x00007181, 0x000071a0, 0x000071c1, 0x00007202,
+    0x00007221, 0x00007440, 0x00007461, 0x00007582, 0x000079e1, 0x00007a02, 0x00007a41, 0x00007aa2,
+    0x00007b01, 0x00007b22, 0x00007b41, 0x00007b62, 0x00007b81, 0x00007ba2, 0x00007bc1, 0x00007be2,
+    0x00007c01, 0x00007c22, 0x00007c41, 0x00007c62, 0x00007c81, 0x00007ca2, 0x00007cc1, 0x00007ce2,
+    0x00007d01, 0x00007d22, 0x00007d41, 0x00007d62, 0x00007d81, 0x00007da2, 0x00007dc1, 0x00007de2,
+    0x00007e81, 0x00007ea2, 0x00007ed3, 0x00007ee1, 0x00007f02, 0x00007f21, 0x00007f62, 0x00007fa1,
+    0x00008602, 0x00008c01, 0x00008c22, 0x00008c41, 0x00008c62, 0x00008c81, 0x00008ca2, 0x00008cc1,
+    0x00008ce2, 0x00008d01, 0x00008d22, 0x00008d41, 0x00008d62, 0x00008d81, 0x00008da2, 0x00008dc1,
+    0x00008de2, 0x00008e01, 0x00008e22, 0x00008e41, 0x00008e62, 0x00008e81, 0x00008ea2, 0x00008ec1,
+    0x00008ee2, 0x00008f01, 0x00008f22, 0x00008f41, 0x00008f62, 0x00008f81, 0x00008fa2, 0x00008fc1,
+    0x00008fe2, 0x00009001, 0x00009022, 0x00009056, 0x00009066, 0x00009108, 0x00009141, 0x00009162,
+    0x00009181, 0x000091a2, 0x000091c1, 0x000091e2, 0x00009201, 0x00009222, 0x00009241, 0x00009262,
+    0x00009281, 0x000092a2, 0x000092c1, 0x000092e2, 0x00009301, 0x00009322, 0x00009341, 0x00009362,
+    0x00009381, 0x000093a2, 0x000093c1, 0x000093e2, 0x00009401, 0x00009422, 0x00009441, 0x00009462,
+    0x00009481, 0x000094a2, 0x000094c1, 0x000094e2, 0x00009501, 0x00009522, 0x00009541, 0x00009562,
+    0x00009581, 0x000095a2, 0x000095c1, 0x000095e2, 0x00009601, 0x00009622, 0x00009641, 0x00009662,
+    0x00009681, 0x000096a2, 0x000096c1, 0x000096e2, 0x00009701, 0x00009722, 0x00009741, 0x00009762,
+    0x00009781, 0x000097a2, 0x000097c1, 0x000097e2, 0x00009801, 0x00009842, 0x00009861, 0x00009882,
+    0x000098a1, 0x000098c2, 0x000098e1, 0x00009902, 0x00009921, 0x00009942, 0x00009961, 0x00009982,
+    0x000099a1, 0x000099c2, 0x00009a01, 0x00009a22, 0x00009a41, 0x00009a62, 0x00009a81, 0x00009aa2,
+    0x00009ac1, 0x00009ae2, 0x00009b01, 0x00009b22, 0x00009b41, 0x00009b62, 0x00009b81, 0x00009ba2,
+    0x00009bc1, 0x00009be2, 0x00009c01, 0x00009c22, 0x00009c41, 0x00009c62, 0x00009c81, 0x00009ca2,
+    0x00009cc1, 0x00009ce2, 0x00009d01, 0x00009d22, 0x00009d41, 0x00009d62, 0x00009d81, 0x00009da2,
+    0x00009dc1, 0x00009de2, 0x00009e01, 0x00009e22, 0x00009e41, 0x00009e62, 0x00009e81, 0x00009ea2,
+    0x00009ec1, 0x00009ee2, 0x00009f01, 0x00009f22, 0x00009f41, 0x00009f62, 0x00009f81, 0x00009fa2,
+    0x00009fc1, 0x00009fe2, 0x0000a001, 0x0000a022, 0x0000a041, 0x0000a062, 0x0000a081, 0x0000a0a2,
+    0x0000a0c1, 0x0000a0e2, 0x0000a101, 0x0000a122, 0x0000a141, 0x0000a162, 0x0000a181, 0x0000a1a2,
+    0x0000a1c1, 0x0000a1e2, 0x0000a201, 0x0000a222, 0x0000a241, 0x0000a262, 0x0000a281, 0x0000a2a2,
+    0x0000a2c1, 0x0000a2e2, 0x0000a301, 0x0000a322, 0x0000a341, 0x0000a362, 0x0000a381, 0x0000a3a2,
+    0x0000a3c1, 0x0000a3e2, 0x0000a401, 0x0000a422, 0x0000a441, 0x0000a462, 0x0000a481, 0x0000a4a2,
+    0x0000a4c1, 0x0000a4e2, 0x0000a501, 0x0000a522, 0x0000a541, 0x0000a562, 0x0000a581, 0x0000a5a2,
+    0x0000a5c1, 0x0000a5e2, 0x0000a600, 0x0000a621, 0x0000aae0, 0x0000ab24, 0x0000ab52, 0x0000ac02,
+    0x0000b132, 0x0000b14d, 0x0000b160, 0x0000b1b6, 0x0000b1f4, 0x0000b200, 0x0000b226, 0x0000b7cd,
+    0x0000b7e6, 0x0000b812, 0x0000b826, 0x0000b872, 0x0000b886, 0x0000b8d2, 0x0000b8e6, 0x0000b900,
+    0x0000ba05, 0x0000bd60, 0x0000bde5, 0x0000be72, 0x0000bea0, 0x0000c01b, 0x0000c0d3, 0x0000c132,
+    0x0000c174, 0x0000c192, 0x0000c1d6, 0x0000c206, 0x0000c372, 0x0000c39b, 0x0000c3b2, 0x0000c405,
+    0x0000c804, 0x0000c825, 0x0000c966, 0x0000cc09, 0x0000cd52, 0x0000cdc5, 0x0000ce06, 0x0000ce25,
+    0x0000da92, 0x0000daa5, 0x0000dac6, 0x0000dbbb, 0x0000dbd6, 0x0000dbe6, 0x0000dca4, 0x0000dce6,
+    0x0000dd36, 0x0000dd46, 0x0000ddc5, 0x0000de09, 0x0000df45, 0x0000dfb6, 0x0000dfe5, 0x0000e012,
+    0x0000e1c0, 0x0000e1fb, 0x0000e205, 0x0000e226, 0x0000e245, 0x0000e606, 0x0000e960, 0x0000e9a5,
+    0x0000f4c6, 0x0000f625, 0x0000f640, 0x0000f809, 0x0000f945, 0x0000fd66, 0x0000fe84, 0x0000fed6,
+    0x0000fef2, 0x0000ff44, 0x0000ff60, 0x0000ffa6, 0x0000ffd4, 0x00010005, 0x000102c6, 0x00010344,
+    0x00010366, 0x00010484, 0x000104a6, 0x00010504, 0x00010526, 0x000105c0, 0x00010612, 0x000107e0,
+    0x00010805, 0x00010b26, 0x00010b80, 0x00010bd2, 0x00010be0, 0x00010c05, 0x00010d60, 0x00010e05,
+    0x00011115, 0x00011125, 0x000111e0, 0x0001121b, 0x00011240, 0x00011306, 0x00011405, 0x00011924,
+    0x00011946, 0x00011c5b, 0x00011c66, 0x00012067, 0x00012085, 0x00012746, 0x00012767, 0x00012786,
+    0x000127a5, 0x000127c7, 0x00012826, 0x00012927, 0x000129a6, 0x000129c7, 0x00012a05, 0x00012a26,
+    0x00012b05, 0x00012c46, 0x00012c92, 0x00012cc9, 0x00012e12, 0x00012e24, 0x00012e45, 0x00013026,
+    0x00013047, 0x00013080, 0x000130a5, 0x000131a0, 0x000131e5, 0x00013220, 0x00013265, 0x00013520,
+    0x00013545, 0x00013620, 0x00013645, 0x00013660, 0x000136c5, 0x00013740, 0x00013786, 0x000137a5,
+    0x000137c7, 0x00013826, 0x000138a0, 0x000138e7, 0x00013920, 0x00013967, 0x000139a6, 0x000139c5,
+    0x000139e0, 0x00013ae7, 0x00013b00, 0x00013b85, 0x00013bc0, 0x00013be5, 0x00013c46, 0x00013c80,
+    0x00013cc9, 0x00013e05, 0x00013e54, 0x00013e8b, 0x00013f56, 0x00013f74, 0x00013f85, 0x00013fb2,
+    0x00013fc6, 0x00013fe0, 0x00014026, 0x00014067, 0x00014080, 0x000140a5, 0x00014160, 0x000141e5,
+    0x00014220, 0x00014265, 0x00014520, 0x00014545, 0x00014620, 0x00014645, 0x00014680, 0x000146a5,
+    0x000146e0, 0x00014705, 0x00014740, 0x00014786, 0x000147a0, 0x000147c7, 0x00014826, 0x00014860,
+    0x000148e6, 0x00014920, 0x00014966, 0x000149c0, 0x00014a26, 0x00014a40, 0x00014b25, 0x00014ba0,
+    0x00014bc5, 0x00014be0, 0x00014cc9, 0x00014e06, 0x00014e45, 0x00014ea6, 0x00014ed2, 0x00014ee0,
+    0x00015026, 0x00015067, 0x00015080, 0x000150a5, 0x000151c0, 0x000151e5, 0x00015240, 0x00015265,
+    0x00015520, 0x00015545, 0x00015620, 0x00015645, 0x00015680, 0x000156a5, 0x00015740, 0x00015786,
+    0x000157a5, 0x000157c7, 0x00015826, 0x000158c0, 0x000158e6, 0x00015927, 0x00015940, 0x00015967,
+    0x000159a6, 0x000159c0, 0x00015a05, 0x00015a20, 0x00015c05, 0x00015c46, 0x00015c80, 0x00015cc9,
+    0x00015e12, 0x00015e34, 0x00015e40, 0x00015f25, 0x00015f46, 0x00016000, 0x00016026, 0x00016047,
+    0x00016080, 0x000160a5, 0x000161a0, 0x000161e5, 0x00016220, 0x00016265, 0x00016520, 0x00016545,
+    0x00016620, 0x00016645, 0x00016680, 0x000166a5, 0x00016740, 0x00016786, 0x000167a5, 0x000167c7,
+    0x000167e6, 0x00016807, 0x00016826, 0x000168a0, 0x000168e7, 0x00016920, 0x00016967, 0x000169a6,
+    0x000169c0, 0x00016aa6, 0x00016ae7, 0x00016b00, 0x00016b85, 0x00016bc0, 0x00016be5, 0x00016c46,
+    0x00016c80, 0x00016cc9, 0x00016e16, 0x00016e25, 0x00016e4b, 0x00016f00, 0x00017046, 0x00017065,
+    0x00017080, 0x000170a5, 0x00017160, 0x000171c5, 0x00017220, 0x00017245, 0x000172c0, 0x00017325,
+    0x00017360, 0x00017385, 0x000173a0, 0x000173c5, 0x00017400, 0x00017465, 0x000174a0, 0x00017505,
+    0x00017560, 0x000175c5, 0x00017740, 0x000177c7, 0x00017806, 0x00017827, 0x00017860, 0x000178c7,
+    0x00017920, 0x00017947, 0x000179a6, 0x000179c0, 0x00017a05, 0x00017a20, 0x00017ae7, 0x00017b00,
+    0x00017cc9, 0x00017e0b, 0x00017e76, 0x00017f34, 0x00017f56, 0x00017f60, 0x00018006, 0x00018027,
+    0x00018086, 0x000180a5, 0x000181a0, 0x000181c5, 0x00018220, 0x00018245, 0x00018520, 0x00018545,
+    0x00018740, 0x00018786, 0x000187a5, 0x000187c6, 0x00018827, 0x000188a0, 0x000188c6, 0x00018920,
+    0x00018946, 0x000189c0, 0x00018aa6, 0x00018ae0, 0x00018b05, 0x00018b60, 0x00018ba5, 0x00018bc0,
+    0x00018c05, 0x00018c46, 0x00018c80, 0x00018cc9, 0x00018e00, 0x00018ef2, 0x00018f0b, 0x00018ff6,
+    0x00019005, 0x00019026, 0x00019047, 0x00019092, 0x000190a5, 0x000191a0, 0x000191c5, 0x00019220,
+    0x00019245, 0x00019520, 0x00019545, 0x00019680, 0x000196a5, 0x00019740, 0x00019786, 0x000197a5,
+    0x000197c7, 0x000197e6, 0x00019807, 0x000198a0, 0x000198c6, 0x000198e7, 0x00019920, 0x00019947,
+    0x00019986, 0x000199c0, 0x00019aa7, 0x00019ae0, 0x00019ba5, 0x00019be0, 0x00019c05, 0x00019c46,
+    0x00019c80, 0x00019cc9, 0x00019e00, 0x00019e25, 0x00019e67, 0x00019e80, 0x0001a006, 0x0001a047,
+    0x0001a085, 0x0001a1a0, 0x0001a1c5, 0x0001a220, 0x0001a245, 0x0001a766, 0x0001a7a5, 0x0001a7c7,
+    0x0001a826, 0x0001a8a0, 0x0001a8c7, 0x0001a920, 0x0001a947, 0x0001a9a6, 0x0001a9c5, 0x0001a9f6,
+    0x0001aa00, 0x0001aa85, 0x0001aae7, 0x0001ab0b, 0x0001abe5, 0x0001ac46, 0x0001ac80, 0x0001acc9,
+    0x0001ae0b, 0x0001af36, 0x0001af45, 0x0001b000, 0x0001b026, 0x0001b047, 0x0001b080, 0x0001b0a5,
+    0x0001b2e0, 0x0001b345, 0x0001b640, 0x0001b665, 0x0001b780, 0x0001b7a5, 0x0001b7c0, 0x0001b805,
+    0x0001b8e0, 0x0001b946, 0x0001b960, 0x0001b9e7, 0x0001ba46, 0x0001baa0, 0x0001bac6, 0x0001bae0,
+    0x0001bb07, 0x0001bc00, 0x0001bcc9, 0x0001be00, 0x0001be47, 0x0001be92, 0x0001bea0, 0x0001c025,
+    0x0001c626, 0x0001c645, 0x0001c686, 0x0001c760, 0x0001c7f4, 0x0001c805, 0x0001c8c4, 0x0001c8e6,
+    0x0001c9f2, 0x0001ca09, 0x0001cb52, 0x0001cb80, 0x0001d025, 0x0001d060, 0x0001d085, 0x0001d0a0,
+    0x0001d0c5, 0x0001d160, 0x0001d185, 0x0001d480, 0x0001d4a5, 0x0001d4c0, 0x0001d4e5, 0x0001d626,
+    0x0001d645, 0x0001d686, 0x0001d7a5, 0x0001d7c0, 0x0001d805, 0x0001d8a0, 0x0001d8c4, 0x0001d8e0,
+    0x0001d906, 0x0001d9e0, 0x0001da09, 0x0001db40, 0x0001db85, 0x0001dc00, 0x0001e005, 0x0001e036,
+    0x0001e092, 0x0001e276, 0x0001e292, 0x0001e2b6, 0x0001e306, 0x0001e356, 0x0001e409, 0x0001e54b,
+    0x0001e696, 0x0001e6a6, 0x0001e6d6, 0x0001e6e6, 0x0001e716, 0x0001e726, 0x0001e74e, 0x0001e76f,
+    0x0001e78e, 0x0001e7af, 0x0001e7c7, 0x0001e805, 0x0001e900, 0x0001e925, 0x0001eda0, 0x0001ee26,
+    0x0001efe7, 0x0001f006, 0x0001f0b2, 0x0001f0c6, 0x0001f105, 0x0001f1a6, 0x0001f300, 0x0001f326,
+    0x0001f7a0, 0x0001f7d6, 0x0001f8c6, 0x0001f8f6, 0x0001f9a0, 0x0001f9d6, 0x0001fa12, 0x0001fab6,
+    0x0001fb32, 0x0001fb60, 0x00020005, 0x00020567, 0x000205a6, 0x00020627, 0x00020646, 0x00020707,
+    0x00020726, 0x00020767, 0x000207a6, 0x000207e5, 0x00020809, 0x00020952, 0x00020a05, 0x00020ac7,
+    0x00020b06, 0x00020b45, 0x00020bc6, 0x00020c25, 0x00020c47, 0x00020ca5, 0x00020ce7, 0x00020dc5,
+    0x00020e26, 0x00020ea5, 0x00021046, 0x00021067, 0x000210a6, 0x000210e7, 0x000211a6, 0x000211c5,
+    0x000211e7, 0x00021209, 0x00021347, 0x000213a6, 0x000213d6, 0x00021401, 0x000218c0, 0x000218e1,
+    0x00021900, 0x000219a1, 0x000219c0, 0x00021a02, 0x00021f72, 0x00021f84, 0x00021fa2, 0x00022005,
+    0x00024920, 0x00024945, 0x000249c0, 0x00024a05, 0x00024ae0, 0x00024b05, 0x00024b20, 0x00024b45,
+    0x00024bc0, 0x00024c05, 0x00025120, 0x00025145, 0x000251c0, 0x00025205, 0x00025620, 0x00025645,
+    0x000256c0, 0x00025705, 0x000257e0, 0x00025805, 0x00025820, 0x00025845, 0x000258c0, 0x00025905,
+    0x00025ae0, 0x00025b05, 0x00026220, 0x00026245, 0x000262c0, 0x00026305, 0x00026b60, 0x00026ba6,
+    0x00026c12, 0x00026d2b, 0x00026fa0, 0x00027005, 0x00027216, 0x00027340, 0x00027401, 0x00027ec0,
+    0x00027f02, 0x00027fc0, 0x0002800d, 0x00028025, 0x0002cdb6, 0x0002cdd2, 0x0002cde5, 0x0002d017,
+    0x0002d025, 0x0002d36e, 0x0002d38f, 0x0002d3a0, 0x0002d405, 0x0002dd72, 0x0002ddca, 0x0002de25,
+    0x0002df20, 0x0002e005, 0x0002e246, 0x0002e2a7, 0x0002e2c0, 0x0002e3e5, 0x0002e646, 0x0002e687,
+    0x0002e6b2, 0x0002e6e0, 0x0002e805, 0x0002ea46, 0x0002ea80, 0x0002ec05, 0x0002eda0, 0x0002edc5,
+    0x0002ee20, 0x0002ee46, 0x0002ee80, 0x0002f005, 0x0002f686, 0x0002f6c7, 0x0002f6e6, 0x0002f7c7,
+    0x0002f8c6, 0x0002f8e7, 0x0002f926, 0x0002fa92, 0x0002fae4, 0x0002fb12, 0x0002fb74, 0x0002fb85,
+    0x0002fba6, 0x0002fbc0, 0x0002fc09, 0x0002fd40, 0x0002fe0b, 0x0002ff40, 0x00030012, 0x000300cd,
+    0x000300f2, 0x00030166, 0x000301db, 0x000301e6, 0x00030209, 0x00030340, 0x00030405, 0x00030864,
+    0x00030885, 0x00030f20, 0x00031005, 0x000310a6, 0x000310e5, 0x00031526, 0x00031545, 0x00031560,
+    0x00031605, 0x00031ec0, 0x00032005, 0x000323e0, 0x00032406, 0x00032467, 0x000324e6, 0x00032527,
+    0x00032580, 0x00032607, 0x00032646, 0x00032667, 0x00032726, 0x00032780, 0x00032816, 0x00032820,
+    0x00032892, 0x000328c9, 0x00032a05, 0x00032dc0, 0x00032e05, 0x00032ea0, 0x00033005, 0x00033580,
+    0x00033605, 0x00033940, 0x00033a09, 0x00033b4b, 0x00033b60, 0x00033bd6, 0x00034005, 0x000342e6,
+    0x00034327, 0x00034366, 0x00034380, 0x000343d2, 0x00034405, 0x00034aa7, 0x00034ac6, 0x00034ae7,
+    0x00034b06, 0x00034be0, 0x00034c06, 0x00034c27, 0x00034c46, 0x00034c67, 0x00034ca6, 0x00034da7,
+    0x00034e66, 0x00034fa0, 0x00034fe6, 0x00035009, 0x00035140, 0x00035209, 0x00035340, 0x00035412,
+    0x000354e4, 0x00035512, 0x000355c0, 0x00035606, 0x000357c8, 0x000357e6, 0x000359e0, 0x00036006,
+    0x00036087, 0x000360a5, 0x00036686, 0x000366a7, 0x000366c6, 0x00036767, 0x00036786, 0x000367a7,
+    0x00036846, 0x00036867, 0x000368a5, 0x000369a0, 0x00036a09, 0x00036b52, 0x00036c36, 0x00036d66,
+    0x00036e96, 0x00036fb2, 0x00036fe0, 0x00037006, 0x00037047, 0x00037065, 0x00037427, 0x00037446,
+    0x000374c7, 0x00037506, 0x00037547, 0x00037566, 0x000375c5, 0x00037609, 0x00037745, 0x00037cc6,
+    0x00037ce7, 0x00037d06, 0x00037d47, 0x00037da6, 0x00037dc7, 0x00037de6, 0x00037e47, 0x00037e80,
+    0x00037f92, 0x00038005, 0x00038487, 0x00038586, 0x00038687, 0x000386c6, 0x00038700, 0x00038772,
+    0x00038809, 0x00038940, 0x000389a5, 0x00038a09, 0x00038b45, 0x00038f04, 0x00038fd2, 0x00039002,
+    0x00039120, 0x00039201, 0x00039760, 0x000397a1, 0x00039812, 0x00039900, 0x00039a06, 0x00039a72,
+    0x00039a86, 0x00039c27, 0x00039c46, 0x00039d25, 0x00039da6, 0x00039dc5, 0x00039e86, 0x00039ea5,
+    0x00039ee7, 0x00039f06, 0x00039f45, 0x00039f60, 0x0003a002, 0x0003a584, 0x0003ad62, 0x0003af04,
+    0x0003af22, 0x0003b364, 0x0003b806, 0x0003c001, 0x0003c022, 0x0003c041, 0x0003c062, 0x0003c081,
+    0x0003c0a2, 0x0003c0c1, 0x0003c0e2, 0x0003c101, 0x0003c122, 0x0003c141, 0x0003c162, 0x0003c181,
+    0x0003c1a2, 0x0003c1c1, 0x0003c1e2, 0x0003c201, 0x0003c222, 0x0003c241, 0x0003c262, 0x0003c281,
+    0x0003c2a2, 0x0003c2c1, 0x0003c2e2, 0x0003c301, 0x0003c322, 0x0003c341, 0x0003c362, 0x0003c381,
+    0x0003c3a2, 0x0003c3c1, 0x0003c3e2, 0x0003c401, 0x0003c422, 0x0003c441, 0x0003c462, 0x0003c481,
+    0x0003c4a2, 0x0003c4c1, 0x0003c4e2, 0x0003c501, 0x0003c522, 0x0003c541, 0x0003c562, 0x0003c581,
+    0x0003c5a2, 0x0003c5c1, 0x0003c5e2, 0x0003c601, 0x0003c622, 0x0003c641, 0x0003c662, 0x0003c681,
+    0x0003c6a2, 0x0003c6c1, 0x0003c6e2, 0x0003c701, 0x0003c722, 0x0003c741, 0x0003c762, 0x0003c781,
+    0x0003c7a2, 0x0003c7c1, 0x0003c7e2, 0x0003c801, 0x0003c822, 0x0003c841, 0x0003c862, 0x0003c881,
+    0x0003c8a2, 0x0003c8c1, 0x0003c8e2, 0x0003c901, 0x0003c922, 0x0003c941, 0x0003c962, 0x0003c981,
+    0x0003c9a2, 0x0003c9c1, 0x0003c9e2, 0x0003ca01, 0x0003ca22, 0x0003ca41, 0x0003ca62, 0x0003ca81,
+    0x0003caa2, 0x0003cac1, 0x0003cae2, 0x0003cb01, 0x0003cb22, 0x0003cb41, 0x0003cb62, 0x0003cb81,
+    0x0003cba2, 0x0003cbc1, 0x0003cbe2, 0x0003cc01, 0x0003cc22, 0x0003cc41, 0x0003cc62, 0x0003cc81,
+    0x0003cca2, 0x0003ccc1, 0x0003cce2, 0x0003cd01, 0x0003cd22, 0x0003cd41, 0x0003cd62, 0x0003cd81,
+    0x0003cda2, 0x0003cdc1, 0x0003cde2, 0x0003ce01, 0x0003ce22, 0x0003ce41, 0x0003ce62, 0x0003ce81,
+    0x0003cea2, 0x0003cec1, 0x0003cee2, 0x0003cf01, 0x0003cf22, 0x0003cf41, 0x0003cf62, 0x0003cf81,
+    0x0003cfa2, 0x0003cfc1, 0x0003cfe2, 0x0003d001, 0x0003d022, 0x0003d041, 0x0003d062, 0x0003d081,
+    0x0003d0a2, 0x0003d0c1, 0x0003d0e2, 0x0003d101, 0x0003d122, 0x0003d141, 0x0003d162, 0x0003d181,
+    0x0003d1a2, 0x0003d1c1, 0x0003d1e2, 0x0003d201, 0x0003d222, 0x0003d241, 0x0003d262, 0x0003d281,
+    0x0003d2a2, 0x0003d3c1, 0x0003d3e2, 0x0003d401, 0x0003d422, 0x0003d441, 0x0003d462, 0x0003d481,
+    0x0003d4a2, 0x0003d4c1, 0x0003d4e2, 0x0003d501, 0x0003d522, 0x0003d541, 0x0003d562, 0x0003d581,
+    0x0003d5a2, 0x0003d5c1, 0x0003d5e2, 0x0003d601, 0x0003d622, 0x0003d641, 0x0003d662, 0x0003d681,
+    0x0003d6a2, 0x0003d6c1, 0x0003d6e2, 0x0003d701, 0x0003d722, 0x0003d741, 0x0003d762, 0x0003d781,
+    0x0003d7a2, 0x0003d7c1, 0x0003d7e2, 0x0003d801, 0x0003d822, 0x0003d841, 0x0003d862, 0x0003d881,
+    0x0003d8a2, 0x0003d8c1, 0x0003d8e2, 0x0003d901, 0x0003d922, 0x0003d941, 0x0003d962, 0x0003d981,
+    0x0003d9a2, 0x0003d9c1, 0x0003d9e2, 0x0003da01, 0x0003da22, 0x0003da41, 0x0003da62, 0x0003da81,
+    0x0003daa2, 0x0003dac1, 0x0003dae2, 0x0003db01, 0x0003db22, 0x0003db41, 0x0003db62, 0x0003db81,
+    0x0003dba2, 0x0003dbc1, 0x0003dbe2, 0x0003dc01, 0x0003dc22, 0x0003dc41, 0x0003dc62, 0x0003dc81,
+    0x0003dca2, 0x0003dcc1, 0x0003dce2, 0x0003dd01, 0x0003dd22, 0x0003dd41, 0x0003dd62, 0x0003dd81,
+    0x0003dda2, 0x0003ddc1, 0x0003dde2, 0x0003de01, 0x0003de22, 0x0003de41, 0x0003de62, 0x0003de81,
+    0x0003dea2, 0x0003dec1, 0x0003dee2, 0x0003df01, 0x0003df22, 0x0003df41, 0x0003df62, 0x0003df81,
+    0x0003dfa2, 0x0003dfc1, 0x0003dfe2, 0x0003e101, 0x0003e202, 0x0003e2c0, 0x0003e301, 0x0003e3c0,
+    0x0003e402, 0x0003e501, 0x0003e602, 0x0003e701, 0x0003e802, 0x0003e8c0, 0x0003e901, 0x0003e9c0,
+    0x0003ea02, 0x0003eb00, 0x0003eb21, 0x0003eb40, 0x0003eb61, 0x0003eb80, 0x0003eba1, 0x0003ebc0,
+    0x0003ebe1, 0x0003ec02, 0x0003ed01, 0x0003ee02, 0x0003efc0, 0x0003f002, 0x0003f103, 0x0003f202,
+    0x0003f303, 0x0003f402, 0x0003f503, 0x0003f602, 0x0003f6a0, 0x0003f6c2, 0x0003f701, 0x0003f783,
+    0x0003f7b5, 0x0003f7c2, 0x0003f7f5, 0x0003f842, 0x0003f8a0, 0x0003f8c2, 0x0003f901, 0x0003f983,
+    0x0003f9b5, 0x0003fa02, 0x0003fa80, 0x0003fac2, 0x0003fb01, 0x0003fb80, 0x0003fbb5, 0x0003fc02,
+    0x0003fd01, 0x0003fdb5, 0x0003fe00, 0x0003fe42, 0x0003fea0, 0x0003fec2, 0x0003ff01, 0x0003ff83,
+    0x0003ffb5, 0x0003ffe0, 0x00040017, 0x0004017b, 0x0004020d, 0x000402d2, 0x00040310, 0x00040331,
+    0x0004034e, 0x00040370, 0x000403b1, 0x000403ce, 0x000403f0, 0x00040412, 0x00040518, 0x00040539,
+    0x0004055b, 0x000405f7, 0x00040612, 0x00040730, 0x00040751, 0x00040772, 0x000407ec, 0x00040832,
+    0x00040893, 0x000408ae, 0x000408cf, 0x000408f2, 0x00040a53, 0x00040a72, 0x00040a8c, 0x00040ab2,
+    0x00040bf7, 0x00040c1b, 0x00040ca0, 0x00040cdb, 0x00040e0b, 0x00040e24, 0x00040e40, 0x00040e8b,
+    0x00040f53, 0x00040fae, 0x00040fcf, 0x00040fe4, 0x0004100b, 0x00041153, 0x000411ae, 0x000411cf,
+    0x000411e0, 0x00041204, 0x000413a0, 0x00041414, 0x00041820, 0x00041a06, 0x00041ba8, 0x00041c26,
+    0x00041c48, 0x00041ca6, 0x00041e20, 0x00042016, 0x00042041, 0x00042076, 0x000420e1, 0x00042116,
+    0x00042142, 0x00042161, 0x000421c2, 0x00042201, 0x00042262, 0x00042296, 0x000422a1, 0x000422d6,
+    0x00042313, 0x00042321, 0x000423d6, 0x00042481, 0x000424b6, 0x000424c1, 0x000424f6, 0x00042501,
+    0x00042536, 0x00042541, 0x000425d6, 0x000425e2, 0x00042601, 0x00042682, 0x000426a5, 0x00042722,
+    0x00042756, 0x00042782, 0x000427c1, 0x00042813, 0x000428a1, 0x000428c2, 0x00042956, 0x00042973,
+    0x00042996, 0x000429c2, 0x000429f6, 0x00042a0b, 0x00042c0a, 0x00043061, 0x00043082, 0x000430aa,
+    0x0004312b, 0x00043156, 0x00043180, 0x00043213, 0x000432b6, 0x00043353, 0x00043396, 0x00043413,
+    0x00043436, 0x00043473, 0x00043496, 0x000434d3, 0x000434f6, 0x000435d3, 0x000435f6, 0x000439d3,
+    0x00043a16, 0x00043a53, 0x00043a76, 0x00043a93, 0x00043ab6, 0x00043e93, 0x00046016, 0x0004610e,
+    0x0004612f, 0x0004614e, 0x0004616f, 0x00046196, 0x00046413, 0x00046456, 0x0004652e, 0x0004654f,
+    0x00046576, 0x00046f93, 0x00046fb6, 0x00047373, 0x00047696, 0x00047b93, 0x00047c56, 0x000484e0,
+    0x00048816, 0x00048960, 0x00048c0b, 0x00049396, 0x00049d4b, 0x0004a016, 0x0004b6f3, 0x0004b716,
+    0x0004b833, 0x0004b856, 0x0004bf13, 0x0004c016, 0x0004cdf3, 0x0004ce16, 0x0004ed0e, 0x0004ed2f,
+    0x0004ed4e, 0x0004ed6f, 0x0004ed8e, 0x0004edaf, 0x0004edce, 0x0004edef, 0x0004ee0e, 0x0004ee2f,
+    0x0004ee4e, 0x0004ee6f, 0x0004ee8e, 0x0004eeaf, 0x0004eecb, 0x0004f296, 0x0004f813, 0x0004f8ae,
+    0x0004f8cf, 0x0004f8f3, 0x0004fcce, 0x0004fcef, 0x0004fd0e, 0x0004fd2f, 0x0004fd4e, 0x0004fd6f,
+    0x0004fd8e, 0x0004fdaf, 0x0004fdce, 0x0004fdef, 0x0004fe13, 0x00050016, 0x00052013, 0x0005306e,
+    0x0005308f, 0x000530ae, 0x000530cf, 0x000530ee, 0x0005310f, 0x0005312e, 0x0005314f, 0x0005316e,
+    0x0005318f, 0x000531ae, 0x000531cf, 0x000531ee, 0x0005320f, 0x0005322e, 0x0005324f, 0x0005326e,
+    0x0005328f, 0x000532ae, 0x000532cf, 0x000532ee, 0x0005330f, 0x00053333, 0x00053b0e, 0x00053b2f,
+    0x00053b4e, 0x00053b6f, 0x00053b93, 0x00053f8e, 0x00053faf, 0x00053fd3, 0x00056016, 0x00056613,
+    0x000568b6, 0x000568f3, 0x000569b6, 0x00056e80, 0x00056ed6, 0x000572c0, 0x000572f6, 0x00058001,
+    0x00058602, 0x00058c01, 0x00058c22, 0x00058c41, 0x00058ca2, 0x00058ce1, 0x00058d02, 0x00058d21,
+    0x00058d42, 0x00058d61, 0x00058d82, 0x00058da1, 0x00058e22, 0x00058e41, 0x00058e62, 0x00058ea1,
+    0x00058ec2, 0x00058f84, 0x00058fc1, 0x00059022, 0x00059041, 0x00059062, 0x00059081, 0x000590a2,
+    0x000590c1, 0x000590e2, 0x00059101, 0x00059122, 0x00059141, 0x00059162, 0x00059181, 0x000591a2,
+    0x000591c1, 0x000591e2, 0x00059201, 0x00059222, 0x00059241, 0x00059262, 0x00059281, 0x000592a2,
+    0x000592c1, 0x000592e2, 0x00059301, 0x00059322, 0x00059341, 0x00059362, 0x00059381, 0x000593a2,
+    0x000593c1, 0x000593e2, 0x00059401, 0x00059422, 0x00059441, 0x00059462, 0x00059481, 0x000594a2,
+    0x000594c1, 0x000594e2, 0x00059501, 0x00059522, 0x00059541, 0x00059562, 0x00059581, 0x000595a2,
+    0x000595c1, 0x000595e2, 0x00059601, 0x00059622, 0x00059641, 0x00059662, 0x00059681, 0x000596a2,
+    0x000596c1, 0x000596e2, 0x00059701, 0x00059722, 0x00059741, 0x00059762, 0x00059781, 0x000597a2,
+    0x000597c1, 0x000597e2, 0x00059801, 0x00059822, 0x00059841, 0x00059862, 0x00059881, 0x000598a2,
+    0x000598c1, 0x000598e2, 0x00059901, 0x00059922, 0x00059941, 0x00059962, 0x00059981, 0x000599a2,
+    0x000599c1, 0x000599e2, 0x00059a01, 0x00059a22, 0x00059a41, 0x00059a62, 0x00059a81, 0x00059aa2,
+    0x00059ac1, 0x00059ae2, 0x00059b01, 0x00059b22, 0x00059b41, 0x00059b62, 0x00059b81, 0x00059ba2,
+    0x00059bc1, 0x00059be2, 0x00059c01, 0x00059c22, 0x00059c41, 0x00059c62, 0x00059cb6, 0x00059d61,
+    0x00059d82, 0x00059da1, 0x00059dc2, 0x00059de6, 0x00059e41, 0x00059e62, 0x00059e80, 0x00059f32,
+    0x00059fab, 0x00059fd2, 0x0005a002, 0x0005a4c0, 0x0005a4e2, 0x0005a500, 0x0005a5a2, 0x0005a5c0,
+    0x0005a605, 0x0005ad00, 0x0005ade4, 0x0005ae12, 0x0005ae20, 0x0005afe6, 0x0005b005, 0x0005b2e0,
+    0x0005b405, 0x0005b4e0, 0x0005b505, 0x0005b5e0, 0x0005b605, 0x0005b6e0, 0x0005b705, 0x0005b7e0,
+    0x0005b805, 0x0005b8e0, 0x0005b905, 0x0005b9e0, 0x0005ba05, 0x0005bae0, 0x0005bb05, 0x0005bbe0,
+    0x0005bc06, 0x0005c012, 0x0005c050, 0x0005c071, 0x0005c090, 0x0005c0b1, 0x0005c0d2, 0x0005c130,
+    0x0005c151, 0x0005c172, 0x0005c190, 0x0005c1b1, 0x0005c1d2, 0x0005c2ed, 0x0005c312, 0x0005c34d,
+    0x0005c372, 0x0005c390, 0x0005c3b1, 0x0005c3d2, 0x0005c410, 0x0005c431, 0x0005c44e, 0x0005c46f,
+    0x0005c48e, 0x0005c4af, 0x0005c4ce, 0x0005c4ef, 0x0005c50e, 0x0005c52f, 0x0005c552, 0x0005c5e4,
+    0x0005c612, 0x0005c74d, 0x0005c792, 0x0005c80d, 0x0005c832, 0x0005c84e, 0x0005c872, 0x0005ca16,
+    0x0005ca52, 0x0005caae, 0x0005cacf, 0x0005caee, 0x0005cb0f, 0x0005cb2e, 0x0005cb4f, 0x0005cb6e,
+    0x0005cb8f, 0x0005cbad, 0x0005cbc0, 0x0005d016, 0x0005d340, 0x0005d376, 0x0005de80, 0x0005e016,
+    0x0005fac0, 0x0005fe16, 0x0005ff80, 0x00060017, 0x00060032, 0x00060096, 0x000600a4, 0x000600c5,
+    0x000600ea, 0x0006010e, 0x0006012f, 0x0006014e, 0x0006016f, 0x0006018e, 0x000601af, 0x000601ce,
+    0x000601ef, 0x0006020e, 0x0006022f, 0x00060256, 0x0006028e, 0x000602af, 0x000602ce, 0x000602ef,
+    0x0006030e, 0x0006032f, 0x0006034e, 0x0006036f, 0x0006038d, 0x000603ae, 0x000603cf, 0x00060416,
+    0x0006042a, 0x00060546, 0x000605c7, 0x0006060d, 0x00060624, 0x000606d6, 0x0006070a, 0x00060764,
+    0x00060785, 0x000607b2, 0x000607d6, 0x00060800, 0x00060825, 0x000612e0, 0x00061326, 0x00061375,
+    0x000613a4, 0x000613e5, 0x0006140d, 0x00061425, 0x00061f72, 0x00061f84, 0x00061fe5, 0x00062000,
+    0x000620a5, 0x00062600, 0x00062625, 0x000631e0, 0x00063216, 0x0006324b, 0x000632d6, 0x00063405,
+    0x00063816, 0x00063c80, 0x00063e05, 0x00064016, 0x000643e0, 0x0006440b, 0x00064556, 0x0006490b,
+    0x00064a16, 0x00064a2b, 0x00064c16, 0x0006500b, 0x00065156, 0x0006562b, 0x00065816, 0x00068005,
+    0x0009b816, 0x0009c005, 0x001402a4, 0x001402c5, 0x001491a0, 0x00149216, 0x001498e0, 0x00149a05,
+    0x00149f04, 0x00149fd2, 0x0014a005, 0x0014c184, 0x0014c1b2, 0x0014c205, 0x0014c409, 0x0014c545,
+    0x0014c580, 0x0014c801, 0x0014c822, 0x0014c841, 0x0014c862, 0x0014c881, 0x0014c8a2, 0x0014c8c1,
+    0x0014c8e2, 0x0014c901, 0x0014c922, 0x0014c941, 0x0014c962, 0x0014c981, 0x0014c9a2, 0x0014c9c1,
+    0x0014c9e2, 0x0014ca01, 0x0014ca22, 0x0014ca41, 0x0014ca62, 0x0014ca81, 0x0014caa2, 0x0014cac1,
+    0x0014cae2, 0x0014cb01, 0x0014cb22, 0x0014cb41, 0x0014cb62, 0x0014cb81, 0x0014cba2, 0x0014cbc1,
+    0x0014cbe2, 0x0014cc01, 0x0014cc22, 0x0014cc41, 0x0014cc62, 0x0014cc81, 0x0014cca2, 0x0014ccc1,
+    0x0014cce2, 0x0014cd01, 0x0014cd22, 0x0014cd41, 0x0014cd62, 0x0014cd81, 0x0014cda2, 0x0014cdc5,
+    0x0014cde6, 0x0014ce08, 0x0014ce72, 0x0014ce86, 0x0014cfd2, 0x0014cfe4, 0x0014d001, 0x0014d022,
+    0x0014d041, 0x0014d062, 0x0014d081, 0x0014d0a2, 0x0014d0c1, 0x0014d0e2, 0x0014d101, 0x0014d122,
+    0x0014d141, 0x0014d162, 0x0014d181, 0x0014d1a2, 0x0014d1c1, 0x0014d1e2, 0x0014d201, 0x0014d222,
+    0x0014d241, 0x0014d262, 0x0014d281, 0x0014d2a2, 0x0014d2c1, 0x0014d2e2, 0x0014d301, 0x0014d322,
+    0x0014d341, 0x0014d362, 0x0014d384, 0x0014d3c6, 0x0014d405, 0x0014dcca, 0x0014de06, 0x0014de52,
+    0x0014df00, 0x0014e015, 0x0014e2e4, 0x0014e415, 0x0014e441, 0x0014e462, 0x0014e481, 0x0014e4a2,
+    0x0014e4c1, 0x0014e4e2, 0x0014e501, 0x0014e522, 0x0014e541, 0x0014e562, 0x0014e581, 0x0014e5a2,
+    0x0014e5c1, 0x0014e5e2, 0x0014e641, 0x0014e662, 0x0014e681, 0x0014e6a2, 0x0014e6c1, 0x0014e6e2,
+    0x0014e701, 0x0014e722, 0x0014e741, 0x0014e762, 0x0014e781, 0x0014e7a2, 0x0014e7c1, 0x0014e7e2,
+    0x0014e801, 0x0014e822, 0x0014e841, 0x0014e862, 0x0014e881, 0x0014e8a2, 0x0014e8c1, 0x0014e8e2,
+    0x0014e901, 0x0014e922, 0x0014e941, 0x0014e962, 0x0014e981, 0x0014e9a2, 0x0014e9c1, 0x0014e9e2,
+    0x0014ea01, 0x0014ea22, 0x0014ea41, 0x0014ea62, 0x0014ea81, 0x0014eaa2, 0x0014eac1, 0x0014eae2,
+    0x0014eb01, 0x0014eb22, 0x0014eb41, 0x0014eb62, 0x0014eb81, 0x0014eba2, 0x0014ebc1, 0x0014ebe2,
+    0x0014ec01, 0x0014ec22, 0x0014ec41, 0x0014ec62, 0x0014ec81, 0x0014eca2, 0x0014ecc1, 0x0014ece2,
+    0x0014ed01, 0x0014ed22, 0x0014ed41, 0x0014ed62, 0x0014ed81, 0x0014eda2, 0x0014edc1, 0x0014ede2,
+    0x0014ee04, 0x0014ee22, 0x0014ef21, 0x0014ef42, 0x0014ef61, 0x0014ef82, 0x0014efa1, 0x0014efe2,
+    0x0014f001, 0x0014f022, 0x0014f041, 0x0014f062, 0x0014f081, 0x0014f0a2, 0x0014f0c1, 0x0014f0e2,
+    0x0014f104, 0x0014f135, 0x0014f161, 0x0014f182, 0x0014f1a1, 0x0014f1c2, 0x0014f1e5, 0x0014f201,
+    0x0014f222, 0x0014f241, 0x0014f262, 0x0014f2c1, 0x0014f2e2, 0x0014f301, 0x0014f322, 0x0014f341,
+    0x0014f362, 0x0014f381, 0x0014f3a2, 0x0014f3c1, 0x0014f3e2, 0x0014f401, 0x0014f422, 0x0014f441,
+    0x0014f462, 0x0014f481, 0x0014f4a2, 0x0014f4c1, 0x0014f4e2, 0x0014f501, 0x0014f522, 0x0014f541,
+    0x0014f5e2, 0x0014f601, 0x0014f6a2, 0x0014f6c1, 0x0014f6e2, 0x0014f701, 0x0014f722, 0x0014f741,
+    0x0014f762, 0x0014f781, 0x0014f7a2, 0x0014f7c1, 0x0014f7e2, 0x0014f801, 0x0014f822, 0x0014f841,
+    0x0014f862, 0x0014f881, 0x0014f902, 0x0014f921, 0x0014f942, 0x0014f960, 0x0014fa01, 0x0014fa22,
+    0x0014fa40, 0x0014fa62, 0x0014fa80, 0x0014faa2, 0x0014fac1, 0x0014fae2, 0x0014fb01, 0x0014fb22,
+    0x0014fb40, 0x0014fe44, 0x0014fea1, 0x0014fec2, 0x0014fee5, 0x0014ff04, 0x0014ff42, 0x0014ff65,
+    0x00150046, 0x00150065, 0x001500c6, 0x001500e5, 0x00150166, 0x00150185, 0x00150467, 0x001504a6,
+    0x001504e7, 0x00150516, 0x00150586, 0x001505a0, 0x0015060b, 0x001506d6, 0x00150714, 0x00150736,
+    0x00150740, 0x00150805, 0x00150e92, 0x00150f00, 0x00151007, 0x00151045, 0x00151687, 0x00151886,
+    0x001518c0, 0x001519d2, 0x00151a09, 0x00151b40, 0x00151c06, 0x00151e45, 0x00151f12, 0x00151f65,
+    0x00151f92, 0x00151fa5, 0x00151fe6, 0x00152009, 0x00152145, 0x001524c6, 0x001525d2, 0x00152605,
+    0x001528e6, 0x00152a47, 0x00152a80, 0x00152bf2, 0x00152c05, 0x00152fa0, 0x00153006, 0x00153067,
+    0x00153085, 0x00153666, 0x00153687, 0x001536c6, 0x00153747, 0x00153786, 0x001537c7, 0x00153832,
+    0x001539c0, 0x001539e4, 0x00153a09, 0x00153b40, 0x00153bd2, 0x00153c05, 0x00153ca6, 0x00153cc4,
+    0x00153ce5, 0x00153e09, 0x00153f45, 0x00153fe0, 0x00154005, 0x00154526, 0x001545e7, 0x00154626,
+    0x00154667, 0x001546a6, 0x001546e0, 0x00154805, 0x00154866, 0x00154885, 0x00154986, 0x001549a7,
+    0x001549c0, 0x00154a09, 0x00154b40, 0x00154b92, 0x00154c05, 0x00154e04, 0x00154e25, 0x00154ef6,
+    0x00154f45, 0x00154f67, 0x00154f86, 0x00154fa7, 0x00154fc5, 0x00155606, 0x00155625, 0x00155646,
+    0x001556a5, 0x001556e6, 0x00155725, 0x001557c6, 0x00155805, 0x00155826, 0x00155845, 0x00155860,
+    0x00155b65, 0x00155ba4, 0x00155bd2, 0x00155c05, 0x00155d67, 0x00155d86, 0x00155dc7, 0x00155e12,
+    0x00155e45, 0x00155e64, 0x00155ea7, 0x00155ec6, 0x00155ee0, 0x00156025, 0x001560e0, 0x00156125,
+    0x001561e0, 0x00156225, 0x001562e0, 0x00156405, 0x001564e0, 0x00156505, 0x001565e0, 0x00156602,
+    0x00156b75, 0x00156b84, 0x00156c02, 0x00156d24, 0x00156d55, 0x00156d80, 0x00156e02, 0x00157805,
+    0x00157c67, 0x00157ca6, 0x00157cc7, 0x00157d06, 0x00157d27, 0x00157d72, 0x00157d87, 0x00157da6,
+    0x00157dc0, 0x00157e09, 0x00157f40, 0x00158005, 0x001af480, 0x001af605, 0x001af8e0, 0x001af965,
+    0x001aff80, 0x001b001c, 0x001c001d, 0x001f2005, 0x001f4dc0, 0x001f4e05, 0x001f5b40, 0x001f6002,
+    0x001f60e0, 0x001f6262, 0x001f6300, 0x001f63a5, 0x001f63c6, 0x001f63e5, 0x001f6533, 0x001f6545,
+    0x001f66e0, 0x001f6705, 0x001f67a0, 0x001f67c5, 0x001f67e0, 0x001f6805, 0x001f6840, 0x001f6865,
+    0x001f68a0, 0x001f68c5, 0x001f7655, 0x001f7860, 0x001f7a65, 0x001fa7cf, 0x001fa7ee, 0x001fa816,
+    0x001faa05, 0x001fb200, 0x001fb245, 0x001fb900, 0x001fb9f6, 0x001fba00, 0x001fbe05, 0x001fbf94,
+    0x001fbfb6, 0x001fc006, 0x001fc212, 0x001fc2ee, 0x001fc30f, 0x001fc332, 0x001fc340, 0x001fc406,
+    0x001fc612, 0x001fc62d, 0x001fc66c, 0x001fc6ae, 0x001fc6cf, 0x001fc6ee, 0x001fc70f, 0x001fc72e,
+    0x001fc74f, 0x001fc76e, 0x001fc78f, 0x001fc7ae, 0x001fc7cf, 0x001fc7ee, 0x001fc80f, 0x001fc82e,
+    0x001fc84f, 0x001fc86e, 0x001fc88f, 0x001fc8b2, 0x001fc8ee, 0x001fc90f, 0x001fc932, 0x001fc9ac,
+    0x001fca12, 0x001fca60, 0x001fca92, 0x001fcb0d, 0x001fcb2e, 0x001fcb4f, 0x001fcb6e, 0x001fcb8f,
+    0x001fcbae, 0x001fcbcf, 0x001fcbf2, 0x001fcc53, 0x001fcc6d, 0x001fcc93, 0x001fcce0, 0x001fcd12,
+    0x001fcd34, 0x001fcd52, 0x001fcd80, 0x001fce05, 0x001fcea0, 0x001fcec5, 0x001fdfa0, 0x001fdffb,
+    0x001fe000, 0x001fe032, 0x001fe094, 0x001fe0b2, 0x001fe10e, 0x001fe12f, 0x001fe152, 0x001fe173,
+    0x001fe192, 0x001fe1ad, 0x001fe1d2, 0x001fe209, 0x001fe352, 0x001fe393, 0x001fe3f2, 0x001fe421,
+    0x001fe76e, 0x001fe792, 0x001fe7af, 0x001fe7d5, 0x001fe7ec, 0x001fe815, 0x001fe822, 0x001feb6e,
+    0x001feb93, 0x001febaf, 0x001febd3, 0x001febee, 0x001fec0f, 0x001fec32, 0x001fec4e, 0x001fec6f,
+    0x001fec92, 0x001fecc5, 0x001fee04, 0x001fee25, 0x001ff3c4, 0x001ff405, 0x001ff7e0, 0x001ff845,
+    0x001ff900, 0x001ff945, 0x001ffa00, 0x001ffa45, 0x001ffb00, 0x001ffb45, 0x001ffba0, 0x001ffc14,
+    0x001ffc53, 0x001ffc75, 0x001ffc96, 0x001ffcb4, 0x001ffce0, 0x001ffd16, 0x001ffd33, 0x001ffdb6,
+    0x001ffde0, 0x001fff3b, 0x001fff96, 0x001fffc0, 0x00200005, 0x00200180, 0x002001a5, 0x002004e0,
+    0x00200505, 0x00200760, 0x00200785, 0x002007c0, 0x002007e5, 0x002009c0, 0x00200a05, 0x00200bc0,
+    0x00201005, 0x00201f60, 0x00202012, 0x00202060, 0x002020eb, 0x00202680, 0x002026f6, 0x0020280a,
+    0x00202eab, 0x00202f36, 0x0020314b, 0x00203196, 0x002031e0, 0x00203216, 0x002033a0, 0x00203416,
+    0x00203420, 0x00203a16, 0x00203fa6, 0x00203fc0, 0x00205005, 0x002053a0, 0x00205405, 0x00205a20,
+    0x00205c06, 0x00205c2b, 0x00205f80, 0x00206005, 0x0020640b, 0x00206480, 0x002065a5, 0x0020682a,
+    0x00206845, 0x0020694a, 0x00206960, 0x00206a05, 0x00206ec6, 0x00206f60, 0x00207005, 0x002073c0,
+    0x002073f2, 0x00207405, 0x00207880, 0x00207905, 0x00207a12, 0x00207a2a, 0x00207ac0, 0x00208001,
+    0x00208502, 0x00208a05, 0x002093c0, 0x00209409, 0x00209540, 0x00209601, 0x00209a80, 0x00209b02,
+    0x00209f80, 0x0020a005, 0x0020a500, 0x0020a605, 0x0020ac80, 0x0020adf2, 0x0020ae01, 0x0020af60,
+    0x0020af81, 0x0020b160, 0x0020b181, 0x0020b260, 0x0020b281, 0x0020b2c0, 0x0020b2e2, 0x0020b440,
+    0x0020b462, 0x0020b640, 0x0020b662, 0x0020b740, 0x0020b762, 0x0020b7a0, 0x0020c005, 0x0020e6e0,
+    0x0020e805, 0x0020eac0, 0x0020ec05, 0x0020ed00, 0x0020f004, 0x0020f0c0, 0x0020f0e4, 0x0020f620,
+    0x0020f644, 0x0020f760, 0x00210005, 0x002100c0, 0x00210105, 0x00210120, 0x00210145, 0x002106c0,
+    0x002106e5, 0x00210720, 0x00210785, 0x002107a0, 0x002107e5, 0x00210ac0, 0x00210af2, 0x00210b0b,
+    0x00210c05, 0x00210ef6, 0x00210f2b, 0x00211005, 0x002113e0, 0x002114eb, 0x00211600, 0x00211c05,
+    0x00211e60, 0x00211e85, 0x00211ec0, 0x00211f6b, 0x00212005, 0x002122cb, 0x00212380, 0x002123f2,
+    0x00212405, 0x00212740, 0x002127f2, 0x00212800, 0x00213005, 0x00213700, 0x0021378b, 0x002137c5,
+    0x0021380b, 0x00213a00, 0x00213a4b, 0x00214005, 0x00214026, 0x00214080, 0x002140a6, 0x002140e0,
+    0x00214186, 0x00214205, 0x00214280, 0x002142a5, 0x00214300, 0x00214325, 0x002146c0, 0x00214706,
+    0x00214760, 0x002147e6, 0x0021480b, 0x00214920, 0x00214a12, 0x00214b20, 0x00214c05, 0x00214fab,
+    0x00214ff2, 0x00215005, 0x002153ab, 0x00215400, 0x00215805, 0x00215916, 0x00215925, 0x00215ca6,
+    0x00215ce0, 0x00215d6b, 0x00215e12, 0x00215ee0, 0x00216005, 0x002166c0, 0x00216732, 0x00216805,
+    0x00216ac0, 0x00216b0b, 0x00216c05, 0x00216e60, 0x00216f0b, 0x00217005, 0x00217240, 0x00217332,
+    0x002173a0, 0x0021752b, 0x00217600, 0x00218005, 0x00218920, 0x00219001, 0x00219660, 0x00219802,
+    0x00219e60, 0x00219f4b, 0x0021a005, 0x0021a486, 0x0021a500, 0x0021a609, 0x0021a740, 0x0021cc0b,
+    0x0021cfe0, 0x0021d005, 0x0021d540, 0x0021d566, 0x0021d5ad, 0x0021d5c0, 0x0021d605, 0x0021d640,
+    0x0021dfa6, 0x0021e005, 0x0021e3ab, 0x0021e4e5, 0x0021e500, 0x0021e605, 0x0021e8c6, 0x0021ea2b,
+    0x0021eab2, 0x0021eb40, 0x0021ee05, 0x0021f046, 0x0021f0d2, 0x0021f140, 0x0021f605, 0x0021f8ab,
+    0x0021f980, 0x0021fc05, 0x0021fee0, 0x00220007, 0x00220026, 0x00220047, 0x00220065, 0x00220706,
+    0x002208f2, 0x002209c0, 0x00220a4b, 0x00220cc9, 0x00220e06, 0x00220e25, 0x00220e66, 0x00220ea5,
+    0x00220ec0, 0x00220fe6, 0x00221047, 0x00221065, 0x00221607, 0x00221666, 0x002216e7, 0x00221726,
+    0x00221772, 0x002217bb, 0x002217d2, 0x00221846, 0x00221860, 0x002219bb, 0x002219c0, 0x00221a05,
+    0x00221d20, 0x00221e09, 0x00221f40, 0x00222006, 0x00222065, 0x002224e6, 0x00222587, 0x002225a6,
+    0x002226a0, 0x002226c9, 0x00222812, 0x00222885, 0x002228a7, 0x002228e5, 0x00222900, 0x00222a05,
+    0x00222e66, 0x00222e92, 0x00222ec5, 0x00222ee0, 0x00223006, 0x00223047, 0x00223065, 0x00223667,
+    0x002236c6, 0x002237e7, 0x00223825, 0x002238b2, 0x00223926, 0x002239b2, 0x002239c7, 0x002239e6,
+    0x00223a09, 0x00223b45, 0x00223b72, 0x00223b85, 0x00223bb2, 0x00223c00, 0x00223c2b, 0x00223ea0,
+    0x00224005, 0x00224240, 0x00224265, 0x00224587, 0x002245e6, 0x00224647, 0x00224686, 0x002246a7,
+    0x002246c6, 0x00224712, 0x002247c6, 0x002247e5, 0x00224826, 0x00224840, 0x00225005, 0x002250e0,
+    0x00225105, 0x00225120, 0x00225145, 0x002251c0, 0x002251e5, 0x002253c0, 0x002253e5, 0x00225532,
+    0x00225540, 0x00225605, 0x00225be6, 0x00225c07, 0x00225c66, 0x00225d60, 0x00225e09, 0x00225f40,
+    0x00226006, 0x00226047, 0x00226080, 0x002260a5, 0x002261a0, 0x002261e5, 0x00226220, 0x00226265,
+    0x00226520, 0x00226545, 0x00226620, 0x00226645, 0x00226680, 0x002266a5, 0x00226740, 0x00226766,
+    0x002267a5, 0x002267c7, 0x00226806, 0x00226827, 0x002268a0, 0x002268e7, 0x00226920, 0x00226967,
+    0x002269c0, 0x00226a05, 0x00226a20, 0x00226ae7, 0x00226b00, 0x00226ba5, 0x00226c47, 0x00226c80,
+    0x00226cc6, 0x00226da0, 0x00226e06, 0x00226ea0, 0x00228005, 0x002286a7, 0x00228706, 0x00228807,
+    0x00228846, 0x002288a7, 0x002288c6, 0x002288e5, 0x00228972, 0x00228a09, 0x00228b52, 0x00228b80,
+    0x00228bb2, 0x00228bc6, 0x00228be5, 0x00228c40, 0x00229005, 0x00229607, 0x00229666, 0x00229727,
+    0x00229746, 0x00229767, 0x002297e6, 0x00229827, 0x00229846, 0x00229885, 0x002298d2, 0x002298e5,
+    0x00229900, 0x00229a09, 0x00229b40, 0x0022b005, 0x0022b5e7, 0x0022b646, 0x0022b6c0, 0x0022b707,
+    0x0022b786, 0x0022b7c7, 0x0022b7e6, 0x0022b832, 0x0022bb05, 0x0022bb86, 0x0022bbc0, 0x0022c005,
+    0x0022c607, 0x0022c666, 0x0022c767, 0x0022c7a6, 0x0022c7c7, 0x0022c7e6, 0x0022c832, 0x0022c885,
+    0x0022c8a0, 0x0022ca09, 0x0022cb40, 0x0022cc12, 0x0022cda0, 0x0022d005, 0x0022d566, 0x0022d587,
+    0x0022d5a6, 0x0022d5c7, 0x0022d606, 0x0022d6c7, 0x0022d6e6, 0x0022d705, 0x0022d732, 0x0022d740,
+    0x0022d809, 0x0022d940, 0x0022e005, 0x0022e360, 0x0022e3a6, 0x0022e407, 0x0022e446, 0x0022e4c7,
+    0x0022e4e6, 0x0022e580, 0x0022e609, 0x0022e74b, 0x0022e792, 0x0022e7f6, 0x0022e805, 0x0022e8e0,
+    0x00230005, 0x00230587, 0x002305e6, 0x00230707, 0x00230726, 0x00230772, 0x00230780, 0x00231401,
+    0x00231802, 0x00231c09, 0x00231d4b, 0x00231e60, 0x00231fe5, 0x002320e0, 0x00232125, 0x00232140,
+    0x00232185, 0x00232280, 0x002322a5, 0x002322e0, 0x00232305, 0x00232607, 0x002326c0, 0x002326e7,
+    0x00232720, 0x00232766, 0x002327a7, 0x002327c6, 0x002327e5, 0x00232807, 0x00232825, 0x00232847,
+    0x00232866, 0x00232892, 0x002328e0, 0x00232a09, 0x00232b40, 0x00233405, 0x00233500, 0x00233545,
+    0x00233a27, 0x00233a86, 0x00233b00, 0x00233b46, 0x00233b87, 0x00233c06, 0x00233c25, 0x00233c52,
+    0x00233c65, 0x00233c87, 0x00233ca0, 0x00234005, 0x00234026, 0x00234165, 0x00234666, 0x00234727,
+    0x00234745, 0x00234766, 0x002347f2, 0x002348e6, 0x00234900, 0x00234a05, 0x00234a26, 0x00234ae7,
+    0x00234b26, 0x00234b85, 0x00235146, 0x002352e7, 0x00235306, 0x00235352, 0x002353a5, 0x002353d2,
+    0x00235460, 0x00235605, 0x00235f20, 0x00236012, 0x00236140, 0x00238005, 0x00238120, 0x00238145,
+    0x002385e7, 0x00238606, 0x002386e0, 0x00238706, 0x002387c7, 0x002387e6, 0x00238805, 0x00238832,
+    0x002388c0, 0x00238a09, 0x00238b4b, 0x00238da0, 0x00238e12, 0x00238e45, 0x00239200, 0x00239246,
+    0x00239500, 0x00239527, 0x00239546, 0x00239627, 0x00239646, 0x00239687, 0x002396a6, 0x002396e0,
+    0x0023a005, 0x0023a0e0, 0x0023a105, 0x0023a140, 0x0023a165, 0x0023a626, 0x0023a6e0, 0x0023a746,
+    0x0023a760, 0x0023a786, 0x0023a7c0, 0x0023a7e6, 0x0023a8c5, 0x0023a8e6, 0x0023a900, 0x0023aa09,
+    0x0023ab40, 0x0023ac05, 0x0023acc0, 0x0023ace5, 0x0023ad20, 0x0023ad45, 0x0023b147, 0x0023b1e0,
+    0x0023b206, 0x0023b240, 0x0023b267, 0x0023b2a6, 0x0023b2c7, 0x0023b2e6, 0x0023b305, 0x0023b320,
+    0x0023b409, 0x0023b540, 0x0023dc05, 0x0023de66, 0x0023dea7, 0x0023def2, 0x0023df20, 0x0023e006,
+    0x0023e045, 0x0023e067, 0x0023e085, 0x0023e220, 0x0023e245, 0x0023e687, 0x0023e6c6, 0x0023e760,
+    0x0023e7c7, 0x0023e806, 0x0023e827, 0x0023e846, 0x0023e872, 0x0023ea09, 0x0023eb40, 0x0023f605,
+    0x0023f620, 0x0023f80b, 0x0023fab6, 0x0023fbb4, 0x0023fc36, 0x0023fe40, 0x0023fff2, 0x00240005,
+    0x00247340, 0x0024800a, 0x00248de0, 0x00248e12, 0x00248ea0, 0x00249005, 0x0024a880, 0x0025f205,
+    0x0025fe32, 0x0025fe60, 0x00260005, 0x0026861b, 0x00268806, 0x00268825, 0x002688e6, 0x00268ac0,
+    0x00288005, 0x0028c8e0, 0x002d0005, 0x002d4720, 0x002d4805, 0x002d4be0, 0x002d4c09, 0x002d4d40,
+    0x002d4dd2, 0x002d4e05, 0x002d57e0, 0x002d5809, 0x002d5940, 0x002d5a05, 0x002d5dc0, 0x002d5e06,
+    0x002d5eb2, 0x002d5ec0, 0x002d6005, 0x002d6606, 0x002d66f2, 0x002d6796, 0x002d6804, 0x002d6892,
+    0x002d68b6, 0x002d68c0, 0x002d6a09, 0x002d6b40, 0x002d6b6b, 0x002d6c40, 0x002d6c65, 0x002d6f00,
+    0x002d6fa5, 0x002d7200, 0x002dc801, 0x002dcc02, 0x002dd00b, 0x002dd2f2, 0x002dd360, 0x002de005,
+    0x002de960, 0x002de9e6, 0x002dea05, 0x002dea27, 0x002df100, 0x002df1e6, 0x002df264, 0x002df400,
+    0x002dfc04, 0x002dfc52, 0x002dfc64, 0x002dfc86, 0x002dfca0, 0x002dfe07, 0x002dfe40, 0x002e0005,
+    0x0030ff00, 0x00310005, 0x00319ac0, 0x0031a005, 0x0031a120, 0x0035fe04, 0x0035fe80, 0x0035fea4,
+    0x0035ff80, 0x0035ffa4, 0x0035ffe0, 0x00360005, 0x00362460, 0x00362645, 0x00362660, 0x00362a05,
+    0x00362a60, 0x00362aa5, 0x00362ac0, 0x00362c85, 0x00362d00, 0x00362e05, 0x00365f80, 0x00378005,
+    0x00378d60, 0x00378e05, 0x00378fa0, 0x00379005, 0x00379120, 0x00379205, 0x00379340, 0x00379396,
+    0x003793a6, 0x003793f2, 0x0037941b, 0x00379480, 0x0039e006, 0x0039e5c0, 0x0039e606, 0x0039e8e0,
+    0x0039ea16, 0x0039f880, 0x003a0016, 0x003a1ec0, 0x003a2016, 0x003a24e0, 0x003a2536, 0x003a2ca7,
+    0x003a2ce6, 0x003a2d56, 0x003a2da7, 0x003a2e7b, 0x003a2f66, 0x003a3076, 0x003a30a6, 0x003a3196,
+    0x003a3546, 0x003a35d6, 0x003a3d60, 0x003a4016, 0x003a4846, 0x003a48b6, 0x003a48c0, 0x003a580b,
+    0x003a5a80, 0x003a5c0b, 0x003a5e80, 0x003a6016, 0x003a6ae0, 0x003a6c0b, 0x003a6f20, 0x003a8001,
+    0x003a8342, 0x003a8681, 0x003a89c2, 0x003a8aa0, 0x003a8ac2, 0x003a8d01, 0x003a9042, 0x003a9381,
+    0x003a93a0, 0x003a93c1, 0x003a9400, 0x003a9441, 0x003a9460, 0x003a94a1, 0x003a94e0, 0x003a9521,
+    0x003a95a0, 0x003a95c1, 0x003a96c2, 0x003a9740, 0x003a9762, 0x003a9780, 0x003a97a2, 0x003a9880,
+    0x003a98a2, 0x003a9a01, 0x003a9d42, 0x003aa081, 0x003aa0c0, 0x003aa0e1, 0x003aa160, 0x003aa1a1,
+    0x003aa2a0, 0x003aa2c1, 0x003aa3a0, 0x003aa3c2, 0x003aa701, 0x003aa740, 0x003aa761, 0x003aa7e0,
+    0x003aa801, 0x003aa8a0, 0x003aa8c1, 0x003aa8e0, 0x003aa941, 0x003aaa20, 0x003aaa42, 0x003aad81,
+    0x003ab0c2, 0x003ab401, 0x003ab742, 0x003aba81, 0x003abdc2, 0x003ac101, 0x003ac442, 0x003ac781,
+    0x003acac2, 0x003ace01, 0x003ad142, 0x003ad4c0, 0x003ad501, 0x003ad833, 0x003ad842, 0x003adb73,
+    0x003adb82, 0x003adc41, 0x003adf73, 0x003adf82, 0x003ae2b3, 0x003ae2c2, 0x003ae381, 0x003ae6b3,
+    0x003ae6c2, 0x003ae9f3, 0x003aea02, 0x003aeac1, 0x003aedf3, 0x003aee02, 0x003af133, 0x003af142,
+    0x003af201, 0x003af533, 0x003af542, 0x003af873, 0x003af882, 0x003af941, 0x003af962, 0x003af980,
+    0x003af9c9, 0x003b0016, 0x003b4006, 0x003b46f6, 0x003b4766, 0x003b4db6, 0x003b4ea6, 0x003b4ed6,
+    0x003b5086, 0x003b50b6, 0x003b50f2, 0x003b5180, 0x003b5366, 0x003b5400, 0x003b5426, 0x003b5600,
+    0x003be002, 0x003be145, 0x003be162, 0x003be3e0, 0x003be4a2, 0x003be560, 0x003c0006, 0x003c00e0,
+    0x003c0106, 0x003c0320, 0x003c0366, 0x003c0440, 0x003c0466, 0x003c04a0, 0x003c04c6, 0x003c0560,
+    0x003c0604, 0x003c0dc0, 0x003c11e6, 0x003c1200, 0x003c2005, 0x003c25a0, 0x003c2606, 0x003c26e4,
+    0x003c27c0, 0x003c2809, 0x003c2940, 0x003c29c5, 0x003c29f6, 0x003c2a00, 0x003c5205, 0x003c55c6,
+    0x003c55e0, 0x003c5805, 0x003c5d86, 0x003c5e09, 0x003c5f40, 0x003c5ff4, 0x003c6000, 0x003c9a05,
+    0x003c9d64, 0x003c9d86, 0x003c9e09, 0x003c9f40, 0x003cfc05, 0x003cfce0, 0x003cfd05, 0x003cfd80,
+    0x003cfda5, 0x003cfde0, 0x003cfe05, 0x003cffe0, 0x003d0005, 0x003d18a0, 0x003d18eb, 0x003d1a06,
+    0x003d1ae0, 0x003d2001, 0x003d2442, 0x003d2886, 0x003d2964, 0x003d2980, 0x003d2a09, 0x003d2b40,
+    0x003d2bd2, 0x003d2c00, 0x003d8e2b, 0x003d9596, 0x003d95ab, 0x003d9614, 0x003d962b, 0x003d96a0,
+    0x003da02b, 0x003da5d6, 0x003da5eb, 0x003da7c0, 0x003dc005, 0x003dc080, 0x003dc0a5, 0x003dc400,
+    0x003dc425, 0x003dc460, 0x003dc485, 0x003dc4a0, 0x003dc4e5, 0x003dc500, 0x003dc525, 0x003dc660,
+    0x003dc685, 0x003dc700, 0x003dc725, 0x003dc740, 0x003dc765, 0x003dc780, 0x003dc845, 0x003dc860,
+    0x003dc8e5, 0x003dc900, 0x003dc925, 0x003dc940, 0x003dc965, 0x003dc980, 0x003dc9a5, 0x003dca00,
+    0x003dca25, 0x003dca60, 0x003dca85, 0x003dcaa0, 0x003dcae5, 0x003dcb00, 0x003dcb25, 0x003dcb40,
+    0x003dcb65, 0x003dcb80, 0x003dcba5, 0x003dcbc0, 0x003dcbe5, 0x003dcc00, 0x003dcc25, 0x003dcc60,
+    0x003dcc85, 0x003dcca0, 0x003dcce5, 0x003dcd60, 0x003dcd85, 0x003dce60, 0x003dce85, 0x003dcf00,
+    0x003dcf25, 0x003dcfa0, 0x003dcfc5, 0x003dcfe0, 0x003dd005, 0x003dd140, 0x003dd165, 0x003dd380,
+    0x003dd425, 0x003dd480, 0x003dd4a5, 0x003dd540, 0x003dd565, 0x003dd780, 0x003dde13, 0x003dde40,
+    0x003e0016, 0x003e0580, 0x003e0616, 0x003e1280, 0x003e1416, 0x003e15e0, 0x003e1636, 0x003e1800,
+    0x003e1836, 0x003e1a00, 0x003e1a36, 0x003e1ec0, 0x003e200b, 0x003e21b6, 0x003e35c0, 0x003e3cd6,
+    0x003e4060, 0x003e4216, 0x003e4780, 0x003e4816, 0x003e4920, 0x003e4a16, 0x003e4a40, 0x003e4c16,
+    0x003e4cc0, 0x003e6016, 0x003e7f75, 0x003e8016, 0x003edb00, 0x003edb96, 0x003edda0, 0x003ede16,
+    0x003edfa0, 0x003ee016, 0x003eeee0, 0x003eef76, 0x003efb40, 0x003efc16, 0x003efd80, 0x003efe16,
+    0x003efe20, 0x003f0016, 0x003f0180, 0x003f0216, 0x003f0900, 0x003f0a16, 0x003f0b40, 0x003f0c16,
+    0x003f1100, 0x003f1216, 0x003f15c0, 0x003f1616, 0x003f1640, 0x003f2016, 0x003f4a80, 0x003f4c16,
+    0x003f4dc0, 0x003f4e16, 0x003f4fa0, 0x003f5016, 0x003f5120, 0x003f5216, 0x003f57c0, 0x003f57f6,
+    0x003f58c0, 0x003f59d6, 0x003f5b80, 0x003f5c16, 0x003f5d20, 0x003f5e16, 0x003f5f20, 0x003f6016,
+    0x003f7260, 0x003f7296, 0x003f7960, 0x003f7e09, 0x003f7f40, 0x00400005, 0x0054dc00, 0x0054e005,
+    0x0056e740, 0x0056e805, 0x005703c0, 0x00570405, 0x0059d440, 0x0059d605, 0x005d7c20, 0x005f0005,
+    0x005f43c0, 0x00600005, 0x00626960, 0x00626a05, 0x00647600, 0x01c0003b, 0x01c00040, 0x01c0041b,
+    0x01c01000, 0x01c02006, 0x01c03e00, 0x01e0001d, 0x01ffffc0, 0x0200001d, 0x021fffc0,
+};
+
+static uni_gc uni_category(uint32_t cp) {
+    if (cp < 128) return (uni_gc)uni_gc_ascii[cp];
+    if (cp > 0x10ffff) return UNI_CN;
+    // The last range whose first code point is <= cp.
+    size_t lo = 0, hi = PSV_ARRAY_LEN(uni_gc_ranges);
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uni_gc_ranges[mid] >> 5) <= cp) lo = mid;
+        else hi = mid;
+    }
+    return (uni_gc)(uni_gc_ranges[lo] & 31);
+}
+
+// White_Space (PropList.txt): what \s matches in the Rust regex crate and in llama.cpp.
+static bool uni_is_space(uint32_t cp) {
+    if (cp < 128) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0d);
+    switch (cp) {
+    case 0x0085: case 0x00a0: case 0x1680: case 0x2000: case 0x2001: case 0x2002:
+    case 0x2003: case 0x2004: case 0x2005: case 0x2006: case 0x2007: case 0x2008:
+    case 0x2009: case 0x200a: case 0x2028: case 0x2029: case 0x202f: case 0x205f:
+    case 0x3000:
+        return true;
+    default: return false;
+    }
+}
+
+
+// ----------------------------------------------------------------------------
+// 9. Tokenizers
+// Text <-> token ids for the two tokenizer families of GGUF models, read from the
+// tokenizer.ggml.* metadata: SPM ("llama": score-ordered merges over UTF-8 characters, U+2581
+// for spaces, <0xXX> byte fallback) and byte-level BPE ("gpt2": rank-ordered merges over bytes
+// shown as printable characters, after a pre-tokenizer has split the text into words). The
+// results are llama.cpp's, token for token, on valid UTF-8; that is what GGUF models are run
+// with, and ../shared/conformance/tokenizer checks it.
+//
+// API. A tok_vocab is immutable after tok_load, so any number of threads may use one at once.
+//   tok_load(gguf, &v, err), tok_free(v)      build from metadata; v copies what it needs, so
+//                                             the gguf_file may be closed afterwards
+//   tok_encode(v, text, n, add_special, parse_special, &ids, &n_ids, err)
+//                                             ids are malloc'd (free them); add_special adds
+//                                             BOS/EOS as the model asks (add_bos_token...);
+//                                             parse_special recognises control tokens in text
+//   tok_encode_segments(v, segs, n, add_special, &ids, &n_ids, err)
+//                                             the same over a concatenation of segments, each
+//                                             with its own parse_special: a chat prompt is
+//                                             template text (parsed) + user content (never
+//                                             parsed), tokenized as one string
+//   tok_token_bytes(v, id, &len)              the bytes a token stands for (control tokens as
+//                                             their text); tok_detokenize(v, ids, n, flags, buf)
+//   tok_stream_init/push/put/flush            incremental detokenizer for generation: emits
+//                                             only whole UTF-8 characters (see tok_stream)
+//   tok_n_vocab, tok_bos, tok_eos, tok_eot, tok_eom, tok_unk (-1 when absent), tok_add_bos,
+//   tok_add_eos, tok_is_eog, tok_is_control, tok_find (exact text -> id), tok_pre_name
+//   cli_tokenize, cli_detokenize              `pensieve tokenize` / `pensieve detokenize`
+//
+// Invalid UTF-8 in the input is never an error. Each byte that does not belong to a valid
+// sequence is kept as itself (llama.cpp substitutes U+FFFD): the pre-tokenizers classify it as
+// U+FFFD would be, byte-level BPE encodes the byte itself and SPM falls back to its <0xXX>
+// token, so detokenizing gives back the exact input bytes.
+
+#ifndef PSV_TOK_MAX_TEXT // longest text one tok_encode call accepts (offsets are 32-bit)
+#define PSV_TOK_MAX_TEXT (1u << 30)
+#endif
+
+// ---- UTF-8 (RFC 3629, Unicode §3.9 Table 3-7) ----------------------------------------------
+
+#define UTF8_BAD 0xffffffffu // "this byte is not part of a valid sequence"
+
+// Decode the character at s[0..n) (n >= 1). Returns its length; an invalid or truncated
+// sequence gives *cp = UTF8_BAD and length 1, so a decoder resynchronises on the next byte.
+static size_t utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
+    uint8_t b = s[0], lo = 0x80, hi = 0xbf;
+    size_t len;
+    uint32_t c;
+    if (b < 0x80) {
+        *cp = b;
+        return 1;
+    }
+    if (b >= 0xc2 && b <= 0xdf) len = 2, c = b & 0x1fu;
+    else if (b >= 0xe0 && b <= 0xef) len = 3, c = b & 0x0fu, lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
+    else if (b >= 0xf0 && b <= 0xf4) len = 4, c = b & 0x07u, lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
+    else {
+        *cp = UTF8_BAD;
+        return 1;
+    }
+    if (n < len) {
+        *cp = UTF8_BAD;
+        return 1;
+    }
+    for (size_t i = 1; i < len; i++) {
+        if (s[i] < lo || s[i] > hi) {
+            *cp = UTF8_BAD;
+            return 1;
+        }
+        lo = 0x80, hi = 0xbf; // only the second byte has a narrower range
+        c = (c << 6) | (s[i] & 0x3fu);
+    }
+    *cp = c;
+    return len;
+}
+
+// 1 when s[0..k) is a complete valid character, 0 when it is a proper prefix of one, -1 when
+// no continuation can make it valid.
+static int utf8_check(const uint8_t *s, size_t k) {
+    uint32_t cp;
+    if (utf8_decode(s, k, &cp) == k && cp != UTF8_BAD) return 1;
+    uint8_t b = s[0], lo = 0x80, hi = 0xbf;
+    size_t len;
+    if (b >= 0xc2 && b <= 0xdf) len = 2;
+    else if (b >= 0xe0 && b <= 0xef) len = 3, lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
+    else if (b >= 0xf0 && b <= 0xf4) len = 4, lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
+    else return -1;
+    if (k >= len) return -1;
+    for (size_t i = 1; i < k; i++) {
+        if (s[i] < lo || s[i] > hi) return -1;
+        lo = 0x80, hi = 0xbf;
+    }
+    return 0;
+}
+
+static size_t utf8_encode(uint32_t cp, uint8_t out[4]) {
+    if (cp < 0x80) {
+        out[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (uint8_t)(0xc0 | (cp >> 6));
+        out[1] = (uint8_t)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (uint8_t)(0xe0 | (cp >> 12));
+        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3f));
+        out[2] = (uint8_t)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    out[0] = (uint8_t)(0xf0 | (cp >> 18));
+    out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3f));
+    out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3f));
+    out[3] = (uint8_t)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+// ---- GPT-2 byte <-> character map ----------------------------------------------------------
+// Byte-level BPE vocabularies spell each byte as a printable character (GPT-2's
+// bytes_to_unicode): the printable Latin-1 bytes ! .. ~, ¡ .. ¬, ® .. ÿ stand for themselves;
+// the other 68 (controls, space, DEL, NBSP, soft hyphen) take U+0100.. in byte order, so
+// space is U+0120 'Ġ' and newline U+010A 'Ċ'.
+
+static bool bpe_byte_printable(unsigned b) {
+    return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+}
+
+static uint32_t bpe_byte_to_cp(uint8_t b) {
+    if (bpe_byte_printable(b)) return b;
+    if (b <= 0x20) return 0x100u + b;
+    if (b <= 0xa0) return 0x100u + 33 + (b - 0x7fu);
+    return 0x100u + 67; // 0xad
+}
+
+// The byte a character stands for, or -1 when it is not one of the 256.
+static int bpe_cp_to_byte(uint32_t cp) {
+    if (cp < 0x100) return bpe_byte_printable(cp) ? (int)cp : -1;
+    if (cp < 0x100 + 33) return (int)(cp - 0x100);
+    if (cp < 0x100 + 67) return (int)(cp - 0x100 - 33 + 0x7f);
+    if (cp == 0x100 + 67) return 0xad;
+    return -1;
+}
+
+// ---- Vocabulary ----------------------------------------------------------------------------
+
+typedef enum { TOK_SPM, TOK_BPE } tok_kind;
+
+// Pre-tokenizers: each is a fixed sequence of split rules (below), named after the regexes
+// llama.cpp runs for them (llama-vocab.cpp, llm_tokenizer_bpe).
+typedef enum {
+    TOK_PRE_NONE, // SPM: no pre-tokenizer
+    TOK_PRE_DEFAULT,
+    TOK_PRE_GPT2,
+    TOK_PRE_LLAMA3,
+    TOK_PRE_QWEN2,
+    TOK_PRE_GPT4O,
+    TOK_PRE_STARCODER,
+    TOK_PRE_FALCON,
+    TOK_PRE_DEEPSEEK_LLM,
+    TOK_PRE_DEEPSEEK_CODER,
+} tok_pre;
+
+// tokenizer.ggml.pre names, with what llama.cpp sets for each besides the split rules:
+// ignore_merges (a word that is a whole token is taken as is) and the add_bos default.
+static const struct {
+    const char *name;
+    tok_pre pre;
+    bool ignore_merges, add_bos;
+} tok_pre_names[] = {
+    {"default", TOK_PRE_DEFAULT, false, false},
+    {"gpt-2", TOK_PRE_GPT2, false, false},
+    {"phi-2", TOK_PRE_GPT2, false, false},
+    {"mpt", TOK_PRE_GPT2, false, false},
+    {"olmo", TOK_PRE_GPT2, false, false},
+    {"llama3", TOK_PRE_LLAMA3, true, true},
+    {"llama-v3", TOK_PRE_LLAMA3, true, true},
+    {"llama-bpe", TOK_PRE_LLAMA3, true, true},
+    {"falcon3", TOK_PRE_LLAMA3, true, true},
+    {"dbrx", TOK_PRE_LLAMA3, false, false},
+    {"smaug-bpe", TOK_PRE_LLAMA3, false, false},
+    {"qwen2", TOK_PRE_QWEN2, false, false},
+    {"deepseek-r1-qwen", TOK_PRE_QWEN2, false, false},
+    {"stablelm2", TOK_PRE_QWEN2, false, false},
+    {"megrez", TOK_PRE_QWEN2, false, false},
+    {"gpt-4o", TOK_PRE_GPT4O, false, false},
+    {"llama4", TOK_PRE_GPT4O, false, false},
+    {"starcoder", TOK_PRE_STARCODER, false, false},
+    {"refact", TOK_PRE_STARCODER, false, false},
+    {"smollm", TOK_PRE_STARCODER, false, false},
+    {"falcon", TOK_PRE_FALCON, false, false},
+    {"deepseek-llm", TOK_PRE_DEEPSEEK_LLM, false, false},
+    {"deepseek-coder", TOK_PRE_DEEPSEEK_CODER, false, false},
+};
+
+// Token attributes, from tokenizer.ggml.token_type (llama.cpp's llama_token_type: 1 normal,
+// 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte; anything else is undefined: no bits)
+// plus the adjustments llama.cpp makes by token text.
+enum {
+    TOK_ATTR_NORMAL = 1 << 0,
+    TOK_ATTR_UNKNOWN = 1 << 1,
+    TOK_ATTR_CONTROL = 1 << 2,
+    TOK_ATTR_USER = 1 << 3, // user-defined: always split out of text, even without parse_special
+    TOK_ATTR_BYTE = 1 << 4,
+    TOK_ATTR_UNUSED = 1 << 5,
+    TOK_ATTR_LSTRIP = 1 << 6, // when split out, eat the whitespace before it
+    TOK_ATTR_RSTRIP = 1 << 7, // ... after it
+};
+
+// One node of the special-token trie (children as a sibling list: most nodes have one child).
+typedef struct {
+    int32_t child, sibling;
+    int32_t special; // index into tok_vocab.special when a token ends here, else -1
+    uint8_t byte;
+} tok_trie_node;
+
+typedef struct tok_vocab {
+    tok_kind kind;
+    tok_pre pre;
+    char pre_name[64];
+    int32_t n_vocab;
+    // Interned strings: the token texts [0, n_vocab), then merge operands and results that are
+    // not tokens [n_vocab, n_str). A text's id is its first token id (duplicates keep the first).
+    int32_t n_str;
+    uint32_t *str_off; // n_str + 1 offsets into str_buf
+    buf_t str_buf;
+    int32_t *str_tab; // open-addressing hash text -> id, -1 empty
+    size_t str_cap;   // power of two
+    float *score;     // n_vocab (SPM merge priority)
+    uint8_t *attr;    // n_vocab, TOK_ATTR_*
+    // What each token detokenizes to: control and unknown tokens as their text.
+    uint32_t *piece_off; // n_vocab + 1
+    char *piece;
+    // BPE merges: (left id, right id) -> rank and result id, open addressing keyed by
+    // left << 32 | right (UINT64_MAX empty).
+    uint64_t *merge_key;
+    uint32_t *merge_rank;
+    int32_t *merge_out;
+    size_t merge_cap;
+    int32_t byte_sym[256];  // BPE: string id of each byte's GPT-2 character (-1: none)
+    int32_t byte_tok1[256]; // the token whose text is that single byte (-1: none)
+    int32_t spm_byte[256];  // SPM byte fallback: <0xXX>, else the single byte (-1: none)
+    // Special tokens (control, user-defined, unknown), longest first: the order llama.cpp
+    // splits them out of text in. special_first[b] marks bytes that start one.
+    int32_t *special;
+    int32_t n_special;
+    tok_trie_node *trie; // node 0 is the root
+    int32_t n_trie;
+    uint8_t special_first[256];
+    int32_t bos, eos, eot, eom, unk;
+    int32_t *eog; // sorted end-of-generation ids
+    int32_t n_eog;
+    bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    // SPM: no token has U+2581 right after another character than U+2581, so no merge can
+    // join a character to a following space marker and text can be encoded word by word.
+    bool spm_words;
+} tok_vocab;
+
+static int32_t tok_n_vocab(const tok_vocab *v) { return v->n_vocab; }
+static int32_t tok_bos(const tok_vocab *v) { return v->bos; }
+PSV_MAYBE_UNUSED static int32_t tok_eos(const tok_vocab *v) { return v->eos; }
+PSV_MAYBE_UNUSED static int32_t tok_eot(const tok_vocab *v) { return v->eot; }
+PSV_MAYBE_UNUSED static int32_t tok_eom(const tok_vocab *v) { return v->eom; }
+PSV_MAYBE_UNUSED static int32_t tok_unk(const tok_vocab *v) { return v->unk; }
+static bool tok_add_bos(const tok_vocab *v) { return v->add_bos; }
+PSV_MAYBE_UNUSED static bool tok_add_eos(const tok_vocab *v) { return v->add_eos; }
+PSV_MAYBE_UNUSED static const char *tok_pre_name(const tok_vocab *v) { return v->pre_name; }
+
+// True for control and unknown tokens: markup the model reads, not text it writes.
+static bool tok_is_control(const tok_vocab *v, int32_t id) {
+    return id >= 0 && id < v->n_vocab && (v->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
+}
+
+// End of generation: EOS, EOT, EOM and the tokens llama.cpp treats as ending a turn by their
+// text (<|im_end|>, <|end|>, <|eot_id|>, <|endoftext|>, <end_of_turn>, ...).
+static bool tok_is_eog(const tok_vocab *v, int32_t id) {
+    int32_t lo = 0, hi = v->n_eog;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (v->eog[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < v->n_eog && v->eog[lo] == id;
+}
+
+static const char *tok_str(const tok_vocab *v, int32_t id, size_t *len) {
+    *len = v->str_off[id + 1] - v->str_off[id];
+    return v->str_buf.data + v->str_off[id];
+}
+
+// The raw vocabulary text of a token (e.g. "Ġhello", "▁the", "<0x0A>").
+static const char *tok_token_text(const tok_vocab *v, int32_t id, size_t *len) {
+    if (id < 0 || id >= v->n_vocab) {
+        *len = 0;
+        return "";
+    }
+    return tok_str(v, id, len);
+}
+
+// The bytes a token stands for; control and unknown tokens give their text. Empty for ids out
+// of range. Valid until tok_free.
+static const char *tok_token_bytes(const tok_vocab *v, int32_t id, size_t *len) {
+    if (id < 0 || id >= v->n_vocab) {
+        *len = 0;
+        return "";
+    }
+    *len = v->piece_off[id + 1] - v->piece_off[id];
+    return v->piece + v->piece_off[id];
+}
+
+// FNV-1a: token texts are short.
+static uint64_t tok_hash(const char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int32_t tok_str_find(const tok_vocab *v, const char *p, size_t n) {
+    size_t mask = v->str_cap - 1, i = (size_t)tok_hash(p, n) & mask;
+    for (;; i = (i + 1) & mask) {
+        int32_t id = v->str_tab[i];
+        if (id < 0) return -1;
+        size_t len;
+        const char *s = tok_str(v, id, &len);
+        if (len == n && (n == 0 || memcmp(s, p, n) == 0)) return id;
+    }
+}
+
+// The token with exactly this text, or -1 (e.g. to find "<|im_end|>").
+static int32_t tok_find(const tok_vocab *v, const char *text, size_t n) {
+    int32_t id = tok_str_find(v, text, n);
+    return id < v->n_vocab ? id : -1;
+}
+
+static bool tok_str_rehash(tok_vocab *v, size_t cap) {
+    int32_t *tab = malloc(cap * sizeof *tab);
+    if (!tab) return false;
+    memset(tab, 0xff, cap * sizeof *tab);
+    for (int32_t id = 0; id < v->n_str; id++) {
+        size_t len;
+        const char *s = tok_str(v, id, &len);
+        size_t i = (size_t)tok_hash(s, len) & (cap - 1);
+        while (tab[i] >= 0) {
+            size_t l2;
+            const char *s2 = tok_str(v, tab[i], &l2);
+            if (l2 == len && (len == 0 || memcmp(s2, s, len) == 0)) break; // duplicate: keep first
+            i = (i + 1) & (cap - 1);
+        }
+        if (tab[i] < 0) tab[i] = id;
+    }
+    free(v->str_tab);
+    v->str_tab = tab;
+    v->str_cap = cap;
+    return true;
+}
+
+// The id of a string, adding it after the tokens when new. -1 on out-of-memory.
+static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n, size_t *str_off_cap) {
+    int32_t id = tok_str_find(v, p, n);
+    if (id >= 0) return id;
+    if (v->n_str >= INT32_MAX - 1) return -1;
+    if ((size_t)v->n_str + 2 > *str_off_cap) {
+        size_t cap = *str_off_cap * 2;
+        uint32_t *o = realloc(v->str_off, cap * sizeof *o);
+        if (!o) return -1;
+        v->str_off = o;
+        *str_off_cap = cap;
+    }
+    if (v->str_buf.len + n > UINT32_MAX) return -1;
+    buf_append(&v->str_buf, p, n);
+    if (v->str_buf.oom) return -1;
+    id = v->n_str++;
+    v->str_off[v->n_str] = (uint32_t)v->str_buf.len;
+    if ((size_t)v->n_str * 2 > v->str_cap) {
+        if (!tok_str_rehash(v, v->str_cap * 2)) return -1;
+    } else {
+        size_t i = (size_t)tok_hash(p, n) & (v->str_cap - 1);
+        while (v->str_tab[i] >= 0) i = (i + 1) & (v->str_cap - 1);
+        v->str_tab[i] = id;
+    }
+    return id;
+}
+
+static size_t tok_merge_slot(const tok_vocab *v, uint64_t key) {
+    size_t mask = v->merge_cap - 1, i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & mask;
+    while (v->merge_key[i] != UINT64_MAX && v->merge_key[i] != key) i = (i + 1) & mask;
+    return i;
+}
+
+static void tok_free(tok_vocab *v) {
+    if (!v) return;
+    free(v->str_off);
+    buf_free(&v->str_buf);
+    free(v->str_tab);
+    free(v->score);
+    free(v->attr);
+    free(v->piece_off);
+    free(v->piece);
+    free(v->merge_key);
+    free(v->merge_rank);
+    free(v->merge_out);
+    free(v->special);
+    free(v->trie);
+    free(v->eog);
+    free(v);
+}
+
+typedef struct {
+    int32_t len, id;
+} tok_len_id;
+
+static int tok_len_id_cmp(const void *a, const void *b) {
+    const tok_len_id *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int tok_i32_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+// Texts llama.cpp recognises special tokens by (llama-vocab.cpp, llama_vocab::impl::load) when
+// the metadata does not name them; the first text of a role found in the vocabulary takes it.
+// Each one found is made a control token.
+enum { TOK_ROLE_EOT, TOK_ROLE_EOM, TOK_ROLE_FIM_PRE, TOK_ROLE_FIM_SUF, TOK_ROLE_FIM_MID, TOK_ROLE_FIM_PAD,
+       TOK_ROLE_FIM_REP, TOK_ROLE_FIM_SEP, TOK_ROLE_COUNT };
+#define TOK_DS_BAR "\xef\xbd\x9c" // U+FF5C FULLWIDTH VERTICAL LINE, in DeepSeek's markers
+#define TOK_SPM_SP "\xe2\x96\x81" // U+2581, sentencepiece's space
+static const struct {
+    const char *text;
+    uint8_t role;
+} tok_auto_special[] = {
+    {"<|eot_id|>", TOK_ROLE_EOT}, {"<|im_end|>", TOK_ROLE_EOT}, {"<|end|>", TOK_ROLE_EOT},
+    {"<end_of_turn>", TOK_ROLE_EOT}, {"<|endoftext|>", TOK_ROLE_EOT}, {"<|end_of_text|>", TOK_ROLE_EOT},
+    {"<EOT>", TOK_ROLE_EOT}, {"_<EOT>", TOK_ROLE_EOT}, {"[EOT]", TOK_ROLE_EOT},
+    {"<" TOK_DS_BAR "end" TOK_SPM_SP "of" TOK_SPM_SP "sentence" TOK_DS_BAR ">", TOK_ROLE_EOT},
+    {"<end_of_utterance>", TOK_ROLE_EOT},
+    {"<|eom_id|>", TOK_ROLE_EOM},
+    {"<|fim_prefix|>", TOK_ROLE_FIM_PRE}, {"<fim-prefix>", TOK_ROLE_FIM_PRE}, {"<fim_prefix>", TOK_ROLE_FIM_PRE},
+    {"<" TOK_DS_BAR "fim" TOK_SPM_SP "begin" TOK_DS_BAR ">", TOK_ROLE_FIM_PRE}, {"<PRE>", TOK_ROLE_FIM_PRE},
+    {TOK_SPM_SP "<PRE>", TOK_ROLE_FIM_PRE}, {"<|code_prefix|>", TOK_ROLE_FIM_PRE}, {"<|prefix|>", TOK_ROLE_FIM_PRE},
+    {"<|fim_suffix|>", TOK_ROLE_FIM_SUF}, {"<fim-suffix>", TOK_ROLE_FIM_SUF}, {"<fim_suffix>", TOK_ROLE_FIM_SUF},
+    {"<" TOK_DS_BAR "fim" TOK_SPM_SP "hole" TOK_DS_BAR ">", TOK_ROLE_FIM_SUF}, {"<SUF>", TOK_ROLE_FIM_SUF},
+    {TOK_SPM_SP "<SUF>", TOK_ROLE_FIM_SUF}, {"<|code_suffix|>", TOK_ROLE_FIM_SUF}, {"<|suffix|>", TOK_ROLE_FIM_SUF},
+    {"<|fim_middle|>", TOK_ROLE_FIM_MID}, {"<fim-middle>", TOK_ROLE_FIM_MID}, {"<fim_middle>", TOK_ROLE_FIM_MID},
+    {"<" TOK_DS_BAR "fim" TOK_SPM_SP "end" TOK_DS_BAR ">", TOK_ROLE_FIM_MID}, {"<MID>", TOK_ROLE_FIM_MID},
+    {TOK_SPM_SP "<MID>", TOK_ROLE_FIM_MID}, {"<|code_middle|>", TOK_ROLE_FIM_MID}, {"<|middle|>", TOK_ROLE_FIM_MID},
+    {"<|fim_pad|>", TOK_ROLE_FIM_PAD}, {"<fim-pad>", TOK_ROLE_FIM_PAD}, {"<fim_pad>", TOK_ROLE_FIM_PAD},
+    {"<PAD>", TOK_ROLE_FIM_PAD}, {"[PAD]", TOK_ROLE_FIM_PAD},
+    {"<|fim_repo|>", TOK_ROLE_FIM_REP}, {"<|repo_name|>", TOK_ROLE_FIM_REP}, {"<fim-repo>", TOK_ROLE_FIM_REP},
+    {"<REPO>", TOK_ROLE_FIM_REP}, {"<reponame>", TOK_ROLE_FIM_REP},
+    {"<|file_sep|>", TOK_ROLE_FIM_SEP},
+};
+
+// Texts that end generation (llama.cpp's special_eog_ids list).
+static const char *const tok_eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<" TOK_DS_BAR "end" TOK_SPM_SP "of" TOK_SPM_SP "sentence" TOK_DS_BAR ">", "[e~[",
+};
+
+static int32_t tok_find_c(const tok_vocab *v, const char *s) { return tok_find(v, s, strlen(s)); }
+
+// A token id from metadata: kept when present and in range, else `def`.
+static int32_t tok_meta_id(const gguf_file *f, const char *key, int32_t def, int32_t n_vocab) {
+    uint32_t id;
+    if (gguf_get_u32(f, key, &id) && id < (uint32_t)n_vocab) return (int32_t)id;
+    return def;
+}
+
+static bool tok_ascii_contains_ci(str_t s, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = 0; i + k <= s.n; i++) {
+        size_t j = 0;
+        while (j < k && tolower((unsigned char)s.p[i + j]) == needle[j]) j++;
+        if (j == k) return true;
+    }
+    return false;
+}
+
+static int tok_hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+// Decode a token's text into the bytes it stands for, appended to b.
+static void tok_piece_build(const tok_vocab *v, int32_t id, buf_t *b) {
+    size_t n;
+    const char *s = tok_str(v, id, &n);
+    uint8_t a = v->attr[id];
+    if (a & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN | TOK_ATTR_USER)) {
+        buf_append(b, s, n);
+    } else if (a & TOK_ATTR_NORMAL) {
+        const uint8_t *p = (const uint8_t *)s;
+        for (size_t i = 0; i < n;) {
+            uint32_t cp;
+            size_t k = utf8_decode(p + i, n - i, &cp);
+            if (v->kind == TOK_SPM && cp == 0x2581) { // sentencepiece's space marker
+                buf_putc(b, ' ');
+            } else if (v->kind == TOK_BPE && bpe_cp_to_byte(cp) >= 0) {
+                buf_putc(b, (char)bpe_cp_to_byte(cp));
+            } else { // SPM text, or a character outside the byte map: kept as written
+                buf_append(b, p + i, k);
+            }
+            i += k;
+        }
+    } else if (a & TOK_ATTR_BYTE) {
+        // "<0xXX>" (sentencepiece byte pieces); anything else is kept as written.
+        int hi = n == 6 ? tok_hex_digit(s[3]) : -1, lo = n == 6 ? tok_hex_digit(s[4]) : -1;
+        if (n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' && hi >= 0 && lo >= 0) {
+            buf_putc(b, (char)(hi << 4 | lo));
+        } else {
+            buf_append(b, s, n);
+        }
+    }
+    // unused and undefined tokens stand for nothing
+}
+
+static psv_status tok_load(const gguf_file *f, tok_vocab **out, psv_error *err) {
+    *out = NULL;
+    psv_status st = PSV_OK;
+    str_t model, pre = {"default", 7};
+    tok_vocab *v = calloc(1, sizeof *v);
+    tok_len_id *sl = NULL;
+    size_t str_off_cap = 0;
+    if (!v) return err_set(err, PSV_ERR_NOMEM, "tok: out of memory");
+
+    if (!gguf_get_str(f, "tokenizer.ggml.model", &model)) {
+        st = err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.model: missing (expected a string)");
+        goto done;
+    }
+    if (str_eq_c(model, "llama")) {
+        v->kind = TOK_SPM;
+        v->pre = TOK_PRE_NONE;
+        snprintf(v->pre_name, sizeof v->pre_name, "spm");
+    } else if (str_eq_c(model, "gpt2")) {
+        v->kind = TOK_BPE;
+        gguf_get_str(f, "tokenizer.ggml.pre", &pre); // llama.cpp also falls back to "default"
+        size_t i = 0;
+        while (i < PSV_ARRAY_LEN(tok_pre_names) && !str_eq_c(pre, tok_pre_names[i].name)) i++;
+        if (i == PSV_ARRAY_LEN(tok_pre_names)) {
+            char names[512], pr[96];
+            size_t k = 0;
+            for (size_t j = 0; j < PSV_ARRAY_LEN(tok_pre_names); j++)
+                k += (size_t)snprintf(names + k, sizeof names - k, "%s%s", j ? ", " : "", tok_pre_names[j].name);
+            st = err_set(err, PSV_ERR_UNSUPPORTED,
+                         "tok: tokenizer.ggml.pre: unknown pre-tokenizer '%s' (supported: %s)",
+                         gguf_printable(pr, pre), names);
+            goto done;
+        }
+        v->pre = tok_pre_names[i].pre;
+        v->ignore_merges = tok_pre_names[i].ignore_merges;
+        v->add_bos = tok_pre_names[i].add_bos;
+        snprintf(v->pre_name, sizeof v->pre_name, "%s", tok_pre_names[i].name);
+    } else {
+        char pr[96];
+        st = err_set(err, PSV_ERR_UNSUPPORTED,
+                     "tok: tokenizer.ggml.model: unsupported tokenizer '%s' (expected llama or gpt2)",
+                     gguf_printable(pr, model));
+        goto done;
+    }
+
+    const gguf_kv *tokens = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_T_STRING);
+    if (!tokens || tokens->arr_n == 0 || tokens->arr_n >= (uint64_t)INT32_MAX / 2) {
+        st = err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.tokens: missing, empty or too large "
+                                          "(expected an array of 1 to 2^30 strings)");
+        goto done;
+    }
+    int32_t n = (int32_t)tokens->arr_n;
+    v->n_vocab = n;
+    const gguf_kv *scores = gguf_find_kv(f, "tokenizer.ggml.scores");
+    if (scores && !(scores->type == GGUF_T_ARRAY &&
+                    (scores->arr_type == GGUF_T_FLOAT32 || scores->arr_type == GGUF_T_INT32) &&
+                    scores->arr_n >= (uint64_t)n)) {
+        st = err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.scores: expected %d FLOAT32 or INT32 values", n);
+        goto done;
+    }
+    const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
+    if (types && !(types->type == GGUF_T_ARRAY && types->arr_type == GGUF_T_INT32 && types->arr_n >= (uint64_t)n)) {
+        st = err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.token_type: expected %d INT32 values", n);
+        goto done;
+    }
+    const gguf_kv *merges = NULL;
+    if (v->kind == TOK_BPE) {
+        merges = gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_T_STRING);
+        if (!merges) {
+            st = err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.merges: missing (expected an array of strings)");
+            goto done;
+        }
+        if (merges->arr_n >= (uint64_t)INT32_MAX / 4) {
+            st = err_set(err, PSV_ERR_RANGE, "tok: tokenizer.ggml.merges: %" PRIu64 " merges is too many", merges->arr_n);
+            goto done;
+        }
+    }
+
+    // Token texts, interned.
+    str_off_cap = (size_t)n + 64;
+    v->str_off = malloc(str_off_cap * sizeof *v->str_off);
+    v->score = malloc((size_t)n * sizeof *v->score);
+    v->attr = malloc((size_t)n);
+    if (!v->str_off || !v->score || !v->attr) goto nomem;
+    v->str_off[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        str_t s = tokens->strs[i];
+        if (v->str_buf.len + s.n > UINT32_MAX) {
+            st = err_set(err, PSV_ERR_RANGE, "tok: tokenizer.ggml.tokens: more than 4 GiB of text");
+            goto done;
+        }
+        buf_append(&v->str_buf, s.p, s.n);
+        v->str_off[i + 1] = (uint32_t)v->str_buf.len;
+        float sc = 0.0f;
+        if (scores) sc = scores->arr_type == GGUF_T_FLOAT32 ? gguf_arr_f32(scores, (uint64_t)i) : (float)gguf_arr_int(scores, (uint64_t)i);
+        v->score[i] = sc;
+        int64_t t = types ? gguf_arr_int(types, (uint64_t)i) : 1;
+        v->attr[i] = t == 1 ? TOK_ATTR_NORMAL : t == 2 ? TOK_ATTR_UNKNOWN : t == 3 ? TOK_ATTR_CONTROL
+                   : t == 4 ? TOK_ATTR_USER : t == 5 ? TOK_ATTR_UNUSED : t == 6 ? TOK_ATTR_BYTE : 0;
+    }
+    if (v->str_buf.oom) goto nomem;
+    if (!v->str_buf.data) buf_reserve(&v->str_buf, 0);
+    if (v->str_buf.oom) goto nomem;
+    v->n_str = n;
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n) cap *= 2;
+    if (!tok_str_rehash(v, cap)) goto nomem;
+
+    // Special ids and flags (llama.cpp defaults: SPM bos 1, eos 2, unk 0 and BOS added; BPE
+    // has no defaults here -- llama.cpp's 11 is a GPT-NeoX relic that names "," in GPT-2).
+    int32_t def_bos = -1, def_eos = -1, def_unk = -1;
+    if (v->kind == TOK_SPM) {
+        def_bos = n > 1 ? 1 : -1, def_eos = n > 2 ? 2 : -1, def_unk = 0;
+        v->add_bos = true;
+        v->add_space_prefix = true;
+    }
+    v->bos = tok_meta_id(f, "tokenizer.ggml.bos_token_id", def_bos, n);
+    v->eos = tok_meta_id(f, "tokenizer.ggml.eos_token_id", def_eos, n);
+    v->unk = tok_meta_id(f, "tokenizer.ggml.unknown_token_id", def_unk, n);
+    // Ids by role (TOK_ROLE_*), from metadata where given.
+    static const char *const role_keys[TOK_ROLE_COUNT] = {
+        "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id", "tokenizer.ggml.fim_pre_token_id",
+        "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.fim_pad_token_id",
+        "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id"};
+    int32_t role[TOK_ROLE_COUNT];
+    for (int r = 0; r < TOK_ROLE_COUNT; r++) role[r] = tok_meta_id(f, role_keys[r], -1, n);
+    gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix);
+    gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &v->add_bos);
+    gguf_get_bool(f, "tokenizer.ggml.add_eos_token", &v->add_eos);
+    if (v->bos < 0) v->add_bos = false; // nothing to add
+    if (v->eos < 0) v->add_eos = false;
+
+    // Recognise special tokens by text where the metadata does not name them, and mark them
+    // control as llama.cpp does (a control-looking token of another type is a conversion bug).
+    {
+        bool found[TOK_ROLE_COUNT];
+        for (int r = 0; r < TOK_ROLE_COUNT; r++) found[r] = role[r] >= 0;
+        for (size_t i = 0; i < PSV_ARRAY_LEN(tok_auto_special); i++) {
+            uint8_t r = tok_auto_special[i].role;
+            int32_t id = found[r] ? -1 : tok_find_c(v, tok_auto_special[i].text);
+            if (id < 0) continue;
+            role[r] = id;
+            found[r] = true;
+            v->attr[id] |= TOK_ATTR_CONTROL;
+        }
+        v->eot = role[TOK_ROLE_EOT];
+        v->eom = role[TOK_ROLE_EOM];
+        // Control tokens named "...unused..." are unused (Gemma's <unused0> ...).
+        for (int32_t i = 0; i < n; i++) {
+            size_t len;
+            const char *s = tok_str(v, i, &len);
+            if ((v->attr[i] & TOK_ATTR_CONTROL) && len >= 6) {
+                for (size_t j = 0; j + 6 <= len; j++)
+                    if (memcmp(s + j, "unused", 6) == 0) {
+                        v->attr[i] |= TOK_ATTR_UNUSED;
+                        break;
+                    }
+            }
+        }
+        // End-of-generation set.
+        int32_t cand[PSV_ARRAY_LEN(tok_eog_texts) + 6];
+        int32_t k = 0;
+        int32_t ids6[6] = {role[TOK_ROLE_FIM_PAD], role[TOK_ROLE_FIM_REP], role[TOK_ROLE_FIM_SEP], v->eos, v->eot, v->eom};
+        for (size_t i = 0; i < PSV_ARRAY_LEN(tok_eog_texts); i++) {
+            int32_t id = tok_find_c(v, tok_eog_texts[i]);
+            if (id < 0) continue;
+            cand[k++] = id;
+            v->attr[id] |= TOK_ATTR_CONTROL;
+        }
+        for (int i = 0; i < 6; i++)
+            if (ids6[i] >= 0) cand[k++] = ids6[i];
+        // gpt-oss (o200k_harmony) and solar-open end turns with <|return|>/<|call|>: there
+        // <|end|> only closes a message and is plain text the model writes.
+        int32_t t_end = tok_find_c(v, "<|end|>");
+        if (t_end >= 0 && ((tok_find_c(v, "<|return|>") >= 0 && tok_find_c(v, "<|call|>") >= 0) ||
+                           (tok_find_c(v, "<|calls|>") >= 0 && tok_find_c(v, "<|flush|>") >= 0))) {
+            int32_t w = 0;
+            for (int32_t i = 0; i < k; i++)
+                if (cand[i] != t_end) cand[w++] = cand[i];
+            k = w;
+            v->attr[t_end] = TOK_ATTR_USER;
+            if (v->eot == t_end) v->eot = -1;
+        }
+        static const char *const harmony_user[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+        for (size_t i = 0; i < PSV_ARRAY_LEN(harmony_user); i++) {
+            int32_t id = tok_find_c(v, harmony_user[i]);
+            if (id >= 0) v->attr[id] = TOK_ATTR_USER;
+        }
+        qsort(cand, (size_t)k, sizeof *cand, tok_i32_cmp);
+        int32_t w = 0;
+        for (int32_t i = 0; i < k; i++)
+            if (w == 0 || cand[w - 1] != cand[i]) cand[w++] = cand[i];
+        v->eog = malloc((size_t)(w ? w : 1) * sizeof *v->eog);
+        if (!v->eog) goto nomem;
+        memcpy(v->eog, cand, (size_t)w * sizeof *cand);
+        v->n_eog = w;
+    }
+
+    // Special tokens, longest first (llama.cpp splits them out in this order), and a trie to
+    // find them in text.
+    {
+        int32_t ns = 0;
+        sl = malloc((size_t)n * sizeof *sl);
+        if (!sl) goto nomem;
+        for (int32_t i = 0; i < n; i++) {
+            size_t len;
+            tok_str(v, i, &len);
+            if ((v->attr[i] & (TOK_ATTR_CONTROL | TOK_ATTR_USER | TOK_ATTR_UNKNOWN)) && len > 0)
+                sl[ns++] = (tok_len_id){(int32_t)len, i};
+        }
+        qsort(sl, (size_t)ns, sizeof *sl, tok_len_id_cmp);
+        v->special = malloc((size_t)(ns ? ns : 1) * sizeof *v->special);
+        if (!v->special) goto nomem;
+        size_t n_nodes = 1;
+        for (int32_t i = 0; i < ns; i++) {
+            v->special[i] = sl[i].id;
+            n_nodes += (size_t)sl[i].len;
+        }
+        v->n_special = ns;
+        if (n_nodes > (size_t)INT32_MAX) goto nomem;
+        v->trie = malloc(n_nodes * sizeof *v->trie);
+        if (!v->trie) goto nomem;
+        v->trie[0] = (tok_trie_node){-1, -1, -1, 0};
+        v->n_trie = 1;
+        for (int32_t i = 0; i < ns; i++) {
+            size_t len;
+            const uint8_t *s = (const uint8_t *)tok_str(v, v->special[i], &len);
+            int32_t node = 0;
+            v->special_first[s[0]] = 1;
+            for (size_t j = 0; j < len; j++) {
+                int32_t c = v->trie[node].child;
+                while (c >= 0 && v->trie[c].byte != s[j]) c = v->trie[c].sibling;
+                if (c < 0) {
+                    c = v->n_trie++;
+                    v->trie[c] = (tok_trie_node){-1, v->trie[node].child, -1, s[j]};
+                    v->trie[node].child = c;
+                }
+                node = c;
+            }
+            if (v->trie[node].special < 0) v->trie[node].special = i;
+        }
+        // Phi-3 models: llama.cpp strips the whitespace after their special tokens, chosen by
+        // model name (the GGUF has no per-token flags for it).
+        str_t name;
+        if (gguf_get_str(f, "general.name", &name) &&
+            (tok_ascii_contains_ci(name, "phi-3") || tok_ascii_contains_ci(name, "phi3"))) {
+            for (int32_t i = 0; i < ns; i++) v->attr[v->special[i]] |= TOK_ATTR_RSTRIP;
+            int32_t id = tok_find_c(v, "</s>");
+            if (id >= 0) v->attr[id] |= TOK_ATTR_RSTRIP;
+            static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+            for (size_t i = 0; i < PSV_ARRAY_LEN(keep); i++) {
+                id = tok_find_c(v, keep[i]);
+                if (id >= 0) v->attr[id] &= (uint8_t)~TOK_ATTR_RSTRIP;
+            }
+        }
+    }
+
+    if (v->kind == TOK_SPM) {
+        v->spm_words = true;
+        for (int32_t i = 0; i < n && v->spm_words; i++) {
+            size_t len;
+            const char *t = tok_str(v, i, &len);
+            for (size_t j = 1; j + 3 <= len && v->spm_words; j++)
+                if (memcmp(t + j, "\xe2\x96\x81", 3) == 0 && (j < 3 || memcmp(t + j - 3, "\xe2\x96\x81", 3) != 0))
+                    v->spm_words = false;
+        }
+    }
+
+    // Byte tables.
+    for (int b = 0; b < 256; b++) {
+        char one = (char)b, hex[7];
+        v->byte_tok1[b] = tok_find(v, &one, 1);
+        snprintf(hex, sizeof hex, "<0x%02X>", b);
+        int32_t id = tok_find(v, hex, 6);
+        v->spm_byte[b] = id >= 0 ? id : v->byte_tok1[b];
+        uint8_t enc[4];
+        size_t k = utf8_encode(bpe_byte_to_cp((uint8_t)b), enc);
+        v->byte_sym[b] = tok_str_find(v, (const char *)enc, k);
+    }
+
+    // BPE merges: "left right", split at the first space after the first byte. Operands and
+    // results that are not tokens get string ids of their own so that merging works on ids.
+    if (merges) {
+        size_t m = (size_t)merges->arr_n, mcap = 16;
+        while (mcap < 2 * m) mcap *= 2;
+        v->merge_cap = mcap;
+        v->merge_key = malloc(mcap * sizeof *v->merge_key);
+        v->merge_rank = malloc(mcap * sizeof *v->merge_rank);
+        v->merge_out = malloc(mcap * sizeof *v->merge_out);
+        if (!v->merge_key || !v->merge_rank || !v->merge_out) goto nomem;
+        memset(v->merge_key, 0xff, mcap * sizeof *v->merge_key);
+        buf_t cat = {0};
+        for (size_t i = 0; i < m; i++) {
+            str_t s = merges->strs[i];
+            const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
+            if (!sp) continue; // llama.cpp maps it to ("", ""), which never matches
+            size_t ln = (size_t)(sp - s.p), rn = s.n - ln - 1;
+            cat.len = 0;
+            buf_append(&cat, s.p, ln);
+            buf_append(&cat, sp + 1, rn);
+            if (cat.oom) {
+                buf_free(&cat);
+                goto nomem;
+            }
+            int32_t l = tok_str_intern(v, s.p, ln, &str_off_cap);
+            int32_t r = l < 0 ? -1 : tok_str_intern(v, sp + 1, rn, &str_off_cap);
+            int32_t o = r < 0 ? -1 : tok_str_intern(v, cat.data ? cat.data : "", cat.len, &str_off_cap);
+            if (o < 0) {
+                buf_free(&cat);
+                goto nomem;
+            }
+            uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+            size_t slot = tok_merge_slot(v, key);
+            if (v->merge_key[slot] == UINT64_MAX) { // a repeated pair keeps its first rank
+                v->merge_key[slot] = key;
+                v->merge_rank[slot] = (uint32_t)i;
+                v->merge_out[slot] = o;
+            }
+        }
+        buf_free(&cat);
+        for (int b = 0; b < 256; b++) { // merge operands may have added byte characters
+            uint8_t enc[4];
+            size_t k = utf8_encode(bpe_byte_to_cp((uint8_t)b), enc);
+            v->byte_sym[b] = tok_str_find(v, (const char *)enc, k);
+        }
+    }
+
+    // Detokenized pieces.
+    {
+        buf_t pb = {0};
+        v->piece_off = malloc(((size_t)n + 1) * sizeof *v->piece_off);
+        if (!v->piece_off) goto nomem;
+        v->piece_off[0] = 0;
+        for (int32_t i = 0; i < n; i++) {
+            tok_piece_build(v, i, &pb);
+            if (pb.len > UINT32_MAX) pb.oom = true;
+            if (pb.oom) break;
+            v->piece_off[i + 1] = (uint32_t)pb.len;
+        }
+        if (!pb.oom && !pb.data) buf_reserve(&pb, 0);
+        if (pb.oom) {
+            buf_free(&pb);
+            goto nomem;
+        }
+        v->piece = pb.data;
+    }
+
+    *out = v;
+    v = NULL;
+    goto done;
+nomem:
+    st = err_set(err, PSV_ERR_NOMEM, "tok: out of memory loading the vocabulary");
+done:
+    free(sl);
+    tok_free(v);
+    return st;
+}
+
+// ---- Pre-tokenizers ------------------------------------------------------------------------
+// A pre-tokenizer splits text into words that BPE then encodes one by one. llama.cpp runs a
+// list of regexes for each tokenizer.ggml.pre: every regex splits each piece the previous one
+// produced, with both its matches and the unmatched stretches between them becoming pieces.
+// Here each regex is a function that returns the length of its match at a position (0 when it
+// does not match there); pre_split does the searching. A match function reproduces what the
+// regex engine would do: alternatives tried in order, the first that matches wins, quantifiers
+// greedy with backtracking. Where llama.cpp feeds std::regex a "collapsed" text (every non-ASCII
+// character replaced by a byte standing for its category, non-ASCII White_Space by \v), \p{L}
+// and friends therefore mean: the ASCII members of the category, or any non-ASCII character of
+// it that is not White_Space; \s means White_Space.
+
+enum {
+    PC_L = 1 << 0,  // \p{L}
+    PC_N = 1 << 1,  // \p{N}
+    PC_P = 1 << 2,  // \p{P}
+    PC_WS = 1 << 3, // \s (White_Space)
+    PC_UP = 1 << 4, // A-Z
+    PC_LO = 1 << 5, // a-z
+};
+
+// The text being split, one entry per character (an invalid byte counts as one character and
+// is classified like U+FFFD, which llama.cpp would have put in its place).
+typedef struct {
+    uint32_t *off; // n + 1 byte offsets
+    uint32_t *cp;
+    uint8_t *cls;
+    size_t n, cap;
+} tok_units;
+
+static uint8_t pre_class(uint32_t cp) {
+    if (cp == UTF8_BAD) cp = 0xfffd;
+    if (uni_is_space(cp)) return PC_WS;
+    uni_gc gc = uni_category(cp);
+    if (UNI_IS_L(gc)) return (uint8_t)(PC_L | (cp >= 'A' && cp <= 'Z' ? PC_UP : 0) | (cp >= 'a' && cp <= 'z' ? PC_LO : 0));
+    if (UNI_IS_N(gc)) return PC_N;
+    if (UNI_IS_P(gc)) return PC_P;
+    return 0;
+}
+
+typedef size_t (*pre_fn)(const tok_units *u, size_t p, size_t end);
+
+static inline uint8_t pre_cls(const tok_units *u, size_t i, size_t end) { return i < end ? u->cls[i] : 0; }
+static inline uint32_t pre_cp(const tok_units *u, size_t i, size_t end) { return i < end ? u->cp[i] : UTF8_BAD; }
+static inline uint32_t pre_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+static inline bool pre_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+// 's 't 're 've 'm 'll 'd at p (case-insensitive when ci): its length, else 0.
+static size_t pre_contraction(const tok_units *u, size_t p, size_t end, bool ci) {
+    if (pre_cp(u, p, end) != '\'' || p + 1 >= end) return 0;
+    uint32_t c1 = u->cp[p + 1];
+    if (ci) c1 = pre_lower(c1);
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+    if (p + 2 >= end) return 0;
+    uint32_t c2 = u->cp[p + 2];
+    if (ci) c2 = pre_lower(c2);
+    if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+    return 0;
+}
+
+static size_t pre_run(const tok_units *u, size_t q, size_t end, uint8_t any_of) {
+    while (q < end && (u->cls[q] & any_of)) q++;
+    return q;
+}
+
+// [^\s\p{L}\p{N}]+ from q.
+static size_t pre_run_other(const tok_units *u, size_t q, size_t end) {
+    while (q < end && !(u->cls[q] & (PC_WS | PC_L | PC_N))) q++;
+    return q;
+}
+
+// \s*[\r\n]+ (when nl) | \s+(?!\S) | \s+ at p: a whitespace run up to its last newline; else
+// all of it but the last character when a non-space follows; else all of it.
+static size_t pre_space(const tok_units *u, size_t p, size_t end, bool nl) {
+    size_t q = p, last_nl = 0;
+    while (q < end && (u->cls[q] & PC_WS)) {
+        if (nl && pre_crlf(u->cp[q])) last_nl = q + 1;
+        q++;
+    }
+    if (last_nl) return last_nl - p;
+    size_t k = q - p;
+    if (k > 1 && q < end) return k - 1;
+    return k ? k : 1;
+}
+
+// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+static size_t pre_gpt2(const tok_units *u, size_t p, size_t end) {
+    size_t k = pre_contraction(u, p, end, false);
+    if (k) return k;
+    size_t q = p + (u->cp[p] == ' ');
+    if (q < end) {
+        uint8_t c = u->cls[q];
+        if (c & PC_L) return pre_run(u, q, end, PC_L) - p;
+        if (c & PC_N) return pre_run(u, q, end, PC_N) - p;
+        if (!(c & PC_WS)) return pre_run_other(u, q, end) - p;
+    }
+    return pre_space(u, p, end, false);
+}
+
+// Llama 3 (max_digits 3) and Qwen2 (1):
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+
+static size_t pre_llama3_like(const tok_units *u, size_t p, size_t end, size_t max_digits) {
+    size_t k = pre_contraction(u, p, end, true);
+    if (k) return k;
+    uint32_t c = u->cp[p];
+    uint8_t cl = u->cls[p];
+    if (!pre_crlf(c) && !(cl & PC_N) && ((cl & PC_L) || (pre_cls(u, p + 1, end) & PC_L)))
+        return pre_run(u, p + 1, end, PC_L) - p; // optional non-letter prefix, then letters
+    if (cl & PC_N) {
+        size_t q = p;
+        while (q < end && q - p < max_digits && (u->cls[q] & PC_N)) q++;
+        return q - p;
+    }
+    size_t q = p + (c == ' ');
+    if (q < end && !(u->cls[q] & (PC_WS | PC_L | PC_N))) {
+        q = pre_run_other(u, q, end);
+        while (q < end && pre_crlf(u->cp[q])) q++;
+        return q - p;
+    }
+    return pre_space(u, p, end, true);
+}
+
+static size_t pre_llama3(const tok_units *u, size_t p, size_t end) { return pre_llama3_like(u, p, end, 3); }
+static size_t pre_qwen2(const tok_units *u, size_t p, size_t end) { return pre_llama3_like(u, p, end, 1); }
+
+// GPT-4o (Phi-4-mini, Llama 4), as llama.cpp rewrites the letter classes for std::regex:
+// [^\r\n\p{L}\p{N}]?U*W+C?|[^\r\n\p{L}\p{N}]?U+W*C?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+
+// where U is a letter other than a-z, W a letter other than A-Z (so a non-ASCII letter is
+// both) and C the optional case-insensitive contraction. (tokenizer.json has
+// [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]* and [\p{Ll}\p{Lm}\p{Lo}\p{M}]+; llama.cpp, and so the
+// models' GGUF users, split with the rewrite.)
+static inline bool pre_is_u(const tok_units *u, size_t i, size_t end) {
+    return i < end && (u->cls[i] & (PC_L | PC_LO)) == PC_L;
+}
+static inline bool pre_is_w(const tok_units *u, size_t i, size_t end) {
+    return i < end && (u->cls[i] & (PC_L | PC_UP)) == PC_L;
+}
+
+static size_t pre_gpt4o(const tok_units *u, size_t p, size_t end) {
+    uint32_t c = u->cp[p];
+    uint8_t cl = u->cls[p];
+    // The optional prefix is taken when possible; if the rest then fails, trying without it
+    // cannot succeed either, because then the first character is not a letter.
+    size_t q = p + (!pre_crlf(c) && !(cl & (PC_L | PC_N)));
+    // U*W+: U* greedy, then give back U's until a W can start.
+    size_t r = q;
+    while (pre_is_u(u, r, end)) r++;
+    for (size_t j = r + 1; j-- > q;) {
+        if (pre_is_w(u, j, end)) {
+            size_t e = j;
+            while (pre_is_w(u, e, end)) e++;
+            return e + pre_contraction(u, e, end, true) - p;
+        }
+    }
+    if (pre_is_u(u, q, end)) { // U+W*
+        size_t e = r;
+        while (pre_is_w(u, e, end)) e++;
+        return e + pre_contraction(u, e, end, true) - p;
+    }
+    if (cl & PC_N) {
+        size_t e = p;
+        while (e < end && e - p < 3 && (u->cls[e] & PC_N)) e++;
+        return e - p;
+    }
+    q = p + (c == ' ');
+    if (q < end && !(u->cls[q] & (PC_WS | PC_L | PC_N))) {
+        q = pre_run_other(u, q, end);
+        while (q < end && (pre_crlf(u->cp[q]) || u->cp[q] == '/')) q++;
+        return q - p;
+    }
+    return pre_space(u, p, end, true);
+}
+
+// \p{N}
+static size_t pre_digit(const tok_units *u, size_t p, size_t end) {
+    PSV_UNUSED(end);
+    return (u->cls[p] & PC_N) ? 1 : 0;
+}
+
+// \p{N}+
+static size_t pre_digits(const tok_units *u, size_t p, size_t end) { return pre_run(u, p, end, PC_N) - p; }
+
+// [0-9][0-9][0-9]
+static size_t pre_ascii3(const tok_units *u, size_t p, size_t end) {
+    for (size_t i = 0; i < 3; i++)
+        if (p + i >= end || u->cp[p + i] < '0' || u->cp[p + i] > '9') return 0;
+    return 3;
+}
+
+// [\p{P}\$\+<=>\^~\|`]+ (falcon) and the same without the backtick (default).
+static size_t pre_punct_run(const tok_units *u, size_t p, size_t end, const char *extra) {
+    size_t q = p;
+    while (q < end && ((u->cls[q] & PC_P) || (u->cp[q] < 128 && u->cp[q] && strchr(extra, (int)u->cp[q])))) q++;
+    return q - p;
+}
+static size_t pre_punct_falcon(const tok_units *u, size_t p, size_t end) { return pre_punct_run(u, p, end, "$+<=>^~|`"); }
+static size_t pre_punct_default(const tok_units *u, size_t p, size_t end) { return pre_punct_run(u, p, end, "$+<=>^~|"); }
+
+// [\r\n]
+static size_t pre_crlf1(const tok_units *u, size_t p, size_t end) {
+    PSV_UNUSED(end);
+    return pre_crlf(u->cp[p]) ? 1 : 0;
+}
+
+// Code point classes of the DeepSeek regexes, as inclusive ranges (std::wregex compares code
+// points; non-ASCII White_Space was replaced by \v first, so it never matches them).
+typedef struct {
+    uint32_t lo, hi;
+} tok_range;
+
+// \s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+
+static const tok_range tok_ds_letters[] = {
+    {0x41, 0x5a}, {0x61, 0x7a}, {0xb5, 0xb5}, {0xc0, 0xd6}, {0xd8, 0xf6}, {0xf8, 0x1ba},
+    {0x1bc, 0x1bf}, {0x1c4, 0x293}, {0x295, 0x2af}, {0x370, 0x373}, {0x376, 0x377},
+    {0x37b, 0x37d}, {0x37f, 0x37f}, {0x386, 0x386}, {0x388, 0x38a}, {0x38c, 0x38c},
+    {0x38e, 0x3a1}, {0x3a3, 0x3f5}, {0x3f7, 0x481}, {0x48a, 0x52f}, {0x531, 0x556},
+    {0x10a0, 0x10c5}, {0x13a0, 0x13f5}, {0x13f8, 0x13fd}, {0x1c90, 0x1cba}, {0x1cbd, 0x1cbf},
+    {0x1d00, 0x1d2b}, {0x1d6b, 0x1d77}, {0x1d79, 0x1d9a}, {0x1e00, 0x1f15}, {0x1f18, 0x1f1d},
+    {0x1f20, 0x1f45}, {0x1f48, 0x1f4d}, {0x1f50, 0x1f57}, {0x1f59, 0x1f59}, {0x1f5b, 0x1f5b},
+    {0x1f5d, 0x1f5d}, {0x1f5f, 0x1f7d}, {0x1f80, 0x1fb4}, {0x1fb6, 0x1fbc}, {0x1fbe, 0x1fbe},
+    {0x1fc2, 0x1fc4}, {0x1fc6, 0x1fcc}, {0x1fd0, 0x1fd3}, {0x1fd6, 0x1fdb}, {0x1fe0, 0x1fec},
+    {0x1ff2, 0x1ff4}, {0x1ff6, 0x1ffc}, {0x2102, 0x2102}, {0x2107, 0x2107}, {0x210a, 0x2113},
+    {0x2115, 0x2115}, {0x2119, 0x211d}, {0x2124, 0x2124}, {0x2126, 0x2126}, {0x2128, 0x2128},
+    {0x212a, 0x212d}, {0x212f, 0x2134}, {0x2139, 0x2139}, {0x213c, 0x213f}, {0x2145, 0x2149},
+    {0x214e, 0x214e}, {0x2183, 0x2184}, {0x2c00, 0x2c7b}, {0x2c7e, 0x2ce4}, {0x2ceb, 0x2cee},
+    {0x2cf2, 0x2cf3}, {0xa640, 0xa66d}, {0xa680, 0xa69b}, {0xa722, 0xa76f}, {0xa771, 0xa787},
+    {0xa78b, 0xa78e}, {0xab70, 0xabbf}, {0xfb00, 0xfb06}, {0xfb13, 0xfb17}, {0xff21, 0xff3a},
+    {0xff41, 0xff5a}, {0x10400, 0x1044f}, {0x104b0, 0x104d3}, {0x104d8, 0x104fb},
+    {0x10c80, 0x10cb2}, {0x10cc0, 0x10cf2}, {0x118a0, 0x118df}, {0x1e900, 0x1e943},
+};
+// \s?[!-/:-~！-／：-～‘-‟　-。]+
+static const tok_range tok_ds_punct[] = {
+    {0x21, 0x2f}, {0x3a, 0x7e}, {0x2018, 0x201f}, {0x3000, 0x3002}, {0xff01, 0xff0f}, {0xff1a, 0xff5e},
+};
+// [一-龥ࠀ-一가-퟿]+
+static const tok_range tok_ds_cjk[] = {{0x800, 0x4e00}, {0x4e00, 0x9fa5}, {0xac00, 0xd7ff}};
+
+static bool pre_in(const tok_units *u, size_t i, size_t end, const tok_range *r, size_t n) {
+    if (i >= end || (u->cp[i] >= 128 && (u->cls[i] & PC_WS))) return false;
+    uint32_t c = u->cp[i];
+    for (size_t k = 0; k < n; k++)
+        if (c >= r[k].lo && c <= r[k].hi) return true;
+    return false;
+}
+
+// \s?[set]+ where the set is given by ranges (or by class bits when n == 0).
+static size_t pre_ws_opt_run(const tok_units *u, size_t p, size_t end, const tok_range *r, size_t n, uint8_t cls) {
+#define PRE_IN(i) (n ? pre_in(u, (i), end, r, n) : ((i) < end && (u->cls[i] & cls)))
+    size_t q = p;
+    if (PRE_IN(q)) q++;
+    else if ((u->cls[p] & PC_WS) && PRE_IN(p + 1)) q += 2;
+    else return 0;
+    while (PRE_IN(q)) q++;
+    return q - p;
+#undef PRE_IN
+}
+
+static size_t pre_ds_letters(const tok_units *u, size_t p, size_t end) {
+    return pre_ws_opt_run(u, p, end, tok_ds_letters, PSV_ARRAY_LEN(tok_ds_letters), 0);
+}
+static size_t pre_ds_punct(const tok_units *u, size_t p, size_t end) {
+    return pre_ws_opt_run(u, p, end, tok_ds_punct, PSV_ARRAY_LEN(tok_ds_punct), 0);
+}
+static size_t pre_ds_cjk(const tok_units *u, size_t p, size_t end) {
+    size_t q = p;
+    while (pre_in(u, q, end, tok_ds_cjk, PSV_ARRAY_LEN(tok_ds_cjk))) q++;
+    return q - p;
+}
+// \s+$
+static size_t pre_ws_at_end(const tok_units *u, size_t p, size_t end) {
+    size_t q = pre_run(u, p, end, PC_WS);
+    return q > p && q == end ? q - p : 0;
+}
+// \s?\p{L}+ and \s?\p{P}+
+static size_t pre_ws_letters(const tok_units *u, size_t p, size_t end) { return pre_ws_opt_run(u, p, end, NULL, 0, PC_L); }
+static size_t pre_ws_punct(const tok_units *u, size_t p, size_t end) { return pre_ws_opt_run(u, p, end, NULL, 0, PC_P); }
+
+// The regex lists, in llama.cpp's order.
+static const pre_fn pre_list_default[] = {pre_punct_default, pre_gpt2, pre_digits, pre_ascii3, NULL};
+static const pre_fn pre_list_gpt2[] = {pre_gpt2, NULL};
+static const pre_fn pre_list_llama3[] = {pre_llama3, NULL};
+static const pre_fn pre_list_qwen2[] = {pre_qwen2, NULL};
+static const pre_fn pre_list_gpt4o[] = {pre_gpt4o, NULL};
+static const pre_fn pre_list_starcoder[] = {pre_digit, pre_gpt2, NULL};
+static const pre_fn pre_list_falcon[] = {pre_punct_falcon, pre_gpt2, pre_ascii3, NULL};
+static const pre_fn pre_list_deepseek_llm[] = {pre_crlf1, pre_ds_letters, pre_ds_punct, pre_ws_at_end, pre_ds_cjk, pre_digits, NULL};
+static const pre_fn pre_list_deepseek_coder[] = {pre_crlf1, pre_ws_letters, pre_ws_punct, pre_ds_cjk, pre_digit, NULL};
+
+static const pre_fn *pre_lists(tok_pre pre) {
+    switch (pre) {
+    case TOK_PRE_DEFAULT: return pre_list_default;
+    case TOK_PRE_GPT2: return pre_list_gpt2;
+    case TOK_PRE_LLAMA3: return pre_list_llama3;
+    case TOK_PRE_QWEN2: return pre_list_qwen2;
+    case TOK_PRE_GPT4O: return pre_list_gpt4o;
+    case TOK_PRE_STARCODER: return pre_list_starcoder;
+    case TOK_PRE_FALCON: return pre_list_falcon;
+    case TOK_PRE_DEEPSEEK_LLM: return pre_list_deepseek_llm;
+    case TOK_PRE_DEEPSEEK_CODER: return pre_list_deepseek_coder;
+    case TOK_PRE_NONE: break;
+    }
+    return NULL;
+}
+
+// ---- Encoding ------------------------------------------------------------------------------
+
+// Growable arrays for one tok_encode call.
+typedef struct {
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    tok_units u;
+    uint32_t *bounds, *bounds2; // piece boundaries (unit indices), cap_units + 1 each
+    // merge state: symbols and a binary min-heap of candidate pairs
+    struct tok_sym {
+        uint32_t start, len;
+        int32_t prev, next, id;
+    } *sym;
+    size_t cap_sym;
+    struct tok_pair {
+        uint64_t key; // priority: lower first
+        uint32_t left, right, llen, rlen;
+        int32_t id;   // the merged token / string id
+    } *heap;
+    size_t n_heap, cap_heap;
+    buf_t scratch;
+    bool oom;
+} tok_work;
+
+static void tok_work_free(tok_work *w) {
+    free(w->ids);
+    free(w->u.off);
+    free(w->u.cp);
+    free(w->u.cls);
+    free(w->bounds);
+    free(w->bounds2);
+    free(w->sym);
+    free(w->heap);
+    buf_free(&w->scratch);
+}
+
+static bool tok_grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static void tok_emit(tok_work *w, int32_t id) {
+    if (w->oom) return;
+    if (w->n_ids == w->cap_ids && !tok_grow((void **)&w->ids, &w->cap_ids, w->n_ids + 1, sizeof *w->ids)) {
+        w->oom = true;
+        return;
+    }
+    w->ids[w->n_ids++] = id;
+}
+
+static bool tok_heap_push(tok_work *w, struct tok_pair e) {
+    if (!tok_grow((void **)&w->heap, &w->cap_heap, w->n_heap + 1, sizeof *w->heap)) return w->oom = true, false;
+    size_t i = w->n_heap++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (w->heap[parent].key <= e.key) break;
+        w->heap[i] = w->heap[parent];
+        i = parent;
+    }
+    w->heap[i] = e;
+    return true;
+}
+
+static struct tok_pair tok_heap_pop(tok_work *w) {
+    struct tok_pair top = w->heap[0], last = w->heap[--w->n_heap];
+    size_t i = 0, n = w->n_heap;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && w->heap[c + 1].key < w->heap[c].key) c++;
+        if (w->heap[c].key >= last.key) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (n) w->heap[i] = last;
+    return top;
+}
+
+// SPM merge priority: higher score first, then the leftmost pair (llama.cpp's
+// llm_bigram_spm::comparator). Floats are mapped to integers that sort the same way.
+static uint64_t spm_key(float score, uint32_t left) {
+    if (score == 0.0f) score = 0.0f; // -0 == +0
+    uint32_t b = f32_bits(score);
+    uint32_t ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u); // ascending with the float
+    if (psv_isnan(score)) ord = 0;                               // NaN: lowest priority
+    return (uint64_t)(~ord) << 32 | left;
+}
+
+static void spm_try_pair(const tok_vocab *v, tok_work *w, const uint8_t *s, int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const struct tok_sym *a = &w->sym[l], *b = &w->sym[r];
+    uint32_t len = a->len + b->len;
+    int32_t id = tok_find(v, (const char *)s + a->start, len);
+    if (id < 0) return;
+    tok_heap_push(w, (struct tok_pair){spm_key(v->score[id], (uint32_t)l), (uint32_t)l, (uint32_t)r, len, 0, id});
+}
+
+// SPM over one fragment (spaces already escaped): start from single characters and keep merging
+// the adjacent pair whose merged text is the highest-scoring token; what is left over that is
+// not a token becomes byte tokens. Same order and tie-breaks as llama.cpp's
+// llm_tokenizer_spm_session, so the same tokens.
+static void spm_encode(const tok_vocab *v, tok_work *w, const uint8_t *s, size_t n) {
+    if (!n) return;
+    if (!tok_grow((void **)&w->sym, &w->cap_sym, n, sizeof *w->sym)) {
+        w->oom = true;
+        return;
+    }
+    int32_t ns = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        w->sym[ns] = (struct tok_sym){(uint32_t)i, (uint32_t)k, ns - 1, ns + 1, tok_find(v, (const char *)s + i, k)};
+        ns++;
+        i += k;
+    }
+    w->sym[ns - 1].next = -1;
+    w->n_heap = 0;
+    for (int32_t i = 1; i < ns; i++) spm_try_pair(v, w, s, i - 1, i);
+    while (w->n_heap && !w->oom) {
+        struct tok_pair e = tok_heap_pop(w);
+        struct tok_sym *a = &w->sym[e.left], *b = &w->sym[e.right];
+        if (a->len == 0 || b->len == 0 || a->len + b->len != e.llen) continue; // stale
+        a->len += b->len;
+        a->id = e.id;
+        b->len = 0;
+        a->next = b->next;
+        if (b->next >= 0) w->sym[b->next].prev = (int32_t)e.left;
+        spm_try_pair(v, w, s, a->prev, (int32_t)e.left);
+        spm_try_pair(v, w, s, (int32_t)e.left, a->next);
+    }
+    for (int32_t i = 0; i != -1; i = w->sym[i].next) {
+        const struct tok_sym *y = &w->sym[i];
+        if (y->id >= 0) {
+            tok_emit(w, y->id);
+            continue;
+        }
+        for (uint32_t j = 0; j < y->len; j++) {
+            int32_t b = v->spm_byte[s[y->start + j]];
+            if (b < 0) b = v->unk;
+            if (b >= 0) tok_emit(w, b);
+        }
+    }
+}
+
+// Byte-level BPE of one word: start from its bytes (as GPT-2 characters) and keep applying the
+// lowest-ranked merge among adjacent pairs, leftmost first (llama.cpp's llm_bigram_bpe order).
+static void bpe_try_pair(const tok_vocab *v, tok_work *w, int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const struct tok_sym *a = &w->sym[l], *b = &w->sym[r];
+    if (a->id < 0 || b->id < 0) return;
+    uint64_t key = (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id;
+    size_t slot = tok_merge_slot(v, key);
+    if (v->merge_key[slot] != key) return;
+    tok_heap_push(w, (struct tok_pair){(uint64_t)v->merge_rank[slot] << 32 | (uint32_t)l, (uint32_t)l,
+                                       (uint32_t)r, a->len, b->len, v->merge_out[slot]});
+}
+
+static void bpe_word(const tok_vocab *v, tok_work *w, const uint8_t *s, size_t n) {
+    if (!n) return;
+    if (v->ignore_merges) { // a word that is a token is that token (llama.cpp: ignore_merges)
+        buf_t *e = &w->scratch;
+        e->len = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint8_t enc[4];
+            buf_append(e, enc, utf8_encode(bpe_byte_to_cp(s[i]), enc));
+        }
+        if (e->oom) {
+            w->oom = true;
+            return;
+        }
+        int32_t id = tok_find(v, e->data, e->len);
+        if (id >= 0) {
+            tok_emit(w, id);
+            return;
+        }
+    }
+    if (!tok_grow((void **)&w->sym, &w->cap_sym, n, sizeof *w->sym)) {
+        w->oom = true;
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->sym[i] = (struct tok_sym){(uint32_t)i, 1, (int32_t)i - 1, (int32_t)i + 1, v->byte_sym[s[i]]};
+    w->sym[n - 1].next = -1;
+    w->n_heap = 0;
+    for (size_t i = 1; i < n; i++) bpe_try_pair(v, w, (int32_t)i - 1, (int32_t)i);
+    while (w->n_heap && !w->oom) {
+        struct tok_pair e = tok_heap_pop(w);
+        struct tok_sym *a = &w->sym[e.left], *b = &w->sym[e.right];
+        if (a->len != e.llen || b->len != e.rlen || a->next != (int32_t)e.right) continue; // stale
+        a->len += b->len;
+        a->id = e.id;
+        b->len = 0;
+        a->next = b->next;
+        if (b->next >= 0) w->sym[b->next].prev = (int32_t)e.left;
+        bpe_try_pair(v, w, a->prev, (int32_t)e.left);
+        bpe_try_pair(v, w, (int32_t)e.left, a->next);
+    }
+    for (int32_t i = 0; i != -1; i = w->sym[i].next) {
+        const struct tok_sym *y = &w->sym[i];
+        if (y->id >= 0 && y->id < v->n_vocab) {
+            tok_emit(w, y->id);
+            continue;
+        }
+        // Not a token (a vocabulary without some byte character or merge result): like
+        // llama.cpp, emit the tokens for single bytes of its spelling, where there are any.
+        for (uint32_t j = 0; j < y->len; j++) {
+            uint8_t enc[4];
+            size_t k = utf8_encode(bpe_byte_to_cp(s[y->start + j]), enc);
+            for (size_t t = 0; t < k; t++)
+                if (v->byte_tok1[enc[t]] >= 0) tok_emit(w, v->byte_tok1[enc[t]]);
+        }
+    }
+}
+
+// Split [0, u->n) with each rule of `list` in turn; the result is in w->bounds (count in
+// *n_bounds, first 0, last u->n).
+static void pre_split_all(tok_work *w, const pre_fn *list, size_t *n_bounds) {
+    const tok_units *u = &w->u;
+    uint32_t *in = w->bounds, *out = w->bounds2;
+    size_t n_in = 2;
+    in[0] = 0;
+    in[1] = (uint32_t)u->n;
+    for (; *list; list++) {
+        size_t n_out = 0;
+        out[n_out++] = 0;
+        for (size_t k = 0; k + 1 < n_in; k++) {
+            size_t a = in[k], b = in[k + 1], p = a, gap = a;
+            while (p < b) {
+                size_t m = (*list)(u, p, b);
+                PSV_ASSERT(m <= b - p);
+                if (!m) {
+                    p++;
+                    continue;
+                }
+                if (p > gap) out[n_out++] = (uint32_t)p;
+                p += m;
+                out[n_out++] = (uint32_t)p;
+                gap = p;
+            }
+            if (gap < b) out[n_out++] = (uint32_t)b;
+        }
+        uint32_t *t = in;
+        in = out;
+        out = t;
+        n_in = n_out;
+    }
+    w->bounds = in;
+    w->bounds2 = out;
+    *n_bounds = n_in;
+}
+
+// Room for `need` characters in every per-character array (one shared capacity).
+static bool tok_units_reserve(tok_work *w, size_t need) {
+    if (need <= w->u.cap) return true;
+    size_t c = w->u.cap ? w->u.cap : 64;
+    while (c < need) c *= 2;
+    void *a;
+    if (!(a = realloc(w->u.off, c * sizeof *w->u.off))) return false;
+    w->u.off = a;
+    if (!(a = realloc(w->u.cp, c * sizeof *w->u.cp))) return false;
+    w->u.cp = a;
+    if (!(a = realloc(w->u.cls, c))) return false;
+    w->u.cls = a;
+    if (!(a = realloc(w->bounds, c * sizeof *w->bounds))) return false;
+    w->bounds = a;
+    if (!(a = realloc(w->bounds2, c * sizeof *w->bounds2))) return false;
+    w->bounds2 = a;
+    w->u.cap = c; // only now: a failure above leaves some arrays larger, never smaller
+    return true;
+}
+
+// Split s[0..n) into pre-tokenizer words: afterwards w->u holds its characters and
+// w->bounds[0..*n_bounds) the word boundaries as character indices (w->u.off[] maps them to
+// bytes). False on out-of-memory.
+static bool pre_tokenize(tok_work *w, tok_pre pre, const uint8_t *s, size_t n, size_t *n_bounds) {
+    tok_units *u = &w->u;
+    *n_bounds = 0;
+    if (!tok_units_reserve(w, n + 2)) return false;
+    u->n = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        u->off[u->n] = (uint32_t)i;
+        u->cp[u->n] = cp == UTF8_BAD ? 0xfffd : cp;
+        u->cls[u->n] = pre_class(cp);
+        u->n++;
+        i += k;
+    }
+    u->off[u->n] = (uint32_t)n;
+    const pre_fn *list = pre_lists(pre);
+    PSV_ASSERT(list);
+    pre_split_all(w, list, n_bounds);
+    return true;
+}
+
+static void bpe_encode(const tok_vocab *v, tok_work *w, const uint8_t *s, size_t n) {
+    size_t nb;
+    if (!n) return;
+    if (!pre_tokenize(w, v->pre, s, n, &nb)) {
+        w->oom = true;
+        return;
+    }
+    for (size_t k = 0; k + 1 < nb && !w->oom; k++) {
+        uint32_t a = w->u.off[w->bounds[k]], b = w->u.off[w->bounds[k + 1]];
+        bpe_word(v, w, s + a, b - a);
+    }
+}
+
+// One piece of input for tok_encode_segments.
+typedef struct {
+    const char *text;
+    size_t n;
+    bool parse_special; // recognise control tokens inside this segment
+} tok_segment;
+
+// A special token found in the text.
+typedef struct {
+    uint32_t pos;
+    int32_t id;
+} tok_hit;
+
+static int tok_hit_cmp(const void *a, const void *b) {
+    uint32_t x = ((const tok_hit *)a)->pos, y = ((const tok_hit *)b)->pos;
+    return (x > y) - (x < y);
+}
+
+// Mask values while splitting out special tokens.
+enum { TM_FREE_SPECIAL = 0, TM_FREE = 1, TM_TOKEN = 2, TM_DELETED = 3 };
+
+// Find the special tokens to split out, llama.cpp's way (tokenizer_st_partition): tokens in
+// order, longest first; each takes its leftmost non-overlapping occurrences that lie wholly in
+// text no earlier token took. Control and unknown tokens only count where parse_special is on;
+// user-defined ones everywhere. The order matters only when occurrences overlap.
+static psv_status tok_find_specials(const tok_vocab *v, const uint8_t *t, size_t n, uint8_t *mask,
+                                    tok_hit **hits_out, size_t *n_hits_out, bool any_parse) {
+    *hits_out = NULL;
+    *n_hits_out = 0;
+    if (!v->n_special || !n) return PSV_OK;
+    int32_t *first = NULL, *last = NULL;
+    tok_hit *hits = NULL;
+    size_t n_hits = 0, cap_hits = 0;
+    bool found = false;
+    psv_status st = PSV_OK;
+    // Pass 1 (trie): where each special token first and last occurs.
+    for (size_t i = 0; i < n; i++) {
+        if (!v->special_first[t[i]]) continue;
+        int32_t node = 0;
+        for (size_t j = i; j < n; j++) {
+            int32_t c = v->trie[node].child;
+            while (c >= 0 && v->trie[c].byte != t[j]) c = v->trie[c].sibling;
+            if (c < 0) break;
+            node = c;
+            int32_t k = v->trie[node].special;
+            if (k < 0) continue;
+            if (!any_parse && (v->attr[v->special[k]] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN))) continue;
+            if (!found) {
+                first = malloc((size_t)v->n_special * sizeof *first);
+                last = malloc((size_t)v->n_special * sizeof *last);
+                if (!first || !last) goto nomem;
+                memset(first, 0xff, (size_t)v->n_special * sizeof *first);
+                found = true;
+            }
+            if (first[k] < 0) first[k] = (int32_t)i;
+            last[k] = (int32_t)i;
+        }
+    }
+    if (!found) goto done;
+    // Pass 2: claim occurrences in priority order.
+    for (int32_t k = 0; k < v->n_special; k++) {
+        if (first[k] < 0) continue;
+        int32_t id = v->special[k];
+        uint8_t a = v->attr[id];
+        uint8_t allow = (a & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)) ? TM_FREE_SPECIAL : TM_FREE;
+        size_t len;
+        const char *tx = tok_str(v, id, &len);
+        size_t pos = (size_t)first[k], lim = (size_t)last[k];
+        for (;;) {
+            bool ok = true;
+            for (size_t j = 0; j < len && ok; j++) ok = mask[pos + j] <= allow;
+            size_t next = pos + 1;
+            if (ok) {
+                memset(mask + pos, TM_TOKEN, len);
+                if (!tok_grow((void **)&hits, &cap_hits, n_hits + 1, sizeof *hits)) goto nomem;
+                hits[n_hits++] = (tok_hit){(uint32_t)pos, id};
+                if (a & TOK_ATTR_LSTRIP)
+                    for (size_t j = pos; j > 0 && mask[j - 1] <= TM_FREE && isspace(t[j - 1]); j--) mask[j - 1] = TM_DELETED;
+                next = pos + len;
+                if (a & TOK_ATTR_RSTRIP)
+                    for (; next < n && mask[next] <= TM_FREE && isspace(t[next]); next++) mask[next] = TM_DELETED;
+            }
+            if (next > lim || n - next < len) break;
+            const uint8_t *m = memmem(t + next, lim + len - next, tx, len);
+            if (!m) break;
+            pos = (size_t)(m - t);
+        }
+    }
+    if (n_hits) qsort(hits, n_hits, sizeof *hits, tok_hit_cmp);
+    *hits_out = hits;
+    *n_hits_out = n_hits;
+    hits = NULL;
+    goto done;
+nomem:
+    st = PSV_ERR_NOMEM;
+done:
+    free(first);
+    free(last);
+    free(hits);
+    return st;
+}
+
+// Encode a raw-text fragment (no special tokens in it).
+static void tok_encode_fragment(const tok_vocab *v, tok_work *w, const uint8_t *s, size_t n, bool space_prefix) {
+    if (v->kind == TOK_BPE) {
+        bpe_encode(v, w, s, n);
+        return;
+    }
+    // SPM: sentencepiece's normalizer prepends a space (when the model asks for it) and writes
+    // every space as U+2581 before merging.
+    buf_t *e = &w->scratch;
+    e->len = 0;
+    if (space_prefix) buf_append(e, "\xe2\x96\x81", 3);
+    for (size_t i = 0; i < n;) {
+        const uint8_t *sp = memchr(s + i, ' ', n - i);
+        size_t k = sp ? (size_t)(sp - (s + i)) : n - i;
+        buf_append(e, s + i, k);
+        i += k;
+        if (sp) {
+            buf_append(e, "\xe2\x96\x81", 3);
+            i++;
+        }
+    }
+    if (e->oom || e->len > UINT32_MAX) {
+        w->oom = true;
+        return;
+    }
+    // Merges never cross the start of a ▁-run that follows other text when the vocabulary has
+    // no token spanning one (spm_words), and merges on either side never interact: encoding
+    // word by word then gives exactly the tokens of encoding the whole fragment at once, with
+    // small merge queues instead of one as long as the text.
+    const uint8_t *x = (const uint8_t *)e->data;
+    size_t start = 0;
+    if (v->spm_words) {
+        for (size_t i = 3; i + 3 <= e->len; i++) {
+            if (x[i] == 0xe2 && x[i + 1] == 0x96 && x[i + 2] == 0x81 &&
+                !(x[i - 3] == 0xe2 && x[i - 2] == 0x96 && x[i - 1] == 0x81)) {
+                spm_encode(v, w, x + start, i - start);
+                start = i;
+            }
+        }
+    }
+    spm_encode(v, w, x + start, e->len - start);
+}
+
+static psv_status tok_encode_segments(const tok_vocab *v, const tok_segment *segs, size_t n_segs, bool add_special,
+                                      int32_t **ids, size_t *n_ids, psv_error *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    psv_status st = PSV_OK;
+    tok_work w;
+    memset(&w, 0, sizeof w);
+    uint8_t *joined = NULL, *mask = NULL;
+    tok_hit *hits = NULL;
+    size_t n = 0, n_hits = 0;
+    bool any_parse = false;
+    for (size_t i = 0; i < n_segs; i++) {
+        if (!ck_add(n, segs[i].n, &n) || n > PSV_TOK_MAX_TEXT)
+            return err_set(err, PSV_ERR_RANGE, "tok: text of more than %u bytes", (unsigned)PSV_TOK_MAX_TEXT);
+        any_parse |= segs[i].parse_special && segs[i].n;
+    }
+    const uint8_t *t;
+    if (n_segs == 1) {
+        t = (const uint8_t *)segs[0].text;
+    } else {
+        joined = malloc(n ? n : 1);
+        if (!joined) goto nomem;
+        size_t k = 0;
+        for (size_t i = 0; i < n_segs; i++) {
+            if (segs[i].n) memcpy(joined + k, segs[i].text, segs[i].n);
+            k += segs[i].n;
+        }
+        t = joined;
+    }
+    if (v->n_special && n) {
+        mask = malloc(n);
+        if (!mask) goto nomem;
+        size_t k = 0;
+        for (size_t i = 0; i < n_segs; i++) {
+            memset(mask + k, segs[i].parse_special ? TM_FREE_SPECIAL : TM_FREE, segs[i].n);
+            k += segs[i].n;
+        }
+        if (tok_find_specials(v, t, n, mask, &hits, &n_hits, any_parse) != PSV_OK) goto nomem;
+    }
+
+    if (add_special && v->add_bos) tok_emit(&w, v->bos);
+    bool prev_special = true; // SPM: the first fragment gets the space prefix too
+    size_t cur = 0;
+    for (size_t h = 0; h <= n_hits && !w.oom; h++) {
+        size_t stop = h < n_hits ? hits[h].pos : n, a = cur, b = stop;
+        while (a < b && mask && mask[a] == TM_DELETED) a++;
+        while (b > a && mask && mask[b - 1] == TM_DELETED) b--;
+        if (a < b) {
+            tok_encode_fragment(v, &w, t + a, b - a, v->add_space_prefix && prev_special);
+            prev_special = false;
+        }
+        if (h < n_hits) {
+            size_t len;
+            tok_str(v, hits[h].id, &len);
+            tok_emit(&w, hits[h].id);
+            prev_special = true;
+            cur = stop + len;
+        }
+    }
+    if (add_special && v->add_eos) tok_emit(&w, v->eos);
+    if (w.oom) goto nomem;
+    *ids = w.ids;
+    *n_ids = w.n_ids;
+    w.ids = NULL;
+    goto done;
+nomem:
+    st = err_set(err, PSV_ERR_NOMEM, "tok: out of memory tokenizing %zu bytes", n);
+done:
+    tok_work_free(&w);
+    free(joined);
+    free(mask);
+    free(hits);
+    return st;
+}
+
+static psv_status tok_encode(const tok_vocab *v, const char *text, size_t n, bool add_special, bool parse_special,
+                             int32_t **ids, size_t *n_ids, psv_error *err) {
+    tok_segment seg = {text, n, parse_special};
+    return tok_encode_segments(v, &seg, 1, add_special, ids, n_ids, err);
+}
+
+// ---- Decoding ------------------------------------------------------------------------------
+
+enum {
+    TOK_DETOK_SPECIAL = 1,     // render control and unknown tokens as their text (else nothing)
+    TOK_DETOK_STRIP_SPACE = 2, // drop the space the SPM prefix rule put before the first token
+};
+
+// Append the bytes of ids to out. STRIP_SPACE removes one leading space from the first token's
+// piece when the vocabulary adds a space prefix (llama.cpp's detokenize does the same), so that
+// for SPM detokenize(tokenize(s)) == s. Ids out of range are an error.
+static psv_status tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n, unsigned flags, buf_t *out,
+                                 psv_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= v->n_vocab)
+            return err_set(err, PSV_ERR_INVALID, "tok: token id %" PRId32 " out of range (expected 0..%" PRId32 ")",
+                           ids[i], v->n_vocab - 1);
+        if (!(flags & TOK_DETOK_SPECIAL) && tok_is_control(v, ids[i])) continue;
+        size_t len;
+        const char *p = tok_token_bytes(v, ids[i], &len);
+        if (i == 0 && (flags & TOK_DETOK_STRIP_SPACE) && v->add_space_prefix && len && p[0] == ' ') p++, len--;
+        buf_append(out, p, len);
+    }
+    if (out->oom) return err_set(err, PSV_ERR_NOMEM, "tok: out of memory detokenizing");
+    return PSV_OK;
+}
+
+// Streaming detokenizer. Bytes go out unchanged and in order, but never part of a character:
+// a UTF-8 sequence split across tokens is held (at most 3 bytes) until it completes. A byte that
+// can no longer become part of a valid character goes out as soon as that is known, as is (the
+// stream never alters data; a JSON writer turns such bytes into U+FFFD). So the concatenation
+// of everything a stream emits, flush included, is exactly the concatenation of the pieces.
+typedef struct {
+    uint8_t pend[4];
+    uint8_t n;
+} tok_stream;
+
+static void tok_stream_init(tok_stream *s) { memset(s, 0, sizeof *s); }
+
+static void tok_stream_put(tok_stream *s, const void *data, size_t n, buf_t *out) {
+    const uint8_t *p = data;
+    size_t i = 0;
+    while (i < n) {
+        if (s->n == 0) { // fast path: copy whole characters straight through
+            size_t j = i;
+            while (j < n) {
+                uint32_t cp;
+                if (p[j] < 0x80) {
+                    j++;
+                    continue;
+                }
+                size_t k = utf8_decode(p + j, n - j, &cp);
+                if (cp == UTF8_BAD) break;
+                j += k;
+            }
+            buf_append(out, p + i, j - i);
+            i = j;
+            if (i == n) break;
+        }
+        s->pend[s->n++] = p[i++];
+        for (;;) {
+            int c = utf8_check(s->pend, s->n);
+            if (c == 0) break; // incomplete: wait for more
+            if (c > 0) {
+                buf_append(out, s->pend, s->n);
+                s->n = 0;
+                break;
+            }
+            buf_append(out, s->pend, 1); // invalid: the first byte goes out raw, retry the rest
+            memmove(s->pend, s->pend + 1, --s->n);
+            if (s->n == 0) break;
+        }
+    }
+}
+
+// Emit the bytes of one token (control tokens only when `special`).
+static void tok_stream_push(tok_stream *s, const tok_vocab *v, int32_t id, bool special, buf_t *out) {
+    if (!special && tok_is_control(v, id)) return;
+    size_t len;
+    const char *p = tok_token_bytes(v, id, &len);
+    tok_stream_put(s, p, len, out);
+}
+
+// End of stream: whatever is held is an incomplete sequence; it goes out raw.
+static void tok_stream_flush(tok_stream *s, buf_t *out) {
+    buf_append(out, s->pend, s->n);
+    s->n = 0;
+}
+
+// ---- CLI -----------------------------------------------------------------------------------
+
+static psv_status tok_open_model(const char *path, tok_vocab **v, psv_error *err) {
+    gguf_file *f = NULL;
+    psv_status st = gguf_open(path, &f, err);
+    if (st == PSV_OK) st = tok_load(f, v, err);
+    gguf_close(f);
+    return st;
+}
+
+static void tok_cli_usage(FILE *f, const char *cmd) {
+    if (!strcmp(cmd, "tokenize"))
+        fprintf(f, "usage: pensieve tokenize -m MODEL [--add-special] [--parse-special] (TEXT | -f FILE)\n"
+                   "  Prints the token ids of TEXT (or of FILE's contents, '-' for stdin) on one line.\n"
+                   "  --add-special    add BOS/EOS as the model's metadata asks\n"
+                   "  --parse-special  recognise control tokens such as <|im_start|> in the text\n");
+    else
+        fprintf(f, "usage: pensieve detokenize -m MODEL IDS\n"
+                   "  Writes the bytes of the comma-separated token ids (control tokens as their text).\n");
+}
+
+static int cli_tokenize(int argc, char **argv) {
+    const char *model = NULL, *text = NULL, *file = NULL;
+    bool add_special = false, parse_special = false;
+    int rc = 1;
+    char *data = NULL;
+    size_t n = 0;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    tok_vocab *v = NULL;
+    psv_error err = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            tok_cli_usage(stdout, "tokenize");
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
+            model = argv[++i];
+        } else if (!strcmp(a, "-f") && i + 1 < argc) {
+            file = argv[++i];
+        } else if (!strcmp(a, "--add-special")) {
+            add_special = true;
+        } else if (!strcmp(a, "--parse-special")) {
+            parse_special = true;
+        } else if (!strcmp(a, "--") && i + 1 < argc && !text) {
+            text = argv[++i];
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "pensieve tokenize: unknown or incomplete option '%s'\n", a);
+            tok_cli_usage(stderr, "tokenize");
+            return 2;
+        } else if (!text) {
+            text = a;
+        } else {
+            fprintf(stderr, "pensieve tokenize: more than one TEXT argument\n");
+            return 2;
+        }
+    }
+    if (!model || (!text) == (!file)) {
+        fprintf(stderr, "pensieve tokenize: need -m MODEL and exactly one of TEXT or -f FILE\n");
+        tok_cli_usage(stderr, "tokenize");
+        return 2;
+    }
+    if (file) {
+        if (plat_read_file(file, &data, &n, &err) != PSV_OK) goto fail;
+        text = data;
+    } else {
+        n = strlen(text);
+    }
+    if (tok_open_model(model, &v, &err) != PSV_OK) goto fail;
+    if (tok_encode(v, text, n, add_special, parse_special, &ids, &n_ids, &err) != PSV_OK) goto fail;
+    for (size_t i = 0; i < n_ids; i++) printf(i ? " %" PRId32 : "%" PRId32, ids[i]);
+    printf("\n");
+    rc = fflush(stdout) == 0 ? 0 : 1;
+    goto done;
+fail:
+    fprintf(stderr, "pensieve tokenize: %s\n", err.message);
+done:
+    free(ids);
+    tok_free(v);
+    free(data);
+    return rc;
+}
+
+// "1,2,3" (spaces allowed around the numbers) -> malloc'd ids.
+static bool tok_cli_parse_ids(const char *s, int32_t **out, size_t *n_out) {
+    size_t cap = 0, n = 0;
+    int32_t *ids = NULL;
+    *out = NULL;
+    *n_out = 0;
+    const char *p = s;
+    while (*p == ' ') p++;
+    if (!*p) return true;
+    for (;;) {
+        while (*p == ' ') p++;
+        if (!isdigit((unsigned char)*p)) goto bad;
+        long long x = 0;
+        while (isdigit((unsigned char)*p)) {
+            x = x * 10 + (*p++ - '0');
+            if (x > INT32_MAX) goto bad;
+        }
+        if (!tok_grow((void **)&ids, &cap, n + 1, sizeof *ids)) goto bad;
+        ids[n++] = (int32_t)x;
+        while (*p == ' ') p++;
+        if (!*p) break;
+        if (*p++ != ',') goto bad;
+    }
+    *out = ids;
+    *n_out = n;
+    return true;
+bad:
+    free(ids);
+    return false;
+}
+
+static int cli_detokenize(int argc, char **argv) {
+    const char *model = NULL, *list = NULL;
+    int rc = 1;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    tok_vocab *v = NULL;
+    buf_t out = {0};
+    psv_error err = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            tok_cli_usage(stdout, "detokenize");
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
+            model = argv[++i];
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "pensieve detokenize: unknown or incomplete option '%s'\n", a);
+            tok_cli_usage(stderr, "detokenize");
+            return 2;
+        } else if (!list) {
+            list = a;
+        } else {
+            fprintf(stderr, "pensieve detokenize: more than one IDS argument\n");
+            return 2;
+        }
+    }
+    if (!model || !list) {
+        fprintf(stderr, "pensieve detokenize: need -m MODEL and IDS\n");
+        tok_cli_usage(stderr, "detokenize");
+        return 2;
+    }
+    if (!tok_cli_parse_ids(list, &ids, &n_ids)) {
+        fprintf(stderr, "pensieve detokenize: IDS: expected comma-separated token ids, got '%s'\n", list);
+        return 2;
+    }
+    if (tok_open_model(model, &v, &err) != PSV_OK) goto fail;
+    if (tok_detokenize(v, ids, n_ids, TOK_DETOK_SPECIAL | TOK_DETOK_STRIP_SPACE, &out, &err) != PSV_OK) goto fail;
+    if (out.len && fwrite(out.data, 1, out.len, stdout) != out.len) goto done;
+    rc = fflush(stdout) == 0 ? 0 : 1;
+    goto done;
+fail:
+    fprintf(stderr, "pensieve detokenize: %s\n", err.message);
+done:
+    buf_free(&out);
+    free(ids);
+    tok_free(v);
+    return rc;
+}
+
+
+// ----------------------------------------------------------------------------
+// 10. Chat templates
+// Lays out a conversation in a model's chat format with built-in C code, one layout per format.
+// There is no Jinja engine: the format is recognised from `tokenizer.chat_template` by
+// distinctive substrings, and an unrecognised template falls back to chatml with a warning
+// returned to the caller.
+//
+// The layouts are those of the established GGUF runtime (and of ../shared/conformance/chat), so
+// a prompt tokenizes to the same ids: they follow each model's template, except that formats
+// whose template rejects a system message fold it into the first user turn instead of failing.
+// Where a layout differs from the model's own Jinja on purpose, the format's comment says so.
+//
+// Decisions worth knowing:
+// - Qwen2.5 is plain chatml: its template's default system prompt ("You are Qwen, created by
+//   Alibaba Cloud...") is not injected; the caller chooses the system prompt.
+// - Qwen3 has its own format (`qwen3`): chatml plus the template's thinking rules, with
+//   enable_thinking left at its default (on): an assistant turn before the last user query loses
+//   its <think>...</think> block, and the final assistant turn after it (or one that carries
+//   reasoning) is written as "<think>\nREASONING\n</think>\n\nANSWER".
+// - Llama 3.x is `llama3`: the messages as given, without the 3.1+ template's automatic
+//   "Cutting Knowledge Date / Today Date" system header (it depends on the calendar).
+// - Phi-4-mini (`phi4-mini`) has no newline after the role tag, unlike Phi-3 (`phi3`); Phi-4 (14B,
+//   <|im_sep|>) is `phi4`.
+// - add_generation_prompt = false omits the assistant cue where the format has one. llama2,
+//   mistral-*, orion and minicpm have none to omit: their user turn itself ends with the cue
+//   ("[/INST]", "Assistant: </s>", "<AI>"), exactly as in their templates. No format appends the
+//   EOS text when the generation prompt is off (some templates do; the caller owns EOS).
+//
+// Roles: system, user and assistant everywhere. Formats that write the role name into the
+// prompt (chatml, phi3, llama3, ...) pass any other role through verbatim; qwen3 and exaone4 also
+// know `tool`; the other formats reject roles they cannot express (PSV_ERR_INVALID).
+//
+// Special tokens: every byte that comes from a message (content, and role names that are not
+// system/user/assistant) can be reported as a span, so the tokenizer can recognise control
+// tokens such as <|im_start|> in the template text and never inside user-supplied content.
+// chat_tokenize does all of it (layout, spans, BOS rule, tokenization) for the engine.
+//
+// BOS rule (never doubled): the tokenizer adds BOS when the vocabulary asks for it
+// (tokenizer.ggml.add_bos_token). Templates that open with {{ bos_token }} (Llama 3, Gemma,
+// Mistral, ...) are laid out without it. No layout starts with BOS text except gigachat ("<s>");
+// monarch and llama2-sys-bos write "<s>" between turns, which is meant. Before tokenizing with
+// BOS added, drop chat_bos_prefix(...) bytes from the front of the prompt: it is the length of
+// the vocabulary's BOS text when the prompt starts with it as template text (never when those
+// bytes are message content), else 0.
+
+typedef enum {
+    CHAT_CHATML,
+    CHAT_QWEN3,
+    CHAT_LLAMA2,
+    CHAT_LLAMA2_SYS,
+    CHAT_LLAMA2_SYS_BOS,
+    CHAT_LLAMA2_SYS_STRIP,
+    CHAT_MISTRAL_V1,
+    CHAT_MISTRAL_V3,
+    CHAT_MISTRAL_V3_TEKKEN,
+    CHAT_MISTRAL_V7,
+    CHAT_MISTRAL_V7_TEKKEN,
+    CHAT_PHI3,
+    CHAT_PHI4,
+    CHAT_PHI4_MINI,
+    CHAT_FALCON3,
+    CHAT_ZEPHYR,
+    CHAT_MONARCH,
+    CHAT_GEMMA,
+    CHAT_ORION,
+    CHAT_OPENCHAT,
+    CHAT_VICUNA,
+    CHAT_VICUNA_ORCA,
+    CHAT_DEEPSEEK,
+    CHAT_DEEPSEEK2,
+    CHAT_DEEPSEEK3,
+    CHAT_COMMAND_R,
+    CHAT_LLAMA3,
+    CHAT_LLAMA4,
+    CHAT_CHATGLM3,
+    CHAT_CHATGLM4,
+    CHAT_GLMEDGE,
+    CHAT_MINICPM,
+    CHAT_EXAONE3,
+    CHAT_EXAONE4,
+    CHAT_GRANITE,
+    CHAT_GIGACHAT,
+    CHAT_MEGREZ,
+    CHAT_FORMAT_COUNT
+} chat_format;
+
+// One message. Both fields are slices (content may hold any bytes, including NUL); build one
+// from C strings with chat_msg_c. The formatter only reads them during chat_apply.
+typedef struct {
+    str_t role;
+    str_t content;
+} chat_msg;
+
+static inline chat_msg chat_msg_c(const char *role, const char *content) {
+    return (chat_msg){str_c(role), str_c(content)};
+}
+
+// A byte range of the formatted prompt that came from a message, not from the template.
+typedef struct {
+    size_t off, n;
+} chat_span;
+
+// The spans of a prompt, in order, non-overlapping, adjacent ones merged. Zero-initialise; the
+// caller owns it and frees it with chat_spans_free.
+typedef struct {
+    chat_span *v;
+    size_t n, cap;
+    bool oom; // an append failed (chat_apply then reports PSV_ERR_NOMEM)
+} chat_spans;
+
+static void chat_spans_free(chat_spans *s) {
+    if (!s) return;
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+enum { CHAT_R_SYSTEM = 1, CHAT_R_USER = 2, CHAT_R_ASSISTANT = 4, CHAT_R_TOOL = 8, CHAT_R_OTHER = 16 };
+#define CHAT_ROLES_SUA (CHAT_R_SYSTEM | CHAT_R_USER | CHAT_R_ASSISTANT)
+#define CHAT_ROLES_ANY (CHAT_ROLES_SUA | CHAT_R_TOOL | CHAT_R_OTHER)
+
+typedef struct {
+    const char *name; // the built-in name, as accepted by chat_format_by_name
+    uint8_t roles;    // CHAT_R_* this format can express
+} chat_format_info;
+
+static const chat_format_info chat_formats[CHAT_FORMAT_COUNT] = {
+    [CHAT_CHATML] = {"chatml", CHAT_ROLES_ANY},
+    [CHAT_QWEN3] = {"qwen3", CHAT_ROLES_SUA | CHAT_R_TOOL},
+    [CHAT_LLAMA2] = {"llama2", CHAT_ROLES_SUA},
+    [CHAT_LLAMA2_SYS] = {"llama2-sys", CHAT_ROLES_SUA},
+    [CHAT_LLAMA2_SYS_BOS] = {"llama2-sys-bos", CHAT_ROLES_SUA},
+    [CHAT_LLAMA2_SYS_STRIP] = {"llama2-sys-strip", CHAT_ROLES_SUA},
+    [CHAT_MISTRAL_V1] = {"mistral-v1", CHAT_ROLES_SUA},
+    [CHAT_MISTRAL_V3] = {"mistral-v3", CHAT_ROLES_SUA},
+    [CHAT_MISTRAL_V3_TEKKEN] = {"mistral-v3-tekken", CHAT_ROLES_SUA},
+    [CHAT_MISTRAL_V7] = {"mistral-v7", CHAT_ROLES_SUA},
+    [CHAT_MISTRAL_V7_TEKKEN] = {"mistral-v7-tekken", CHAT_ROLES_SUA},
+    [CHAT_PHI3] = {"phi3", CHAT_ROLES_ANY},
+    [CHAT_PHI4] = {"phi4", CHAT_ROLES_ANY},
+    [CHAT_PHI4_MINI] = {"phi4-mini", CHAT_ROLES_ANY},
+    [CHAT_FALCON3] = {"falcon3", CHAT_ROLES_ANY},
+    [CHAT_ZEPHYR] = {"zephyr", CHAT_ROLES_ANY},
+    [CHAT_MONARCH] = {"monarch", CHAT_ROLES_ANY},
+    [CHAT_GEMMA] = {"gemma", CHAT_ROLES_SUA},
+    [CHAT_ORION] = {"orion", CHAT_ROLES_SUA},
+    [CHAT_OPENCHAT] = {"openchat", CHAT_ROLES_SUA},
+    [CHAT_VICUNA] = {"vicuna", CHAT_ROLES_SUA},
+    [CHAT_VICUNA_ORCA] = {"vicuna-orca", CHAT_ROLES_SUA},
+    [CHAT_DEEPSEEK] = {"deepseek", CHAT_ROLES_SUA},
+    [CHAT_DEEPSEEK2] = {"deepseek2", CHAT_ROLES_SUA},
+    [CHAT_DEEPSEEK3] = {"deepseek3", CHAT_ROLES_SUA},
+    [CHAT_COMMAND_R] = {"command-r", CHAT_ROLES_SUA},
+    [CHAT_LLAMA3] = {"llama3", CHAT_ROLES_ANY},
+    [CHAT_LLAMA4] = {"llama4", CHAT_ROLES_ANY},
+    [CHAT_CHATGLM3] = {"chatglm3", CHAT_ROLES_ANY},
+    [CHAT_CHATGLM4] = {"chatglm4", CHAT_ROLES_ANY},
+    [CHAT_GLMEDGE] = {"glmedge", CHAT_ROLES_ANY},
+    [CHAT_MINICPM] = {"minicpm", CHAT_ROLES_SUA},
+    [CHAT_EXAONE3] = {"exaone3", CHAT_ROLES_SUA},
+    [CHAT_EXAONE4] = {"exaone4", CHAT_ROLES_SUA | CHAT_R_TOOL},
+    [CHAT_GRANITE] = {"granite", CHAT_ROLES_ANY},
+    [CHAT_GIGACHAT] = {"gigachat", CHAT_ROLES_SUA},
+    [CHAT_MEGREZ] = {"megrez", CHAT_ROLES_ANY},
+};
+
+static const char *chat_format_name(chat_format f) {
+    return (unsigned)f < CHAT_FORMAT_COUNT ? chat_formats[f].name : "unknown";
+}
+
+static bool chat_format_by_name_n(const char *name, size_t n, chat_format *out) {
+    for (int f = 0; f < CHAT_FORMAT_COUNT; f++) {
+        const char *s = chat_formats[f].name;
+        if (strlen(s) == n && memcmp(s, name, n) == 0) {
+            *out = (chat_format)f;
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool chat_format_by_name(const char *name, chat_format *out) {
+    return name && chat_format_by_name_n(name, strlen(name), out);
+}
+
+// Appends every built-in name, separated by ", " (for error messages and --help).
+static void chat_format_names(buf_t *b) {
+    for (int f = 0; f < CHAT_FORMAT_COUNT; f++) {
+        if (f) buf_puts(b, ", ");
+        buf_puts(b, chat_formats[f].name);
+    }
+}
+
+// ---- Detection ----
+
+// DeepSeek's and MiniCPM's markers, as UTF-8 bytes: ｜ is U+FF5C, ▁ is U+2581, 用户 "user".
+#define CHAT_DS_USER "<\357\275\234User\357\275\234>"           // <｜User｜>
+#define CHAT_DS_ASSISTANT "<\357\275\234Assistant\357\275\234>" // <｜Assistant｜>
+#define CHAT_MINICPM_USER "<\347\224\250\346\210\267>"         // <用户>
+// <｜end▁of▁sentence｜>
+#define CHAT_DS_EOS "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>"
+
+
+// First occurrence of needle in the slice, or NULL. memchr skips to candidates, so the cost is
+// O(len(h) * len(needle)) at worst, with needles of at most ~90 bytes.
+static const char *chat_find(str_t h, const char *needle) {
+    size_t nn = strlen(needle);
+    if (nn == 0) return h.p;
+    if (!h.p || nn > h.n) return NULL;
+    const char *p = h.p, *last = h.p + (h.n - nn);
+    while (p <= last) {
+        p = memchr(p, needle[0], (size_t)(last - p) + 1);
+        if (!p) return NULL;
+        if (memcmp(p, needle, nn) == 0) return p;
+        p++;
+    }
+    return NULL;
+}
+
+static inline bool chat_has(str_t h, const char *needle) { return chat_find(h, needle) != NULL; }
+
+// Phi-3 and Phi-4-mini share <|user|>/<|assistant|>/<|end|>; Phi-3 puts a newline after the role
+// tag, Phi-4-mini does not. True when some "|>" in the source is followed, after closing quotes,
+// '+' and spaces, by a newline: a real one or the two-character escape "\n" (both appear in
+// real templates: '<|user|>' + '\n', '<|user|>\n', '<|' + message['role'] + '|>' + '\n').
+static bool chat_newline_after_tag(str_t t) {
+    str_t rest = t;
+    const char *p;
+    while ((p = chat_find(rest, "|>")) != NULL) {
+        const char *q = p + 2, *end = rest.p + rest.n;
+        while (q < end && (*q == '\'' || *q == '"' || *q == '+' || *q == ' ')) q++;
+        if (q < end && *q == '\n') return true;
+        if (end - q >= 2 && q[0] == '\\' && q[1] == 'n') return true;
+        rest.n -= (size_t)(p + 2 - rest.p);
+        rest.p = p + 2;
+    }
+    return false;
+}
+
+// Recognises the format of a Jinja chat template (or a built-in name) by its content. Always
+// returns a usable format: when nothing matches, chatml, with *recognised = false and *warning
+// set to a static message naming the fallback (both outputs optional). The checks run in order;
+// earlier markers are the more specific ones (e.g. <|im_sep|> before plain <|im_start|>).
+static chat_format chat_detect(const char *src, size_t n, bool *recognised, const char **warning) {
+    str_t t = {src, src ? n : 0};
+    chat_format f = CHAT_CHATML;
+    const char *warn = NULL;
+    if (t.n == 0) {
+        warn = "chat: no chat template (tokenizer.chat_template absent or empty); falling back to chatml";
+    } else if (chat_format_by_name_n(t.p, t.n, &f)) {
+        // a built-in name
+    } else if (chat_has(t, "<|im_start|>")) {
+        if (chat_has(t, "<|im_sep|>")) f = CHAT_PHI4; // Phi-4 (14B)
+        else if (chat_has(t, "</think>") && chat_has(t, "last_query_index")) f = CHAT_QWEN3;
+        else f = CHAT_CHATML; // Qwen2/2.5, Hermes, SmolLM, ...
+    } else if ((t.n >= 7 && memcmp(t.p, "mistral", 7) == 0) || chat_has(t, "[INST]")) {
+        // Mistral's official templates, after mistralai/cookbook concept-deep-dive/tokenization:
+        // v7 has [SYSTEM_PROMPT] (tekken: no space after the tags); v1 writes ' [INST] ' +
+        // system_message; v3 and v3-tekken mention [AVAILABLE_TOOLS], tekken quotes "[INST]"
+        // with nothing after it. Everything else with [INST] is Llama 2 style.
+        if (chat_has(t, "[SYSTEM_PROMPT]")) {
+            f = chat_has(t, "[INST] ") || chat_has(t, "[SYSTEM_PROMPT] ") ? CHAT_MISTRAL_V7
+                                                                          : CHAT_MISTRAL_V7_TEKKEN;
+        } else if (chat_has(t, "' [INST] ' + system_message") || chat_has(t, "[AVAILABLE_TOOLS]")) {
+            if (chat_has(t, " [INST]")) f = CHAT_MISTRAL_V1;
+            else if (chat_has(t, "\"[INST]\"")) f = CHAT_MISTRAL_V3_TEKKEN;
+            else f = CHAT_MISTRAL_V3;
+        } else if (chat_has(t, "content.strip()")) {
+            f = CHAT_LLAMA2_SYS_STRIP;
+        } else if (chat_has(t, "bos_token + '[INST]")) {
+            f = CHAT_LLAMA2_SYS_BOS;
+        } else if (chat_has(t, "<<SYS>>")) {
+            f = CHAT_LLAMA2_SYS;
+        } else {
+            f = CHAT_LLAMA2; // Llama 2 without <<SYS>>, Mistral 7B v0.1/v0.2
+        }
+    } else if (chat_has(t, "<|assistant|>") && chat_has(t, "<|end|>")) {
+        f = chat_newline_after_tag(t) ? CHAT_PHI3 : CHAT_PHI4_MINI; // Phi-3/3.5 vs Phi-4-mini
+    } else if (chat_has(t, "[gMASK]<sop>")) {
+        f = CHAT_CHATGLM4;
+    } else if (chat_has(t, "<|assistant|>") && chat_has(t, "<|user|>")) {
+        f = chat_has(t, "</s>") ? CHAT_FALCON3 : CHAT_GLMEDGE;
+    } else if (chat_has(t, "<|{{ item['role'] }}|>") && chat_has(t, "<|begin_of_image|>")) {
+        f = CHAT_GLMEDGE;
+    } else if (chat_has(t, "<|user|>") && chat_has(t, "<|endoftext|>")) {
+        f = CHAT_ZEPHYR;
+    } else if (chat_has(t, "bos_token + message['role']")) {
+        f = CHAT_MONARCH; // mlabonne/AlphaMonarch-7B
+    } else if (chat_has(t, "<start_of_turn>")) {
+        f = CHAT_GEMMA; // Gemma 1, 2 and 3
+    } else if (chat_has(t, "'\\n\\nAssistant: ' + eos_token")) {
+        f = CHAT_ORION; // OrionStarAI/Orion-14B-Chat
+    } else if (chat_has(t, "GPT4 Correct ")) {
+        f = CHAT_OPENCHAT;
+    } else if (chat_has(t, "USER: ") && chat_has(t, "ASSISTANT: ")) {
+        f = chat_has(t, "SYSTEM: ") ? CHAT_VICUNA_ORCA : CHAT_VICUNA;
+    } else if (chat_has(t, "### Instruction:") && chat_has(t, "<|EOT|>")) {
+        f = CHAT_DEEPSEEK; // deepseek-coder-instruct
+    } else if (chat_has(t, "<|START_OF_TURN_TOKEN|>") && chat_has(t, "<|USER_TOKEN|>")) {
+        f = CHAT_COMMAND_R;
+    } else if (chat_has(t, "<|start_header_id|>") && chat_has(t, "<|end_header_id|>")) {
+        f = CHAT_LLAMA3; // Llama 3, 3.1, 3.2, 3.3
+    } else if (chat_has(t, "[gMASK]sop")) {
+        f = CHAT_CHATGLM3;
+    } else if (chat_has(t, CHAT_MINICPM_USER)) {
+        f = CHAT_MINICPM;
+    } else if (chat_has(t, "'Assistant: ' + message['content'] + eos_token")) {
+        f = CHAT_DEEPSEEK2;
+    } else if (chat_has(t, CHAT_DS_ASSISTANT) && chat_has(t, CHAT_DS_USER) && chat_has(t, CHAT_DS_EOS)) {
+        f = CHAT_DEEPSEEK3; // DeepSeek V3, R1 and its distills
+    } else if (chat_has(t, "[|system|]") && chat_has(t, "[|assistant|]") && chat_has(t, "[|endofturn|]")) {
+        f = chat_has(t, "[|tool|]") ? CHAT_EXAONE4 : CHAT_EXAONE3;
+    } else if (chat_has(t, "<|start_of_role|>")) {
+        f = CHAT_GRANITE;
+    } else if (chat_has(t, "message['role'] + additional_special_tokens[0] + message['content'] + "
+                           "additional_special_tokens[1]")) {
+        f = CHAT_GIGACHAT;
+    } else if (chat_has(t, "<|role_start|>")) {
+        f = CHAT_MEGREZ;
+    } else if (chat_has(t, "<|header_start|>") && chat_has(t, "<|header_end|>")) {
+        f = CHAT_LLAMA4;
+    } else {
+        warn = "chat: chat template not recognised; falling back to chatml";
+    }
+    if (recognised) *recognised = warn == NULL;
+    if (warning) *warning = warn;
+    return f;
+}
+
+// ---- Layout ----
+
+static const str_t chat_empty = {"", 0};
+
+static inline bool chat_is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+// ASCII whitespace trim on both ends, as the formats that strip content do.
+static str_t chat_trim(str_t s) {
+    while (s.n && chat_is_space(s.p[0])) s.p++, s.n--;
+    while (s.n && chat_is_space(s.p[s.n - 1])) s.n--;
+    return s;
+}
+static str_t chat_lstrip_nl(str_t s) {
+    while (s.n && s.p[0] == '\n') s.p++, s.n--;
+    return s;
+}
+static str_t chat_rstrip_nl(str_t s) {
+    while (s.n && s.p[s.n - 1] == '\n') s.n--;
+    return s;
+}
+
+// Last occurrence of needle in s, or NULL.
+static const char *chat_find_last(str_t s, const char *needle) {
+    const char *p, *hit = NULL;
+    while ((p = chat_find(s, needle)) != NULL) {
+        hit = p;
+        s.n -= (size_t)(p + 1 - s.p);
+        s.p = p + 1;
+    }
+    return hit;
+}
+
+static int chat_role_of(str_t r) {
+    if (str_eq_c(r, "system")) return CHAT_R_SYSTEM;
+    if (str_eq_c(r, "user")) return CHAT_R_USER;
+    if (str_eq_c(r, "assistant")) return CHAT_R_ASSISTANT;
+    if (str_eq_c(r, "tool")) return CHAT_R_TOOL;
+    return CHAT_R_OTHER;
+}
+
+typedef struct {
+    buf_t *out;
+    chat_spans *spans; // optional
+} chat_w;
+
+static void chat_lit(chat_w *w, const char *s) { buf_puts(w->out, s); }
+
+// Message bytes: appended and, when spans are wanted, recorded (adjacent ranges merge).
+static void chat_text(chat_w *w, str_t s) {
+    if (s.n == 0) return;
+    size_t off = w->out->len;
+    buf_append(w->out, s.p, s.n);
+    chat_spans *sp = w->spans;
+    if (!sp || w->out->oom || sp->oom) return;
+    if (sp->n && sp->v[sp->n - 1].off + sp->v[sp->n - 1].n == off) {
+        sp->v[sp->n - 1].n += s.n;
+        return;
+    }
+    if (sp->n == sp->cap) {
+        size_t cap = sp->cap ? sp->cap * 2 : 16;
+        chat_span *v = cap < (SIZE_MAX / sizeof *v) ? realloc(sp->v, cap * sizeof *v) : NULL;
+        if (!v) {
+            sp->oom = true;
+            return;
+        }
+        sp->v = v;
+        sp->cap = cap;
+    }
+    sp->v[sp->n++] = (chat_span){off, s.n};
+}
+
+// A role name: the three standard ones are template text; any other comes from the caller and
+// is written as message bytes.
+static void chat_role(chat_w *w, str_t role) {
+    if (chat_role_of(role) & CHAT_ROLES_SUA) buf_append(w->out, role.p, role.n);
+    else chat_text(w, role);
+}
+
+// role + content in the "<|im_start|>ROLE\nCONTENT<|im_end|>\n" family: pre, role, mid,
+// content, post.
+static void chat_turn(chat_w *w, const char *pre, str_t role, const char *mid, str_t content,
+                      const char *post) {
+    chat_lit(w, pre);
+    chat_role(w, role);
+    chat_lit(w, mid);
+    chat_text(w, content);
+    chat_lit(w, post);
+}
+
+static void chat_fmt_llama2(chat_w *w, chat_format f, const chat_msg *m, size_t n) {
+    bool sys_tags = f != CHAT_LLAMA2, bos_inside = f == CHAT_LLAMA2_SYS_BOS,
+         strip = f == CHAT_LLAMA2_SYS_STRIP;
+    bool inside = true; // the first [INST] is written up front; BOS is the tokenizer's
+    chat_lit(w, "[INST] ");
+    for (size_t i = 0; i < n; i++) {
+        str_t c = strip ? chat_trim(m[i].content) : m[i].content;
+        int r = chat_role_of(m[i].role);
+        if (!inside) {
+            inside = true;
+            chat_lit(w, bos_inside ? "<s>[INST] " : "[INST] ");
+        }
+        if (r == CHAT_R_SYSTEM) {
+            if (sys_tags) {
+                chat_lit(w, "<<SYS>>\n");
+                chat_text(w, c);
+                chat_lit(w, "\n<</SYS>>\n\n");
+            } else {
+                chat_text(w, c); // Llama 2 has no system turn: it leads the first instruction
+                chat_lit(w, "\n");
+            }
+        } else if (r == CHAT_R_USER) {
+            chat_text(w, c);
+            chat_lit(w, " [/INST]");
+        } else {
+            chat_text(w, c);
+            chat_lit(w, "</s>");
+            inside = false;
+        }
+    }
+}
+
+// v1: " [INST] x [/INST] y</s>"; v3: "[INST] x[/INST] y</s>" with the answer trimmed; v3-tekken:
+// "[INST]x[/INST]y</s>". The system message leads the next instruction. (Mistral's own v3
+// templates put it in the last instruction; the conformance layout, like the established
+// runtime's, keeps it first.)
+static void chat_fmt_mistral(chat_w *w, chat_format f, const chat_msg *m, size_t n) {
+    const char *lead = f == CHAT_MISTRAL_V1 ? " " : "";
+    const char *trail = f == CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
+    bool trim_answer = f == CHAT_MISTRAL_V3, inside = false;
+    for (size_t i = 0; i < n; i++) {
+        int r = chat_role_of(m[i].role);
+        if (!inside) {
+            chat_lit(w, lead);
+            chat_lit(w, "[INST]");
+            chat_lit(w, trail);
+            inside = true;
+        }
+        if (r == CHAT_R_SYSTEM) {
+            chat_text(w, m[i].content);
+            chat_lit(w, "\n\n");
+        } else if (r == CHAT_R_USER) {
+            chat_text(w, m[i].content);
+            chat_lit(w, lead);
+            chat_lit(w, "[/INST]");
+        } else {
+            chat_lit(w, trail);
+            chat_text(w, trim_answer ? chat_trim(m[i].content) : m[i].content);
+            chat_lit(w, "</s>");
+            inside = false;
+        }
+    }
+}
+
+static void chat_fmt_mistral_v7(chat_w *w, chat_format f, const chat_msg *m, size_t n) {
+    const char *sp = f == CHAT_MISTRAL_V7 ? " " : "";
+    for (size_t i = 0; i < n; i++) {
+        int r = chat_role_of(m[i].role);
+        if (r == CHAT_R_SYSTEM) {
+            chat_lit(w, "[SYSTEM_PROMPT]");
+            chat_lit(w, sp);
+            chat_text(w, m[i].content);
+            chat_lit(w, "[/SYSTEM_PROMPT]");
+        } else if (r == CHAT_R_USER) {
+            chat_lit(w, "[INST]");
+            chat_lit(w, sp);
+            chat_text(w, m[i].content);
+            chat_lit(w, "[/INST]");
+        } else {
+            chat_lit(w, sp);
+            chat_text(w, m[i].content);
+            chat_lit(w, "</s>");
+        }
+    }
+}
+
+// Qwen3's template (enable_thinking at its default): see the section comment. last_query is the
+// last user message that is not a wrapped tool response.
+static void chat_fmt_qwen3(chat_w *w, const chat_msg *m, size_t n, bool gen) {
+    size_t last_query = n ? n - 1 : 0;
+    for (size_t k = n; k-- > 0;) {
+        str_t c = m[k].content;
+        bool wrapped = c.n >= 31 && memcmp(c.p, "<tool_response>", 15) == 0 &&
+                       memcmp(c.p + c.n - 16, "</tool_response>", 16) == 0;
+        if (chat_role_of(m[k].role) == CHAT_R_USER && !wrapped) {
+            last_query = k;
+            break;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        int r = chat_role_of(m[i].role);
+        str_t c = m[i].content;
+        if (r == CHAT_R_ASSISTANT) {
+            str_t reasoning = chat_empty;
+            const char *end = chat_find(c, "</think>");
+            if (end) {
+                // reasoning: before the first </think>, after the last <think>; answer: after
+                // the last </think>. Newlines at the joins are dropped, as the template does.
+                str_t before = {c.p, (size_t)(end - c.p)};
+                before = chat_rstrip_nl(before);
+                const char *open = chat_find_last(before, "<think>");
+                if (open) before = (str_t){open + 7, before.n - (size_t)(open + 7 - before.p)};
+                reasoning = chat_lstrip_nl(before);
+                const char *last_end = chat_find_last(c, "</think>");
+                c = (str_t){last_end + 8, c.n - (size_t)(last_end + 8 - c.p)};
+                c = chat_lstrip_nl(c);
+            }
+            chat_lit(w, "<|im_start|>assistant\n");
+            if (i > last_query && (i + 1 == n || reasoning.n)) {
+                chat_lit(w, "<think>\n");
+                chat_text(w, chat_lstrip_nl(chat_rstrip_nl(reasoning)));
+                chat_lit(w, "\n</think>\n\n");
+                c = chat_lstrip_nl(c);
+            }
+            chat_text(w, c);
+            chat_lit(w, "<|im_end|>\n");
+        } else if (r == CHAT_R_TOOL) {
+            // consecutive tool results share one user turn
+            if (i == 0 || chat_role_of(m[i - 1].role) != CHAT_R_TOOL) chat_lit(w, "<|im_start|>user");
+            chat_lit(w, "\n<tool_response>\n");
+            chat_text(w, c);
+            chat_lit(w, "\n</tool_response>");
+            if (i + 1 == n || chat_role_of(m[i + 1].role) != CHAT_R_TOOL) chat_lit(w, "<|im_end|>\n");
+        } else {
+            chat_turn(w, "<|im_start|>", m[i].role, "\n", c, "<|im_end|>\n");
+        }
+    }
+    if (gen) chat_lit(w, "<|im_start|>assistant\n");
+}
+
+// Gemma has no system turn: system messages (trimmed, joined) lead the next user turn.
+static void chat_fmt_gemma(chat_w *w, const chat_msg *m, size_t n, bool gen) {
+    size_t pending = SIZE_MAX; // first system message not yet written
+    for (size_t i = 0; i < n; i++) {
+        int r = chat_role_of(m[i].role);
+        if (r == CHAT_R_SYSTEM) {
+            if (pending == SIZE_MAX) pending = i;
+            continue;
+        }
+        chat_lit(w, r == CHAT_R_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        if (pending != SIZE_MAX && r != CHAT_R_ASSISTANT) {
+            size_t total = 0;
+            for (size_t j = pending; j < i; j++)
+                if (chat_role_of(m[j].role) == CHAT_R_SYSTEM) total += chat_trim(m[j].content).n;
+            if (total) {
+                for (size_t j = pending; j < i; j++)
+                    if (chat_role_of(m[j].role) == CHAT_R_SYSTEM) chat_text(w, chat_trim(m[j].content));
+                chat_lit(w, "\n\n");
+            }
+            pending = SIZE_MAX;
+        }
+        chat_text(w, chat_trim(m[i].content));
+        chat_lit(w, "<end_of_turn>\n");
+    }
+    if (gen) chat_lit(w, "<start_of_turn>model\n");
+}
+
+// Orion has no system turn either: system messages (joined, as given) lead the next user turn.
+static void chat_fmt_orion(chat_w *w, const chat_msg *m, size_t n) {
+    size_t pending = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        int r = chat_role_of(m[i].role);
+        if (r == CHAT_R_SYSTEM) {
+            if (pending == SIZE_MAX) pending = i;
+        } else if (r == CHAT_R_USER) {
+            chat_lit(w, "Human: ");
+            if (pending != SIZE_MAX) {
+                size_t total = 0;
+                for (size_t j = pending; j < i; j++)
+                    if (chat_role_of(m[j].role) == CHAT_R_SYSTEM) total += m[j].content.n;
+                if (total) {
+                    for (size_t j = pending; j < i; j++)
+                        if (chat_role_of(m[j].role) == CHAT_R_SYSTEM) chat_text(w, m[j].content);
+                    chat_lit(w, "\n\n");
+                }
+                pending = SIZE_MAX;
+            }
+            chat_text(w, m[i].content);
+            chat_lit(w, "\n\nAssistant: </s>");
+        } else {
+            chat_text(w, m[i].content);
+            chat_lit(w, "</s>");
+        }
+    }
+}
+
+// pre + content + post, for the formats that spell the role in their own words.
+static void chat_wrap(chat_w *w, const char *pre, str_t content, const char *post) {
+    chat_lit(w, pre);
+    chat_text(w, content);
+    chat_lit(w, post);
+}
+
+// Writes one conversation; roles were validated by the caller.
+static void chat_layout(chat_w *w, chat_format f, const chat_msg *m, size_t n, bool gen) {
+    switch (f) {
+    case CHAT_CHATML:
+        for (size_t i = 0; i < n; i++)
+            chat_turn(w, "<|im_start|>", m[i].role, "\n", m[i].content, "<|im_end|>\n");
+        if (gen) chat_lit(w, "<|im_start|>assistant\n");
+        break;
+    case CHAT_QWEN3: chat_fmt_qwen3(w, m, n, gen); break;
+    case CHAT_LLAMA2:
+    case CHAT_LLAMA2_SYS:
+    case CHAT_LLAMA2_SYS_BOS:
+    case CHAT_LLAMA2_SYS_STRIP: chat_fmt_llama2(w, f, m, n); break;
+    case CHAT_MISTRAL_V1:
+    case CHAT_MISTRAL_V3:
+    case CHAT_MISTRAL_V3_TEKKEN: chat_fmt_mistral(w, f, m, n); break;
+    case CHAT_MISTRAL_V7:
+    case CHAT_MISTRAL_V7_TEKKEN: chat_fmt_mistral_v7(w, f, m, n); break;
+    case CHAT_PHI3: // Phi-3-mini's template drops system messages; like Phi-3.5's, this keeps them
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>\n", m[i].content, "<|end|>\n");
+        if (gen) chat_lit(w, "<|assistant|>\n");
+        break;
+    case CHAT_PHI4:
+        for (size_t i = 0; i < n; i++)
+            chat_turn(w, "<|im_start|>", m[i].role, "<|im_sep|>", m[i].content, "<|im_end|>");
+        if (gen) chat_lit(w, "<|im_start|>assistant<|im_sep|>");
+        break;
+    case CHAT_PHI4_MINI:
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>", m[i].content, "<|end|>");
+        if (gen) chat_lit(w, "<|assistant|>");
+        break;
+    case CHAT_FALCON3:
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>\n", m[i].content, "\n");
+        if (gen) chat_lit(w, "<|assistant|>\n");
+        break;
+    case CHAT_ZEPHYR:
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>\n", m[i].content, "<|endoftext|>\n");
+        if (gen) chat_lit(w, "<|assistant|>\n");
+        break;
+    case CHAT_MONARCH: // BOS text between turns, not before the first (the tokenizer adds that)
+        for (size_t i = 0; i < n; i++) chat_turn(w, i ? "<s>" : "", m[i].role, "\n", m[i].content, "</s>\n");
+        if (gen) chat_lit(w, "<s>assistant\n");
+        break;
+    case CHAT_GEMMA: chat_fmt_gemma(w, m, n, gen); break;
+    case CHAT_ORION: chat_fmt_orion(w, m, n); break;
+    case CHAT_OPENCHAT:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            const char *pre = r == CHAT_R_USER ? "GPT4 Correct User: "
+                              : r == CHAT_R_ASSISTANT ? "GPT4 Correct Assistant: " : "";
+            chat_wrap(w, pre, m[i].content, "<|end_of_turn|>");
+        }
+        if (gen) chat_lit(w, "GPT4 Correct Assistant:");
+        break;
+    case CHAT_VICUNA:
+    case CHAT_VICUNA_ORCA:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            if (r == CHAT_R_SYSTEM && f == CHAT_VICUNA_ORCA) chat_wrap(w, "SYSTEM: ", m[i].content, "\n");
+            else if (r == CHAT_R_SYSTEM) chat_wrap(w, "", m[i].content, "\n\n");
+            else if (r == CHAT_R_USER) chat_wrap(w, "USER: ", m[i].content, "\n");
+            else chat_wrap(w, "ASSISTANT: ", m[i].content, "</s>\n");
+        }
+        if (gen) chat_lit(w, "ASSISTANT:");
+        break;
+    case CHAT_DEEPSEEK:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            if (r == CHAT_R_SYSTEM) chat_text(w, m[i].content);
+            else if (r == CHAT_R_USER) chat_wrap(w, "### Instruction:\n", m[i].content, "\n");
+            else chat_wrap(w, "### Response:\n", m[i].content, "\n<|EOT|>\n");
+        }
+        if (gen) chat_lit(w, "### Response:\n");
+        break;
+    case CHAT_DEEPSEEK2:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            if (r == CHAT_R_SYSTEM) chat_wrap(w, "", m[i].content, "\n\n");
+            else if (r == CHAT_R_USER) chat_wrap(w, "User: ", m[i].content, "\n\n");
+            else chat_wrap(w, "Assistant: ", m[i].content, CHAT_DS_EOS);
+        }
+        if (gen) chat_lit(w, "Assistant:");
+        break;
+    case CHAT_DEEPSEEK3:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            if (r == CHAT_R_SYSTEM) chat_wrap(w, "", m[i].content, "\n\n");
+            else if (r == CHAT_R_USER) chat_wrap(w, CHAT_DS_USER, m[i].content, "");
+            else chat_wrap(w, CHAT_DS_ASSISTANT, m[i].content, CHAT_DS_EOS);
+        }
+        if (gen) chat_lit(w, CHAT_DS_ASSISTANT);
+        break;
+    case CHAT_COMMAND_R:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            const char *tag = r == CHAT_R_SYSTEM ? "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>"
+                              : r == CHAT_R_USER ? "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>"
+                                                 : "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";
+            chat_wrap(w, tag, chat_trim(m[i].content), "<|END_OF_TURN_TOKEN|>");
+        }
+        if (gen) chat_lit(w, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
+        break;
+    case CHAT_LLAMA3:
+        for (size_t i = 0; i < n; i++)
+            chat_turn(w, "<|start_header_id|>", m[i].role, "<|end_header_id|>\n\n", chat_trim(m[i].content),
+                      "<|eot_id|>");
+        if (gen) chat_lit(w, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case CHAT_LLAMA4:
+        for (size_t i = 0; i < n; i++)
+            chat_turn(w, "<|header_start|>", m[i].role, "<|header_end|>\n\n", chat_trim(m[i].content),
+                      "<|eot|>");
+        if (gen) chat_lit(w, "<|header_start|>assistant<|header_end|>\n\n");
+        break;
+    case CHAT_CHATGLM3:
+        chat_lit(w, "[gMASK]sop");
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>\n ", m[i].content, "");
+        if (gen) chat_lit(w, "<|assistant|>");
+        break;
+    case CHAT_CHATGLM4:
+        chat_lit(w, "[gMASK]<sop>");
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>\n", m[i].content, "");
+        if (gen) chat_lit(w, "<|assistant|>\n");
+        break;
+    case CHAT_GLMEDGE:
+        for (size_t i = 0; i < n; i++) chat_turn(w, "<|", m[i].role, "|>\n", m[i].content, "");
+        if (gen) chat_lit(w, "<|assistant|>");
+        break;
+    case CHAT_MINICPM:
+        for (size_t i = 0; i < n; i++) {
+            str_t c = chat_trim(m[i].content);
+            if (chat_role_of(m[i].role) == CHAT_R_USER) chat_wrap(w, CHAT_MINICPM_USER, c, "<AI>");
+            else chat_text(w, c);
+        }
+        break;
+    case CHAT_EXAONE3:
+    case CHAT_EXAONE4:
+        for (size_t i = 0; i < n; i++) {
+            int r = chat_role_of(m[i].role);
+            str_t c = chat_trim(m[i].content);
+            if (r == CHAT_R_SYSTEM) chat_wrap(w, "[|system|]", c, "[|endofturn|]\n");
+            else if (r == CHAT_R_USER) chat_wrap(w, "[|user|]", c, "\n");
+            else if (r == CHAT_R_ASSISTANT) chat_wrap(w, "[|assistant|]", c, "[|endofturn|]\n");
+            else chat_wrap(w, "[|tool|]", c, "[|endofturn|]\n");
+        }
+        if (gen) chat_lit(w, "[|assistant|]");
+        break;
+    case CHAT_GRANITE:
+        for (size_t i = 0; i < n; i++)
+            chat_turn(w, "<|start_of_role|>", m[i].role, "<|end_of_role|>", m[i].content,
+                      "<|end_of_text|>\n");
+        if (gen) chat_lit(w, "<|start_of_role|>assistant<|end_of_role|>");
+        break;
+    case CHAT_GIGACHAT: {
+        // The template's additional_special_tokens are <|role_sep|>, <|message_sep|>, "[]" (no
+        // functions) and <|message_sep|>; it begins with the BOS text itself.
+        size_t i = 0;
+        chat_lit(w, "<s>");
+        if (n && chat_role_of(m[0].role) == CHAT_R_SYSTEM) {
+            chat_wrap(w, "", m[0].content, "<|message_sep|>");
+            i = 1;
+        }
+        for (; i < n; i++) {
+            if (chat_role_of(m[i].role) == CHAT_R_USER)
+                chat_wrap(w, "user<|role_sep|>", m[i].content,
+                          "<|message_sep|>available functions<|role_sep|>[]<|message_sep|>");
+            else
+                chat_wrap(w, "assistant<|role_sep|>", m[i].content, "<|message_sep|>");
+        }
+        if (gen) chat_lit(w, "assistant<|role_sep|>");
+        break;
+    }
+    case CHAT_MEGREZ:
+        for (size_t i = 0; i < n; i++)
+            chat_turn(w, "<|role_start|>", m[i].role, "<|role_end|>", m[i].content, "<|turn_end|>");
+        if (gen) chat_lit(w, "<|role_start|>assistant<|role_end|>");
+        break;
+    case CHAT_FORMAT_COUNT: break;
+    }
+}
+
+// Formats msgs[0..n) in format f and appends the prompt to out (NUL-terminated). When spans is
+// given, appends to it the ranges of out (offsets from out->data) that are message bytes.
+// add_generation_prompt ends the prompt with the assistant cue. Errors (out and spans are then
+// left as they were): PSV_ERR_INVALID for an unknown format, a message without a role, or a
+// role the format cannot express (the message says which and why); PSV_ERR_NOMEM.
+// Messages are not modified; nothing is kept after the call. Thread-safe.
+static psv_status chat_apply(chat_format f, const chat_msg *msgs, size_t n, bool add_generation_prompt,
+                             buf_t *out, chat_spans *spans, psv_error *err) {
+    if ((unsigned)f >= CHAT_FORMAT_COUNT)
+        return err_set(err, PSV_ERR_INVALID, "chat: format: unknown format id %d", (int)f);
+    if (n && !msgs) return err_set(err, PSV_ERR_INVALID, "chat: messages: NULL array of %zu messages", n);
+    uint8_t allowed = chat_formats[f].roles;
+    for (size_t i = 0; i < n; i++) {
+        str_t role = msgs[i].role, c = msgs[i].content;
+        if (!role.p || role.n == 0)
+            return err_set(err, PSV_ERR_INVALID,
+                           "chat: message %zu: missing role (expected system, user or assistant)", i);
+        if (!c.p && c.n)
+            return err_set(err, PSV_ERR_INVALID, "chat: message %zu: NULL content of length %zu", i, c.n);
+        int r = chat_role_of(role);
+        if (!(r & allowed)) {
+            const char *expect = allowed & CHAT_R_TOOL ? "system, user, assistant or tool"
+                                                       : "system, user or assistant";
+            return err_set(err, PSV_ERR_INVALID,
+                           "chat: message %zu: role '%.*s' is not supported by the %s format (expected %s)",
+                           i, (int)PSV_MIN(role.n, 64), role.p, chat_format_name(f), expect);
+        }
+        if (f == CHAT_GIGACHAT && r == CHAT_R_SYSTEM && i > 0)
+            return err_set(err, PSV_ERR_INVALID,
+                           "chat: message %zu: the gigachat format takes a system message only first", i);
+    }
+    size_t base_len = out->len, base_spans = spans ? spans->n : 0;
+    chat_w w = {out, spans};
+    chat_layout(&w, f, msgs, n, add_generation_prompt);
+    if (!out->data && buf_reserve(out, 0)) out->data[0] = 0; // an empty prompt is still a string
+    if (out->oom || (spans && spans->oom)) {
+        if (out->data && out->len >= base_len) {
+            out->len = base_len;
+            out->data[base_len] = 0;
+        }
+        if (spans) spans->n = base_spans;
+        return err_set(err, PSV_ERR_NOMEM, "chat: out of memory formatting %zu messages", n);
+    }
+    return PSV_OK;
+}
+
+// Bytes to drop from the front of a formatted prompt before tokenizing it with BOS added: the
+// length of bos_text when the prompt starts with it and those bytes are template text (not the
+// start of a span from a message), else 0. prompt and spans are what chat_apply produced into an
+// empty buffer; without spans (NULL) the leading bytes are taken as template text. See the BOS
+// rule in the section comment.
+static size_t chat_bos_prefix(const char *prompt, size_t n, const chat_spans *spans, str_t bos_text) {
+    if (!prompt || bos_text.n == 0 || bos_text.n > n || memcmp(prompt, bos_text.p, bos_text.n) != 0) return 0;
+    if (spans && spans->n && spans->v[0].off < bos_text.n) return 0;
+    return bos_text.n;
+}
+
+// Formats msgs in format f and tokenizes the prompt as a chat prompt must be: with the
+// vocabulary's BOS/EOS rule (add_bos_token, add_eos_token), the prompt's own leading BOS text
+// dropped when BOS is added (chat_bos_prefix), control tokens recognised in the template text
+// and never in message bytes. *ids is malloc'd (free it). Errors: those of chat_apply and
+// tok_encode_segments.
+static psv_status chat_tokenize(const tok_vocab *v, chat_format f, const chat_msg *msgs, size_t n,
+                                bool add_generation_prompt, int32_t **ids, size_t *n_ids, psv_error *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    buf_t text = {0};
+    chat_spans sp = {0};
+    tok_segment *segs = NULL;
+    psv_status st = chat_apply(f, msgs, n, add_generation_prompt, &text, &sp, err);
+    if (st != PSV_OK) goto done;
+    size_t cur = 0, k = 0, cap;
+    if (tok_add_bos(v) && tok_bos(v) >= 0) {
+        str_t bos;
+        bos.p = tok_token_text(v, tok_bos(v), &bos.n);
+        cur = chat_bos_prefix(text.data, text.len, &sp, bos);
+    }
+    // Template text and message bytes alternate: at most one template segment per span, plus
+    // the tail.
+    if (!ck_mul(sp.n, 2, &cap) || !ck_add(cap, 1, &cap) || !(segs = calloc(cap, sizeof *segs))) {
+        st = err_set(err, PSV_ERR_NOMEM, "chat: out of memory for %zu prompt segments", sp.n);
+        goto done;
+    }
+    for (size_t i = 0; i < sp.n; i++) {
+        if (sp.v[i].off > cur) segs[k++] = (tok_segment){text.data + cur, sp.v[i].off - cur, true};
+        segs[k++] = (tok_segment){text.data + sp.v[i].off, sp.v[i].n, false};
+        cur = sp.v[i].off + sp.v[i].n;
+    }
+    if (text.len > cur) segs[k++] = (tok_segment){text.data + cur, text.len - cur, true};
+    st = tok_encode_segments(v, segs, k, true, ids, n_ids, err);
+done:
+    free(segs);
+    chat_spans_free(&sp);
+    buf_free(&text);
+    return st;
+}
+
+// ---- CLI ----
+
+static void chat_cli_usage(FILE *f) {
+    buf_t names = {0};
+    chat_format_names(&names);
+    fprintf(f,
+            "usage: pensieve template (-m MODEL | --template NAME_OR_FILE) --messages FILE.json\n"
+            "                         [--no-generation-prompt]\n"
+            "Prints the conversation in FILE.json ([{\"role\": ..., \"content\": ...}, ...], '-' for\n"
+            "standard input) laid out in a chat format, exactly, with no trailing newline added.\n"
+            "  -m, --model MODEL        use the format of the model's tokenizer.chat_template\n"
+            "  --template NAME_OR_FILE  a built-in format name, or a file holding a Jinja chat\n"
+            "                           template whose format is recognised by its content\n"
+            "  --no-generation-prompt   leave out the assistant cue at the end\n"
+            "Built-in formats: %s\n",
+            names.data ? names.data : "");
+    buf_free(&names);
+}
+
+// Reads FILE.json into msgs (slices into the returned document). Returns false with a message.
+static bool chat_cli_messages(const json_doc *doc, chat_msg **out, size_t *n_out, psv_error *err) {
+    const json_value *root = json_root(doc);
+    *out = NULL;
+    *n_out = 0;
+    if (!root || root->kind != JSON_ARRAY) {
+        err_set(err, PSV_ERR_FORMAT, "messages: expected a JSON array of {\"role\", \"content\"} objects");
+        return false;
+    }
+    size_t n = json_len(root);
+    chat_msg *m = calloc(n ? n : 1, sizeof *m);
+    if (!m) {
+        err_set(err, PSV_ERR_NOMEM, "messages: out of memory for %zu messages", n);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_value *it = json_at(root, i);
+        const json_value *role = json_get(it, "role"), *content = json_get(it, "content");
+        if (!it || it->kind != JSON_OBJECT) {
+            err_set(err, PSV_ERR_FORMAT, "messages: item %zu: expected an object with role and content", i);
+        } else if (!role || role->kind != JSON_STRING) {
+            err_set(err, PSV_ERR_FORMAT, "messages: item %zu: %s", i,
+                    role ? "\"role\" must be a string" : "missing \"role\"");
+        } else if (!content || content->kind != JSON_STRING) {
+            err_set(err, PSV_ERR_FORMAT, "messages: item %zu: %s", i,
+                    content ? "\"content\" must be a string" : "missing \"content\"");
+        } else {
+            m[i].role = (str_t){role->u.s.p, role->u.s.n};
+            m[i].content = (str_t){content->u.s.p, content->u.s.n};
+            continue;
+        }
+        free(m);
+        return false;
+    }
+    *out = m;
+    *n_out = n;
+    return true;
+}
+
+// `pensieve template`: see chat_cli_usage. Exit status 0 ok, 1 failure, 2 usage error.
+static int cli_template(int argc, char **argv) {
+    const char *model = NULL, *tmpl = NULL, *messages = NULL;
+    bool gen = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            chat_cli_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-generation-prompt")) {
+            gen = false;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--template") ||
+                   !strcmp(a, "--messages")) {
+            if (!v) {
+                fprintf(stderr, "pensieve template: %s needs a value (try --help)\n", a);
+                return 2;
+            }
+            if (!strcmp(a, "--template")) tmpl = v;
+            else if (!strcmp(a, "--messages")) messages = v;
+            else model = v;
+            i++;
+        } else {
+            fprintf(stderr, "pensieve template: unknown argument '%s' (try --help)\n", a);
+            return 2;
+        }
+    }
+    if (!model == !tmpl) {
+        fprintf(stderr, "pensieve template: give exactly one of -m MODEL or --template NAME_OR_FILE "
+                        "(try --help)\n");
+        return 2;
+    }
+    if (!messages) {
+        fprintf(stderr, "pensieve template: --messages FILE.json is required (try --help)\n");
+        return 2;
+    }
+
+    int rc = 1;
+    psv_error err = {0};
+    chat_format f = CHAT_CHATML;
+    const char *warning = NULL;
+    char *src = NULL, *text = NULL;
+    size_t src_n = 0, text_n = 0;
+    json_doc *doc = NULL;
+    chat_msg *msgs = NULL;
+    size_t n_msgs = 0;
+    buf_t out = {0};
+    if (model) {
+        gguf_file *g = NULL;
+        if (gguf_open(model, &g, &err) != PSV_OK) goto fail;
+        str_t s = {NULL, 0};
+        gguf_get_str(g, "tokenizer.chat_template", &s); // absent: detection falls back, with a warning
+        f = chat_detect(s.p, s.n, NULL, &warning);
+        gguf_close(g);
+    } else if (!chat_format_by_name(tmpl, &f)) {
+        struct stat st;
+        if (stat(tmpl, &st) != 0 && errno == ENOENT) {
+            buf_t names = {0};
+            chat_format_names(&names);
+            fprintf(stderr,
+                    "pensieve template: unknown template '%s': not a built-in name (%s) and no such file\n",
+                    tmpl, names.data ? names.data : "");
+            buf_free(&names);
+            goto done;
+        }
+        if (plat_read_file(tmpl, &src, &src_n, &err) != PSV_OK) goto fail;
+        f = chat_detect(src, src_n, NULL, &warning);
+    }
+    if (warning) fprintf(stderr, "pensieve template: warning: %s\n", warning);
+    if (plat_read_file(messages, &text, &text_n, &err) != PSV_OK) goto fail;
+    if (json_parse(text, text_n, &doc, &err) != PSV_OK) {
+        err_prefix(&err, "%s: ", messages);
+        goto fail;
+    }
+    if (!chat_cli_messages(doc, &msgs, &n_msgs, &err)) {
+        err_prefix(&err, "%s: ", messages);
+        goto fail;
+    }
+    if (chat_apply(f, msgs, n_msgs, gen, &out, NULL, &err) != PSV_OK) goto fail;
+    if ((out.len && fwrite(out.data, 1, out.len, stdout) != out.len) || fflush(stdout) != 0) {
+        fprintf(stderr, "pensieve template: write error on standard output\n");
+        goto done;
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "pensieve template: %s\n", err.message);
+done:
+    buf_free(&out);
+    free(msgs);
+    json_doc_free(doc);
+    free(text);
+    free(src);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// 11. Kernels
+// Scalar reference kernels for every tensor type the engine computes with: dequantize a row
+// (to_float), quantize a row (from_float) and the dot product of a weight row with an activation
+// row in the type ggml pairs with it (vec_dot_type). Block layouts are ggml's (ggml-common.h),
+// decoded byte by byte; these kernels are the oracle the SIMD variants are tested against.
+//
+// Row contract (all kernels): n counts values and is a multiple of the type's blck_size (an
+// internal invariant, asserted); rows are byte arrays with no alignment requirement; multi-byte
+// fields are little-endian as in GGUF (activation rows use the same encoding, so a quantized
+// activation row is exactly what a GGUF file of that type would hold). Kernels are pure and
+// thread-safe, and never read or write outside the n values of their rows.
+//
+// Dot products share one numerical contract. Within a block, quant products are summed exactly
+// in 32-bit integers (the bounds above each kernel show they cannot overflow); each block's
+// scale factors are then applied in double, where the products of an fp16 scale, a float scale
+// and an integer sum are exact or rounded once, and blocks are added in double in row order. The
+// result is rounded to float once. Against the exact value of the block formula this gives
+// |s - exact| <= 2^-24 |exact| + n_blocks * 2^-52 * sum_b |term_b|: float-exact for any row a
+// model has. ggml adds blocks in float, so it differs from this by its own rounding (~1e-6
+// relative), far below what the logit tolerance cares about.
+
+typedef void (*k_to_float_fn)(const void *x, float *y, int64_t n);          // dequantize a row
+typedef void (*k_from_float_fn)(const float *x, void *y, int64_t n);        // quantize a row
+typedef void (*k_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y); // s = x . y
+typedef struct {
+    k_to_float_fn to_float;
+    k_from_float_fn from_float;
+    k_vec_dot_fn vec_dot;   // x of this type, y of vec_dot_type; NULL for activation-only types
+    uint32_t vec_dot_type;  // T_* the activation row must be quantized to (with its from_float)
+} k_traits;
+
+// Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
+#define K_Q4_0_SIZE 18  // fp16 d | qs[16]
+#define K_Q4_1_SIZE 20  // fp16 d | fp16 m | qs[16]
+#define K_Q5_0_SIZE 22  // fp16 d | qh[4] | qs[16]
+#define K_Q5_1_SIZE 24  // fp16 d | fp16 m | qh[4] | qs[16]
+#define K_Q8_0_SIZE 34  // fp16 d | int8 qs[32]
+#define K_Q8_1_SIZE 36  // fp16 d | fp16 s | int8 qs[32]
+#define K_Q2_K_SIZE 84  // scales[16] | qs[64] | fp16 d | fp16 dmin
+#define K_Q3_K_SIZE 110 // hmask[32] | qs[64] | scales[12] | fp16 d
+#define K_Q4_K_SIZE 144 // fp16 d | fp16 dmin | scales[12] | qs[128]
+#define K_Q5_K_SIZE 176 // fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]
+#define K_Q6_K_SIZE 210 // ql[128] | qh[64] | int8 scales[16] | fp16 d
+#define K_Q8_K_SIZE 292 // float d | int8 qs[256] | int16 bsums[16]
+
+static inline float k_ld_f16(const uint8_t *p) { return psv_fp16_to_f32(ld_u16(p)); }
+static inline float k_ld_f32(const uint8_t *p) { return f32_from_bits(ld_u32(p)); }
+static inline int k_ld_i16(const uint8_t *p) { return (int)ld_u16(p) - ((p[1] & 0x80) ? 65536 : 0); }
+static inline void k_st_f16(uint8_t *p, float f) { wr_u16(p, psv_f32_to_fp16(f)); }
+
+// Float to int conversions of ggml's reference quantizers, made total: each saturates to
+// [lo, hi] and maps NaN to 0 (k_trunc: to lo), so non-finite input gives a garbage block rather
+// than undefined behaviour. For finite input the quantizers below never reach the saturation
+// except where ggml itself clamps. The arithmetic on the fraction is exact because |v| < 2^23
+// once it is inside a small [lo, hi].
+//
+// roundf: nearest, ties away from zero (Q8_0 and Q8_1).
+static inline int k_round_away(float v, int lo, int hi) {
+    if (v != v) return 0;
+    if (v <= (float)lo) return lo;
+    if (v >= (float)hi) return hi;
+    float a = psv_fabsf(v);
+    int i = (int)a;
+    if (a - (float)i >= 0.5f) i++;
+    return v < 0 ? -i : i;
+}
+
+// ggml's nearest_int: nearest, ties to even (k-quants and Q8_K).
+static inline int k_round_even(float v, int lo, int hi) {
+    if (v != v) return 0;
+    if (v <= (float)lo) return lo;
+    if (v >= (float)hi) return hi;
+    int i = (int)v; // toward zero
+    float f = v - (float)i;
+    if (f > 0.5f || (f == 0.5f && (i & 1))) i++;
+    else if (f < -0.5f || (f == -0.5f && (i & 1))) i--;
+    return i;
+}
+
+// A C cast toward zero (Q4_0, Q4_1, Q5_0, Q5_1 add 0.5 or an offset first, then truncate).
+static inline int k_trunc(float v, int lo, int hi) {
+    if (v != v || v <= (float)lo) return lo;
+    if (v >= (float)hi) return hi;
+    return (int)v;
+}
+
+// The value of largest magnitude, with its sign (the first one on ties), and optionally that
+// magnitude. ggml's symmetric formats scale by it so the extreme lands on the wider, negative
+// end of their lopsided range (-8..7, -16..15, -4..3, -32..31).
+static inline float k_signed_absmax(const float *x, int n, float *amax_out) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < n; j++) {
+        float a = psv_fabsf(x[j]);
+        if (a > amax) {
+            amax = a;
+            max = x[j];
+        }
+    }
+    if (amax_out) *amax_out = amax;
+    return max;
+}
+
+// ---- F32, F16, BF16 ------------------------------------------------------------------------
+// Each is its own vec_dot_type (ggml: F16 weights multiply F16 activations, BF16 multiply BF16).
+
+static void k_dequant_f32_ref(const void *vx, float *y, int64_t n) {
+    const uint8_t *x = vx;
+    for (int64_t i = 0; i < n; i++) y[i] = k_ld_f32(x + 4 * i);
+}
+static void k_quant_f32_ref(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    for (int64_t i = 0; i < n; i++) wr_u32(y + 4 * i, f32_bits(x[i]));
+}
+
+// Products in double (exact), summed in double in index order, rounded to float once:
+// |s - exact| <= 2^-24 |exact| + n 2^-53 sum |x_i y_i|. (ggml rounds each product to float
+// first; the difference is below 2^-24 relative per term.)
+static void k_dot_f32_f32_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t i = 0; i < n; i++) acc += (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
+    *s = (float)acc;
+}
+
+// fp16 -> float through a 64K-entry table (256 KB): psv_fp16_to_f32 branches on subnormals and
+// specials, and the table makes the F16 dot and dequantization about 2.6x faster (measured,
+// x86-64 -O2). Built once, thread-safely; the quantized kernels convert one scale per block and
+// call psv_fp16_to_f32 directly.
+static float k_fp16_table[65536];
+static pthread_once_t k_fp16_once = PTHREAD_ONCE_INIT;
+static void k_fp16_table_init(void) {
+    for (uint32_t h = 0; h < 65536; h++) k_fp16_table[h] = psv_fp16_to_f32((uint16_t)h);
+}
+static const float *k_fp16_lut(void) {
+    pthread_once(&k_fp16_once, k_fp16_table_init);
+    return k_fp16_table;
+}
+
+static void k_dequant_f16_ref(const void *vx, float *y, int64_t n) {
+    const uint8_t *x = vx;
+    const float *lut = k_fp16_lut();
+    for (int64_t i = 0; i < n; i++) y[i] = lut[ld_u16(x + 2 * i)];
+}
+// IEEE round to nearest even; beyond 65504 (after rounding) gives infinity, like F16C.
+static void k_quant_f16_ref(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    for (int64_t i = 0; i < n; i++) k_st_f16(y + 2 * i, x[i]);
+}
+// Products of two halves are exact in float (11+11 significant bits, |product| < 2^32); summed
+// in double in index order, rounded once: |s - exact| <= 2^-24 |exact| + n 2^-53 sum |x_i y_i|. Same as ggml's
+// scalar ggml_vec_dot_f16, which also accumulates in double.
+static void k_dot_f16_f16_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
+    const float *lut = k_fp16_lut();
+    double acc = 0;
+    for (int64_t i = 0; i < n; i++) acc += (double)(lut[ld_u16(x + 2 * i)] * lut[ld_u16(y + 2 * i)]);
+    *s = (float)acc;
+}
+
+static void k_dequant_bf16_ref(const void *vx, float *y, int64_t n) {
+    const uint8_t *x = vx;
+    for (int64_t i = 0; i < n; i++) y[i] = psv_bf16_to_f32(ld_u16(x + 2 * i));
+}
+// Round to nearest even on the upper 16 bits; NaN stays a quiet NaN (ggml_compute_fp32_to_bf16).
+static void k_quant_bf16_ref(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    for (int64_t i = 0; i < n; i++) wr_u16(y + 2 * i, psv_f32_to_bf16(x[i]));
+}
+// Products in double (exact, and unlike a float product they cannot overflow: bf16 has float's
+// range), summed in double in index order, rounded once; bound as F16.
+static void k_dot_bf16_bf16_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t i = 0; i < n; i++)
+        acc += (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
+    *s = (float)acc;
+}
+
+// ---- Q8_0 and Q8_1: the activation types of the 32-value formats ------------------------------
+
+// Q8_0: x = d * q, q in [-128, 127] (the quantizer produces [-127, 127]).
+static void k_dequant_q8_0_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q8_0_SIZE, y += 32) {
+        float d = k_ld_f16(x);
+        const int8_t *q = (const int8_t *)(x + 2);
+        for (int j = 0; j < 32; j++) y[j] = (float)q[j] * d;
+    }
+}
+
+// ggml quantize_row_q8_0_ref: d = amax/127, q = roundf(x * (1/d)), d stored as fp16. Per value
+// |x - dequant| <= d/2 + 127 |d - fp16(d)| <= 0.563 d. An all-zero block gives d = 0, q = 0.
+static void k_quant_q8_0_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += K_Q8_0_SIZE) {
+        float amax;
+        k_signed_absmax(x, 32, &amax);
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        k_st_f16(y, d);
+        for (int j = 0; j < 32; j++) y[2 + j] = (uint8_t)(int8_t)k_round_away(x[j] * id, -128, 127);
+    }
+}
+
+// Q8_0 . Q8_0: per block isum = sum qx qy, |isum| <= 32 * 128^2 = 2^19; term = dx dy isum
+// (exact in double). Order and bound: see the section comment.
+static void k_dot_q8_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q8_0_SIZE, y += K_Q8_0_SIZE) {
+        const int8_t *qx = (const int8_t *)(x + 2), *qy = (const int8_t *)(y + 2);
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += qx[j] * qy[j];
+        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum;
+    }
+    *s = (float)acc;
+}
+
+// Q8_1: as Q8_0 plus s = fp16(d * sum q) (d before its fp16 rounding), which lets the
+// weight-with-minimum formats add their offset without touching the quants.
+static void k_dequant_q8_1_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q8_1_SIZE, y += 32) {
+        float d = k_ld_f16(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int j = 0; j < 32; j++) y[j] = (float)q[j] * d;
+    }
+}
+
+// ggml quantize_row_q8_1_ref; the round-trip bound is Q8_0's.
+static void k_quant_q8_1_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += K_Q8_1_SIZE) {
+        float amax;
+        k_signed_absmax(x, 32, &amax);
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int q = k_round_away(x[j] * id, -128, 127);
+            y[4 + j] = (uint8_t)(int8_t)q;
+            sum += q;
+        }
+        k_st_f16(y, d);
+        k_st_f16(y + 2, (float)sum * d);
+    }
+}
+
+// ---- Q4_0, Q4_1, Q5_0, Q5_1: 32 values per block --------------------------------------------
+// Value j < 16 is the low nibble of qs[j], value j + 16 its high nibble. Q5 adds a fifth bit:
+// bit j of the little-endian uint32 qh for value j (j < 32).
+
+static void k_dequant_q4_0_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q4_0_SIZE, y += 32) {
+        float d = k_ld_f16(x);
+        const uint8_t *qs = x + 2;
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)((qs[j] & 15) - 8) * d;
+            y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+// ggml quantize_row_q4_0_ref: d = -max/8 where max is the value of largest magnitude, so it
+// maps to -8 exactly; q = min(15, trunc(x/d + 8.5)). Per value |err| <= |d|/2, except -max
+// itself, which clamps to 7: |err| <= |d| = amax/8 (plus the fp16 rounding of d).
+static void k_quant_q4_0_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += K_Q4_0_SIZE) {
+        float max = k_signed_absmax(x, 32, NULL);
+        float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
+        k_st_f16(y, d);
+        for (int j = 0; j < 16; j++) {
+            int q0 = k_trunc(x[j] * id + 8.5f, 0, 15), q1 = k_trunc(x[j + 16] * id + 8.5f, 0, 15);
+            y[2 + j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+// Q4_0 . Q8_0: isum = sum (q4 - 8) q8, |isum| <= 32 * 8 * 128 = 2^15; term = dx dy isum, exact.
+static void k_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q4_0_SIZE, y += K_Q8_0_SIZE) {
+        const uint8_t *qs = x + 2;
+        const int8_t *a = (const int8_t *)(y + 2);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) isum += ((qs[j] & 15) - 8) * a[j] + ((qs[j] >> 4) - 8) * a[j + 16];
+        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum;
+    }
+    *s = (float)acc;
+}
+
+static void k_dequant_q4_1_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q4_1_SIZE, y += 32) {
+        float d = k_ld_f16(x), m = k_ld_f16(x + 2);
+        const uint8_t *qs = x + 4;
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(qs[j] & 15) * d + m;
+            y[j + 16] = (float)(qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+// ggml quantize_row_q4_1_ref: m = min, d = (max - min)/15, q = min(15, trunc((x - m)/d + 0.5)).
+// Per value |err| <= d/2 plus the fp16 rounding of d and m.
+static void k_quant_q4_1_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += K_Q4_1_SIZE) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < 32; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        float d = (max - min) / 15, id = d != 0 ? 1.0f / d : 0.0f;
+        k_st_f16(y, d);
+        k_st_f16(y + 2, min);
+        for (int j = 0; j < 16; j++) {
+            int q0 = k_trunc((x[j] - min) * id + 0.5f, 0, 15);
+            int q1 = k_trunc((x[j + 16] - min) * id + 0.5f, 0, 15);
+            y[4 + j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+// Q4_1 . Q8_1: x = dx q4 + mx, y = dy q8, so x.y = dx dy sum q4 q8 + mx (dy sum q8), and the
+// parenthesis is the block's s. isum <= 32 * 15 * 128 < 2^16; both products exact in double.
+static void k_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q4_1_SIZE, y += K_Q8_1_SIZE) {
+        const uint8_t *qs = x + 4;
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * a[j] + (qs[j] >> 4) * a[j + 16];
+        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+               (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
+    }
+    *s = (float)acc;
+}
+
+// The 5-bit value j of a Q5 block: 4 bits from qs, the fifth from qh.
+static inline int k_q5_value(const uint8_t *qs, uint32_t qh, int j) {
+    int lo = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+    return lo | (int)(((qh >> j) & 1) << 4);
+}
+
+static void k_dequant_q5_0_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q5_0_SIZE, y += 32) {
+        float d = k_ld_f16(x);
+        uint32_t qh = ld_u32(x + 2);
+        for (int j = 0; j < 32; j++) y[j] = (float)(k_q5_value(x + 6, qh, j) - 16) * d;
+    }
+}
+
+// ggml quantize_row_q5_0_ref: d = -max/16, q = min(31, trunc(x/d + 16.5)). Bound as Q4_0 with
+// d = amax/16.
+static void k_quant_q5_0_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += K_Q5_0_SIZE) {
+        float max = k_signed_absmax(x, 32, NULL);
+        float d = max / -16, id = d != 0 ? 1.0f / d : 0.0f;
+        k_st_f16(y, d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = k_trunc(x[j] * id + 16.5f, 0, 31), q1 = k_trunc(x[j + 16] * id + 16.5f, 0, 31);
+            y[6 + j] = (uint8_t)((q0 & 15) | ((q1 & 15) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j;
+            qh |= (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        wr_u32(y + 2, qh);
+    }
+}
+
+// Q5_0 . Q8_0: isum = sum (q5 - 16) q8, |isum| <= 32 * 16 * 128 = 2^16; term exact.
+static void k_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q5_0_SIZE, y += K_Q8_0_SIZE) {
+        uint32_t qh = ld_u32(x + 2);
+        const int8_t *a = (const int8_t *)(y + 2);
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += (k_q5_value(x + 6, qh, j) - 16) * a[j];
+        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum;
+    }
+    *s = (float)acc;
+}
+
+static void k_dequant_q5_1_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q5_1_SIZE, y += 32) {
+        float d = k_ld_f16(x), m = k_ld_f16(x + 2);
+        uint32_t qh = ld_u32(x + 4);
+        for (int j = 0; j < 32; j++) y[j] = (float)k_q5_value(x + 8, qh, j) * d + m;
+    }
+}
+
+// ggml quantize_row_q5_1_ref: m = min, d = (max - min)/31, q = trunc((x - m)/d + 0.5) (clamped
+// to 31 here; ggml relies on the float arithmetic never exceeding it). Bound as Q4_1.
+static void k_quant_q5_1_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % 32 == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += K_Q5_1_SIZE) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < 32; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        float d = (max - min) / 31, id = d != 0 ? 1.0f / d : 0.0f;
+        k_st_f16(y, d);
+        k_st_f16(y + 2, min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = k_trunc((x[j] - min) * id + 0.5f, 0, 31);
+            int q1 = k_trunc((x[j + 16] - min) * id + 0.5f, 0, 31);
+            y[8 + j] = (uint8_t)((q0 & 15) | ((q1 & 15) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j;
+            qh |= (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        wr_u32(y + 4, qh);
+    }
+}
+
+// Q5_1 . Q8_1: as Q4_1 with 5-bit quants; isum <= 32 * 31 * 128 < 2^17.
+static void k_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % 32 == 0);
+    const uint8_t *x = vx, *y = vy;
+    double acc = 0;
+    for (int64_t b = 0; b < n / 32; b++, x += K_Q5_1_SIZE, y += K_Q8_1_SIZE) {
+        uint32_t qh = ld_u32(x + 4);
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += k_q5_value(x + 8, qh, j) * a[j];
+        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+               (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
+    }
+    *s = (float)acc;
+}
+
+// ---- Q8_K: the activation type of the k-quants ------------------------------------------------
+// 256 values, a float scale and the sums of each 16 quants (bsums), which the k-quants with a
+// minimum use to apply it without touching the quants.
+
+static void k_dequant_q8_k_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx;
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q8_K_SIZE, y += QK_K) {
+        float d = k_ld_f32(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int j = 0; j < QK_K; j++) y[j] = d * (float)q[j];
+    }
+}
+
+// ggml quantize_row_q8_K_ref: max is the value of largest magnitude, iscale = -127/max (so d is
+// negative when max is positive and max itself maps to -127), q = min(127, nearest_int(x *
+// iscale)) with ties to even, d = 1/iscale in float. Per value |err| <= |d|/2 (1 + 2^-20). An
+// all-zero block stores d = 0, q = 0, bsums = 0.
+static void k_quant_q8_k_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q8_K_SIZE) {
+        float amax, max = k_signed_absmax(x, QK_K, &amax);
+        memset(y, 0, K_Q8_K_SIZE);
+        if (amax == 0) continue;
+        float iscale = -127.0f / max;
+        for (int j = 0; j < QK_K; j++) y[4 + j] = (uint8_t)(int8_t)k_round_even(iscale * x[j], -128, 127);
+        const int8_t *q = (const int8_t *)(y + 4);
+        for (int k = 0; k < QK_K / 16; k++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += q[16 * k + l];
+            wr_u16(y + 260 + 2 * k, (uint16_t)sum); // two's complement of a value in [-2048, 2032]
+        }
+        wr_u32(y, f32_bits(1.0f / iscale));
+    }
+}
+
+// ---- K-quants: 256 values per super-block ------------------------------------------------------
+// Each decoder unpacks a block to its 256 integer quants (offsets like Q3_K's -4 and Q6_K's -32
+// already applied) and per-sub-block scales and minimums; dequantization and the dot products
+// share it. Throughout, value e of the block belongs to sub-block e/16 (Q2_K, Q3_K, Q6_K) or
+// e/32 (Q4_K, Q5_K), and the dot products use Q8_K's bsums for the minimums, as ggml does.
+
+// Q2_K: qs[32*(e/128) + e%32] holds value e at bit 2*((e/32)%4); scales[k] = sc | m << 4 (4 bits
+// each); x = d*sc*q - dmin*m with q in 0..3.
+static void k_unpack_q2_k(const uint8_t *b, int8_t q[QK_K]) {
+    const uint8_t *qs = b + 16;
+    for (int h = 0; h < 2; h++) // value e = 128h + 32j + l
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) q[128 * h + 32 * j + l] = (int8_t)((qs[32 * h + l] >> (2 * j)) & 3);
+}
+
+static void k_dequant_q2_k_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx;
+    int8_t q[QK_K];
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q2_K_SIZE, y += QK_K) {
+        k_unpack_q2_k(x, q);
+        float d = k_ld_f16(x + 80), dmin = k_ld_f16(x + 82);
+        for (int k = 0; k < 16; k++) {
+            float dl = d * (float)(x[k] & 15), ml = dmin * (float)(x[k] >> 4);
+            for (int l = 0; l < 16; l++) y[16 * k + l] = dl * (float)q[16 * k + l] - ml;
+        }
+    }
+}
+
+// Q2_K . Q8_K: isum = sum_k sc_k sum q a <= 16 * 15 * 16 * 3 * 128 < 2^21; msum = sum_k m_k
+// bsum_k <= 16 * 15 * 2048 < 2^19; term = dy (dx isum - dmin msum), each product exact or
+// rounded once in double.
+static void k_dot_q2_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx, *y = vy;
+    int8_t q[QK_K];
+    double acc = 0;
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q2_K_SIZE, y += K_Q8_K_SIZE) {
+        k_unpack_q2_k(x, q);
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0, msum = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t t = 0;
+            for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
+            isum += (x[k] & 15) * t;
+            msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
+        }
+        acc += (double)k_ld_f32(y) *
+               ((double)k_ld_f16(x + 80) * (double)isum - (double)k_ld_f16(x + 82) * (double)msum);
+    }
+    *s = (float)acc;
+}
+
+// Q3_K: value e has its low two bits in qs[32*(e/128) + e%32] at bit 2*((e/32)%4) and its high
+// bit in hmask[e%32] at bit e/32; q = low - (high ? 0 : 4), in -4..3. The 16 scales are 6-bit,
+// biased by 32: low nibble from scales[k] (k < 8) or the high nibble of scales[k-8], top two bits
+// from scales[8 + k%4] at bit 2*(k/4). x = d*(sc - 32)*q.
+static void k_unpack_q3_k(const uint8_t *b, int8_t q[QK_K], int sc[16]) {
+    const uint8_t *hmask = b, *qs = b + 32, *s = b + 96;
+    for (int h = 0; h < 2; h++) // value e = 128h + 32j + l, so e/32 = 4h + j
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int lo = (qs[32 * h + l] >> (2 * j)) & 3, hi = (hmask[l] >> (4 * h + j)) & 1;
+                q[128 * h + 32 * j + l] = (int8_t)(lo - 4 + 4 * hi);
+            }
+    for (int k = 0; k < 16; k++) {
+        int lo = k < 8 ? (s[k] & 15) : (s[k - 8] >> 4);
+        int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+        sc[k] = (lo | (hi << 4)) - 32;
+    }
+}
+
+static void k_dequant_q3_k_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx;
+    int8_t q[QK_K];
+    int sc[16];
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q3_K_SIZE, y += QK_K) {
+        k_unpack_q3_k(x, q, sc);
+        float d = k_ld_f16(x + 108);
+        for (int k = 0; k < 16; k++) {
+            float dl = d * (float)sc[k];
+            for (int l = 0; l < 16; l++) y[16 * k + l] = dl * (float)q[16 * k + l];
+        }
+    }
+}
+
+// Q3_K . Q8_K: isum = sum_k sc_k sum q a, |isum| <= 16 * 32 * 16 * 4 * 128 = 2^22; term =
+// dx dy isum.
+static void k_dot_q3_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx, *y = vy;
+    int8_t q[QK_K];
+    int sc[16];
+    double acc = 0;
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q3_K_SIZE, y += K_Q8_K_SIZE) {
+        k_unpack_q3_k(x, q, sc);
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t t = 0;
+            for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
+            isum += sc[k] * t;
+        }
+        acc += (double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum;
+    }
+    *s = (float)acc;
+}
+
+// The 6-bit scale and minimum of sub-block k of Q4_K/Q5_K (ggml get_scale_min_k4): for k < 4
+// the low six bits of scales[k] and scales[k+4]; for k >= 4 the nibbles of scales[k+4] with the
+// top two bits of scales[k-4] (scale) and scales[k] (minimum) above them.
+static inline void k_scale_min_k4(const uint8_t *s, int k, int *sc, int *m) {
+    if (k < 4) {
+        *sc = s[k] & 63;
+        *m = s[k + 4] & 63;
+    } else {
+        *sc = (s[k + 4] & 15) | ((s[k - 4] >> 6) << 4);
+        *m = (s[k + 4] >> 4) | ((s[k] >> 6) << 4);
+    }
+}
+
+// Q4_K: value e = 64c + l (l < 32) is the low nibble of qs[32c + l], value 64c + 32 + l its high
+// nibble; x = d*sc*q - dmin*m. Q5_K adds bit e/32 of qh[e%32] as the fifth bit (+16).
+static void k_unpack_q45_k(const uint8_t *qs, const uint8_t *qh, const uint8_t *s, int8_t q[QK_K],
+                           int sc[8], int m[8]) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = (int8_t)(qs[32 * c + l] & 15);
+            q[64 * c + 32 + l] = (int8_t)(qs[32 * c + l] >> 4);
+        }
+    if (qh)
+        for (int e = 0; e < QK_K; e++) q[e] = (int8_t)(q[e] | (((qh[e % 32] >> (e / 32)) & 1) << 4));
+    for (int k = 0; k < 8; k++) k_scale_min_k4(s, k, &sc[k], &m[k]);
+}
+
+static void k_dequant_q45_k(const uint8_t *x, float *y, int64_t n, bool five) {
+    PSV_ASSERT(n % QK_K == 0);
+    const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
+    int8_t q[QK_K];
+    int sc[8], m[8];
+    for (int64_t b = 0; b < n / QK_K; b++, x += size, y += QK_K) {
+        k_unpack_q45_k(five ? x + 48 : x + 16, five ? x + 16 : NULL, x + 4, q, sc, m);
+        float d = k_ld_f16(x), dmin = k_ld_f16(x + 2);
+        for (int k = 0; k < 8; k++) {
+            float dl = d * (float)sc[k], ml = dmin * (float)m[k];
+            for (int l = 0; l < 32; l++) y[32 * k + l] = dl * (float)q[32 * k + l] - ml;
+        }
+    }
+}
+static void k_dequant_q4_k_ref(const void *vx, float *y, int64_t n) { k_dequant_q45_k(vx, y, n, false); }
+static void k_dequant_q5_k_ref(const void *vx, float *y, int64_t n) { k_dequant_q45_k(vx, y, n, true); }
+
+// Q4_K/Q5_K . Q8_K: isum = sum_k sc_k sum q a <= 8 * 63 * 32 * 31 * 128 < 2^26; msum = sum_k m_k
+// (bsum_2k + bsum_2k+1) <= 8 * 63 * 4096 < 2^21; term = dy (dx isum - dmin msum).
+static void k_dot_q45_k(int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
+    PSV_ASSERT(n % QK_K == 0);
+    const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
+    int8_t q[QK_K];
+    int sc[8], m[8];
+    double acc = 0;
+    for (int64_t b = 0; b < n / QK_K; b++, x += size, y += K_Q8_K_SIZE) {
+        k_unpack_q45_k(five ? x + 48 : x + 16, five ? x + 16 : NULL, x + 4, q, sc, m);
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0, msum = 0;
+        for (int k = 0; k < 8; k++) {
+            int32_t t = 0;
+            for (int l = 0; l < 32; l++) t += q[32 * k + l] * a[32 * k + l];
+            isum += sc[k] * t;
+            msum += m[k] * (k_ld_i16(y + 260 + 4 * k) + k_ld_i16(y + 262 + 4 * k));
+        }
+        acc += (double)k_ld_f32(y) *
+               ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum);
+    }
+    *s = (float)acc;
+}
+static void k_dot_q4_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) { k_dot_q45_k(n, s, vx, vy, false); }
+static void k_dot_q5_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) { k_dot_q45_k(n, s, vx, vy, true); }
+
+// Q6_K: value e = 128h + 32k + l (k < 4, l < 32) has its low nibble in ql[64h + 32(k&1) + l] at
+// bit 4(k>>1) and its top two bits in qh[32h + l] at bit 2k; q = that - 32, in -32..31. Scales
+// are signed bytes: x = d*scales[e/16]*q.
+static void k_unpack_q6_k(const uint8_t *b, int8_t q[QK_K]) {
+    const uint8_t *ql = b, *qh = b + 128;
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < 32; l++) {
+                int lo = (ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 15;
+                int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+                q[128 * h + 32 * k + l] = (int8_t)((lo | (hi << 4)) - 32);
+            }
+}
+
+static void k_dequant_q6_k_ref(const void *vx, float *y, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx;
+    int8_t q[QK_K];
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q6_K_SIZE, y += QK_K) {
+        k_unpack_q6_k(x, q);
+        const int8_t *sc = (const int8_t *)(x + 192);
+        float d = k_ld_f16(x + 208);
+        for (int k = 0; k < 16; k++) {
+            float dl = d * (float)sc[k];
+            for (int l = 0; l < 16; l++) y[16 * k + l] = dl * (float)q[16 * k + l];
+        }
+    }
+}
+
+// Q6_K . Q8_K: isum = sum_k sc_k sum q a, |isum| <= 16 * 128 * 16 * 32 * 128 = 2^27; term =
+// dx dy isum.
+static void k_dot_q6_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx, *y = vy;
+    int8_t q[QK_K];
+    double acc = 0;
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q6_K_SIZE, y += K_Q8_K_SIZE) {
+        k_unpack_q6_k(x, q);
+        const int8_t *sc = (const int8_t *)(x + 192), *a = (const int8_t *)(y + 4);
+        int32_t isum = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t t = 0;
+            for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
+            isum += sc[k] * t;
+        }
+        acc += (double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum;
+    }
+    *s = (float)acc;
+}
+
+// ---- K-quant quantizers ------------------------------------------------------------------------
+// Simple, not optimal: each sub-block gets the plain min/max (or signed absmax) fit and the
+// sub-block scales are quantized against the largest one, as ggml's reference quantizers do
+// before their error-minimising search, which is left out. The values are then requantized
+// against the stored (fp16-rounded) scales so a block is self-consistent. They make valid
+// blocks for tests and generated models; error bounds are stated per type and checked by tests.
+
+// Min/max fit of n values to levels 0..nmax with a minimum <= 0: returns the step, *mn = -min.
+static float k_fit_min_max(const float *x, int n, int nmax, float *mn) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < n; j++) {
+        if (x[j] < min) min = x[j];
+        if (x[j] > max) max = x[j];
+    }
+    if (min > 0) min = 0;
+    *mn = -min;
+    return max > min ? (max - min) / (float)nmax : 0.0f;
+}
+
+// Q2_K: 16 sub-blocks of 16, step (max-min)/3 and minimum in 4 bits each against d = max
+// step/15 and dmin = max minimum/15. A value is off by at most half the quantized step inside
+// the quantized range, and by the range's displacement (3 |step - d sc| + |mn - dmin m|) outside
+// it; with step <= 2 amax/3 and the 4-bit rounding that is <= 0.444 amax (amax: the block's
+// largest magnitude), plus fp16's absolute error in d and dmin: 60 * 2^-25 when they are
+// subnormal. (ggml's search does better; these are test and generator blocks.)
+static void k_quant_q2_k_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q2_K_SIZE) {
+        float step[16], mn[16], max_step = 0, max_mn = 0;
+        for (int k = 0; k < 16; k++) {
+            step[k] = k_fit_min_max(x + 16 * k, 16, 3, &mn[k]);
+            if (step[k] > max_step) max_step = step[k];
+            if (mn[k] > max_mn) max_mn = mn[k];
+        }
+        memset(y, 0, K_Q2_K_SIZE);
+        float is = max_step > 0 ? 15 / max_step : 0, im = max_mn > 0 ? 15 / max_mn : 0;
+        for (int k = 0; k < 16; k++)
+            y[k] = (uint8_t)(k_round_even(is * step[k], 0, 15) | (k_round_even(im * mn[k], 0, 15) << 4));
+        k_st_f16(y + 80, max_step / 15);
+        k_st_f16(y + 82, max_mn / 15);
+        float d = k_ld_f16(y + 80), dmin = k_ld_f16(y + 82);
+        for (int e = 0; e < QK_K; e++) {
+            int k = e / 16;
+            float dl = d * (float)(y[k] & 15), ml = dmin * (float)(y[k] >> 4);
+            int q = dl != 0 ? k_round_even((x[e] + ml) / dl, 0, 3) : 0;
+            y[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e / 32) % 4)));
+        }
+    }
+}
+
+// Q3_K: 16 sub-blocks of 16, each with step -max/4 (the signed absmax maps to -4); the signed
+// steps are quantized to -32..31 against the largest (which maps to -32). The range -4..3 is
+// lopsided, so a value opposite the sub-block's extreme can be off by a whole step, and the
+// scale rounding (up to d when +32 clamps to 31) adds 3 d: <= amax/4 + 3 amax/128 + amax 2^-11
+// = 0.274 amax, plus 128 * 2^-25 when d is subnormal in fp16.
+static void k_quant_q3_k_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q3_K_SIZE) {
+        float step[16], amax = 0, max_step = 0;
+        for (int k = 0; k < 16; k++) {
+            step[k] = k_signed_absmax(x + 16 * k, 16, NULL) / -4;
+            if (psv_fabsf(step[k]) > amax) {
+                amax = psv_fabsf(step[k]);
+                max_step = step[k];
+            }
+        }
+        memset(y, 0, K_Q3_K_SIZE);
+        if (max_step != 0) {
+            float is = -32 / max_step;
+            for (int k = 0; k < 16; k++) {
+                int u = k_round_even(is * step[k], -32, 31) + 32;
+                if (k < 8) y[96 + k] |= (uint8_t)(u & 15);
+                else y[96 + k - 8] |= (uint8_t)((u & 15) << 4);
+                y[96 + 8 + k % 4] |= (uint8_t)((u >> 4) << (2 * (k / 4)));
+            }
+            k_st_f16(y + 108, 1 / is);
+        }
+        int8_t q[QK_K];
+        int sc[16];
+        k_unpack_q3_k(y, q, sc);
+        float d = k_ld_f16(y + 108);
+        for (int e = 0; e < QK_K; e++) {
+            float dl = d * (float)sc[e / 16];
+            int u = (dl != 0 ? k_round_even(x[e] / dl, -4, 3) : 0) + 4;
+            y[32 + 32 * (e / 128) + e % 32] |= (uint8_t)((u & 3) << (2 * ((e / 32) % 4)));
+            y[e % 32] |= (uint8_t)((u >> 2) << (e / 32));
+        }
+    }
+}
+
+// Q4_K and Q5_K: 8 sub-blocks of 32, min/max fit to 0..nmax, step and minimum in 6 bits against
+// d = max step/63 and dmin = max minimum/63. As for Q2_K: |err| <= step/2 + d/4 + nmax d/2 +
+// dmin/2 with step <= 2 amax/nmax, i.e. <= 0.091 amax (Q4_K) and 0.056 amax (Q5_K), plus
+// (nmax + 1) * 63 * 2^-25 when d or dmin is subnormal in fp16.
+static void k_quant_q45_k(const float *x, uint8_t *y, int64_t n, bool five) {
+    PSV_ASSERT(n % QK_K == 0);
+    const int nmax = five ? 31 : 15;
+    const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += size) {
+        float step[8], mn[8], max_step = 0, max_mn = 0;
+        for (int k = 0; k < 8; k++) {
+            step[k] = k_fit_min_max(x + 32 * k, 32, nmax, &mn[k]);
+            if (step[k] > max_step) max_step = step[k];
+            if (mn[k] > max_mn) max_mn = mn[k];
+        }
+        memset(y, 0, size);
+        uint8_t *s = y + 4;
+        float is = max_step > 0 ? 63 / max_step : 0, im = max_mn > 0 ? 63 / max_mn : 0;
+        for (int k = 0; k < 8; k++) {
+            int ls = k_round_even(is * step[k], 0, 63), lm = k_round_even(im * mn[k], 0, 63);
+            if (k < 4) {
+                s[k] = (uint8_t)ls;
+                s[k + 4] = (uint8_t)lm;
+            } else {
+                s[k + 4] = (uint8_t)((ls & 15) | ((lm & 15) << 4));
+                s[k - 4] |= (uint8_t)((ls >> 4) << 6);
+                s[k] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        k_st_f16(y, max_step / 63);
+        k_st_f16(y + 2, max_mn / 63);
+        float d = k_ld_f16(y), dmin = k_ld_f16(y + 2);
+        uint8_t *qs = five ? y + 48 : y + 16, *qh = y + 16;
+        for (int k = 0; k < 8; k++) {
+            int sc, m;
+            k_scale_min_k4(s, k, &sc, &m);
+            float dl = d * (float)sc, ml = dmin * (float)m;
+            for (int l = 0; l < 32; l++) {
+                int e = 32 * k + l;
+                int q = dl != 0 ? k_round_even((x[e] + ml) / dl, 0, nmax) : 0;
+                qs[32 * (e / 64) + l] |= (uint8_t)((q & 15) << ((k & 1) ? 4 : 0));
+                if (five) qh[l] |= (uint8_t)((q >> 4) << k);
+            }
+        }
+    }
+}
+static void k_quant_q4_k_ref(const float *x, void *vy, int64_t n) { k_quant_q45_k(x, vy, n, false); }
+static void k_quant_q5_k_ref(const float *x, void *vy, int64_t n) { k_quant_q45_k(x, vy, n, true); }
+
+// Q6_K: 16 sub-blocks of 16 with step -max/32 (signed absmax maps to -32), steps quantized to
+// signed bytes against the largest (which maps to -128). As for Q3_K, the lopsided range costs
+// up to a whole step and the scale rounding up to 31 d: <= amax/32 + 31 amax/4096 + amax 2^-11
+// = 0.0393 amax, plus 4096 * 2^-25 when d is subnormal in fp16.
+static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q6_K_SIZE) {
+        float step[16], amax = 0, max_step = 0;
+        for (int k = 0; k < 16; k++) {
+            step[k] = k_signed_absmax(x + 16 * k, 16, NULL) / -32;
+            if (psv_fabsf(step[k]) > amax) {
+                amax = psv_fabsf(step[k]);
+                max_step = step[k];
+            }
+        }
+        memset(y, 0, K_Q6_K_SIZE);
+        if (max_step == 0) continue; // all zero: q = -32 with zero scales decodes to 0
+        float is = -128 / max_step;
+        for (int k = 0; k < 16; k++) y[192 + k] = (uint8_t)(int8_t)k_round_even(is * step[k], -128, 127);
+        k_st_f16(y + 208, 1 / is);
+        float d = k_ld_f16(y + 208);
+        const int8_t *sc = (const int8_t *)(y + 192);
+        for (int e = 0; e < QK_K; e++) {
+            float dl = d * (float)sc[e / 16];
+            int u = (dl != 0 ? k_round_even(x[e] / dl, -32, 31) : 0) + 32;
+            int h = e / 128, k = (e / 32) % 4, l = e % 32;
+            y[64 * h + 32 * (k & 1) + l] |= (uint8_t)((u & 15) << (4 * (k >> 1)));
+            y[128 + 32 * h + l] |= (uint8_t)((u >> 4) << (2 * k));
+        }
+    }
+}
+
+// ---- Traits ----------------------------------------------------------------------------------
+// vec_dot_type follows ggml's CPU type traits: the 32-value formats without a minimum pair with
+// Q8_0, those with one with Q8_1 (its s carries the minimum's share), the k-quants with Q8_K
+// (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
+// have to_float and from_float but no vec_dot.
+static const k_traits k_traits_ref_table[T_COUNT] = {
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K},
+};
+
+// The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
+// The table is immutable: safe to call from any thread.
+static const k_traits *k_traits_ref(uint32_t type) {
+    return type < T_COUNT && k_traits_ref_table[type].to_float ? &k_traits_ref_table[type] : NULL;
+}
+
+
+// ----------------------------------------------------------------------------
+// 12. Thread pool
+// A persistent set of pthread workers. pool_run(fn) runs fn(arg, ith, nth) on every thread (the
+// caller is thread 0) and returns when all are done; no thread is created per operation. One
+// pool_run at a time per pool: the model serialises forward passes.
+
+typedef void (*pool_fn)(void *arg, int ith, int nth);
+
+typedef struct pool_worker pool_worker;
+typedef struct {
+    int n_threads;
+    pool_worker *workers; // n_threads - 1 entries
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    uint64_t generation; // bumped once per pool_run; workers wait for a change
+    int pending;         // workers still running the current job
+    bool quit;
+    pool_fn fn;
+    void *arg;
+} pool_t;
+
+struct pool_worker {
+    pool_t *pool;
+    pthread_t thread;
+    int ith;
+};
+
+static void *pool_worker_main(void *p) {
+    pool_worker *w = p;
+    pool_t *pl = w->pool;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pl->mu);
+        while (!pl->quit && pl->generation == seen) pthread_cond_wait(&pl->cv_work, &pl->mu);
+        if (pl->quit) {
+            pthread_mutex_unlock(&pl->mu);
+            return NULL;
+        }
+        seen = pl->generation;
+        pool_fn fn = pl->fn;
+        void *arg = pl->arg;
+        pthread_mutex_unlock(&pl->mu);
+        fn(arg, w->ith, pl->n_threads);
+        pthread_mutex_lock(&pl->mu);
+        if (--pl->pending == 0) pthread_cond_signal(&pl->cv_done);
+        pthread_mutex_unlock(&pl->mu);
+    }
+}
+
+static void pool_free(pool_t *pl) {
+    if (!pl) return;
+    pthread_mutex_lock(&pl->mu);
+    pl->quit = true;
+    pthread_cond_broadcast(&pl->cv_work);
+    pthread_mutex_unlock(&pl->mu);
+    for (int i = 0; i < pl->n_threads - 1; i++)
+        if (pl->workers[i].pool) pthread_join(pl->workers[i].thread, NULL);
+    pthread_cond_destroy(&pl->cv_work);
+    pthread_cond_destroy(&pl->cv_done);
+    pthread_mutex_destroy(&pl->mu);
+    free(pl->workers);
+    free(pl);
+}
+
+static psv_status pool_new(int n_threads, pool_t **out, psv_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024)
+        return err_set(err, PSV_ERR_INVALID, "pool: thread count %d out of range (1..1024)", n_threads);
+    pool_t *pl = calloc(1, sizeof *pl);
+    if (!pl) return err_set(err, PSV_ERR_NOMEM, "pool: out of memory");
+    pl->n_threads = n_threads;
+    pthread_mutex_init(&pl->mu, NULL);
+    pthread_cond_init(&pl->cv_work, NULL);
+    pthread_cond_init(&pl->cv_done, NULL);
+    pl->workers = calloc((size_t)n_threads, sizeof *pl->workers);
+    if (!pl->workers) {
+        pool_free(pl);
+        return err_set(err, PSV_ERR_NOMEM, "pool: out of memory");
+    }
+    for (int i = 0; i < n_threads - 1; i++) {
+        pool_worker *w = &pl->workers[i];
+        w->ith = i + 1;
+        w->pool = pl;
+        if (pthread_create(&w->thread, NULL, pool_worker_main, w) != 0) {
+            w->pool = NULL;
+            pool_free(pl);
+            return err_set(err, PSV_ERR_IO, "pool: cannot create thread %d of %d", i + 2, n_threads);
+        }
+    }
+    *out = pl;
+    return PSV_OK;
+}
+
+static void pool_run(pool_t *pl, pool_fn fn, void *arg) {
+    if (pl->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&pl->mu);
+    pl->fn = fn;
+    pl->arg = arg;
+    pl->pending = pl->n_threads - 1;
+    pl->generation++;
+    pthread_cond_broadcast(&pl->cv_work);
+    pthread_mutex_unlock(&pl->mu);
+    fn(arg, 0, pl->n_threads);
+    pthread_mutex_lock(&pl->mu);
+    while (pl->pending > 0) pthread_cond_wait(&pl->cv_done, &pl->mu);
+    pthread_mutex_unlock(&pl->mu);
+}
+
+// The half-open share [*lo, *hi) of n items for thread ith of nth, contiguous and balanced.
+static inline void pool_share(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
+}
+
+// ----------------------------------------------------------------------------
+// 13. Model
+// Loads hyper-parameters and weights from a GGUF file (weights stay in the mapping, used in
+// place; only small 1-D vectors are copied out as floats) and runs the transformer forward pass.
+// Architectures: llama, phi3, qwen2, qwen3, phi2. The pass follows the GGUF ecosystem's
+// definitions: weight rows are output features (ne[0] = input length), activations are
+// quantized to each weight type's dot-product type before a matrix product, and rotary
+// embeddings use the "normal" (adjacent pairs) layout for llama and the "neox" (half-split)
+// layout for the others.
+
+typedef enum { ARCH_LLAMA, ARCH_PHI3, ARCH_QWEN2, ARCH_QWEN3, ARCH_PHI2 } model_arch;
+
+static const char *const model_arch_names[] = {"llama", "phi3", "qwen2", "qwen3", "phi2"};
+
+// A weight matrix in the mapping: n_out rows of n_in values of `type`.
+typedef struct {
+    const uint8_t *data;
+    uint32_t type;
+    int64_t n_in, n_out;
+    size_t row_size;
+    const char *name; // for messages; points into the gguf tensor table
+} mtensor;
+
+// Owned float copies of small vectors, all freed with the model.
+typedef struct {
+    float **ptrs;
+    size_t n, cap;
+} vec_list;
+
+typedef struct {
+    float *attn_norm, *attn_norm_b; // (n_embd)
+    mtensor wq, wk, wv;             // (n_embd -> n_head*hd), (n_embd -> n_head_kv*hd) x2
+    mtensor wqkv;                   // fused (n_embd -> (n_head + 2 n_head_kv) hd), phi3/phi2
+    float *bq, *bk, *bv, *bqkv;     // biases (qwen2; phi2 fused)
+    float *q_norm, *k_norm;         // (hd), qwen3 per-head RMS norm
+    mtensor wo;                     // (n_head*hd -> n_embd)
+    float *bo;                      // (n_embd), phi2
+    float *ffn_norm;                // (n_embd); absent for phi2 (parallel block)
+    mtensor w_gate, w_up;           // (n_embd -> n_ff); phi3 fuses both into w_up (n_embd -> 2 n_ff)
+    mtensor w_down;                 // (n_ff -> n_embd)
+    float *b_up, *b_down;           // phi2
+} layer_w;
+
+struct psv_model {
+    gguf_file *gguf;
+    model_arch arch;
+    // hyper-parameters
+    int64_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_ff, n_ctx_train;
+    int64_t n_ctx_orig; // rope.scaling.original_context_length (0: none)
+    float rope_base, rope_freq_scale, rope_attn_factor, norm_eps;
+    bool rope_neox, layer_norm, fused_qkv, fused_gate_up, gelu, parallel;
+    // weights
+    mtensor tok_embd, output;
+    float *out_norm, *out_norm_b, *out_b;
+    float *rope_long, *rope_short; // (n_rot/2) frequency divisors, phi3 LongRoPE
+    layer_w *layers;
+    size_t weight_bytes;
+    pool_t *pool;
+    pthread_mutex_t lock; // one forward pass at a time (the pool is shared)
+    vec_list vecs;        // owned copies of the 1-D weights
+    tok_vocab *vocab;     // tokenizer (section 9), NULL when the file has none
+    chat_format chat_format;
+    const char *chat_warning; // static text when the template was not recognised
+};
+
+static psv_status model_vocab_load(psv_model *m, psv_error *err);
+static void model_vocab_free(psv_model *m);
+
+static const k_traits *eng_traits(uint32_t type) { return k_traits_ref(type); }
+
+static psv_status model_tensor(psv_model *m, const char *name, int64_t n_in, int64_t n_out,
+                               bool required, mtensor *out, psv_error *err) {
+    memset(out, 0, sizeof *out);
+    const gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    if (!t) {
+        if (!required) return PSV_OK;
+        return err_set(err, PSV_ERR_FORMAT, "model: missing tensor '%s'", name);
+    }
+    uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
+    bool higher = (t->n_dims >= 3 && t->ne[2] != 1) || (t->n_dims >= 4 && t->ne[3] != 1);
+    if (t->ne[0] != (uint64_t)n_in || ne1 != (uint64_t)n_out || higher)
+        return err_set(err, PSV_ERR_FORMAT,
+                       "model: tensor '%s': wrong shape (expected [%" PRId64 ", %" PRId64
+                       "], got [%" PRIu64 ", %" PRIu64 "%s])",
+                       name, n_in, n_out, t->ne[0], ne1, higher ? ", ..." : "");
+    const type_info *ti = type_get(t->type);
+    if (!ti || !ti->supported || !eng_traits(t->type))
+        return err_set(err, PSV_ERR_UNSUPPORTED,
+                       "model: tensor '%s': type %s is not supported (supported: F32, F16, BF16, "
+                       "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                       name, ti ? ti->name : "unknown");
+    uint64_t rs;
+    if (!type_row_size(t->type, t->ne[0], &rs))
+        return err_set(err, PSV_ERR_FORMAT, "model: tensor '%s': bad row length", name);
+    out->data = t->data;
+    out->type = t->type;
+    out->n_in = n_in;
+    out->n_out = n_out;
+    out->row_size = (size_t)rs;
+    out->name = name;
+    m->weight_bytes += (size_t)t->size;
+    return PSV_OK;
+}
+
+// A 1-D vector of n values (any supported type) copied out as floats.
+static psv_status model_vector(psv_model *m, vec_list *vl, const char *name, int64_t n, bool required,
+                               float **out, psv_error *err) {
+    *out = NULL;
+    mtensor t;
+    psv_status st = model_tensor(m, name, n, 1, required, &t, err);
+    if (st != PSV_OK || !t.data) return st;
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) return err_set(err, PSV_ERR_NOMEM, "model: out of memory for '%s'", name);
+    if (vl->n == vl->cap) {
+        size_t cap = vl->cap ? vl->cap * 2 : 64;
+        float **p = realloc(vl->ptrs, cap * sizeof *p);
+        if (!p) {
+            free(v);
+            return err_set(err, PSV_ERR_NOMEM, "model: out of memory");
+        }
+        vl->ptrs = p;
+        vl->cap = cap;
+    }
+    vl->ptrs[vl->n++] = v;
+    eng_traits(t.type)->to_float(t.data, v, n);
+    for (int64_t i = 0; i < n; i++)
+        if (!psv_isfinite(v[i]))
+            return err_set(err, PSV_ERR_FORMAT, "model: tensor '%s': value %" PRId64 " is not finite", name, i);
+    *out = v;
+    return PSV_OK;
+}
+
+// Hyper-parameter lookups with the `{arch}.` prefix.
+static bool model_key_u32(const psv_model *m, const char *suffix, uint32_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", model_arch_names[m->arch], suffix);
+    return gguf_get_u32(m->gguf, key, out);
+}
+static bool model_key_f32(const psv_model *m, const char *suffix, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", model_arch_names[m->arch], suffix);
+    return gguf_get_f32(m->gguf, key, out);
+}
+
+static psv_status model_hparams(psv_model *m, psv_error *err) {
+    str_t arch;
+    if (!gguf_get_str(m->gguf, "general.architecture", &arch))
+        return err_set(err, PSV_ERR_FORMAT, "model: missing key 'general.architecture'");
+    bool found = false;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(model_arch_names); i++)
+        if (str_eq_c(arch, model_arch_names[i])) {
+            m->arch = (model_arch)i;
+            found = true;
+        }
+    if (!found)
+        return err_set(err, PSV_ERR_UNSUPPORTED,
+                       "model: architecture '%.*s' is not supported (supported: llama, phi3, qwen2, "
+                       "qwen3, phi2)",
+                       (int)PSV_MIN(arch.n, 64), arch.p);
+    const char *a = model_arch_names[m->arch];
+    uint32_t u;
+#define REQ_U32(suffix, field, lo, hi)                                                            \
+    do {                                                                                          \
+        if (!model_key_u32(m, suffix, &u))                                                        \
+            return err_set(err, PSV_ERR_FORMAT, "model: missing or invalid key '%s.%s'", a, suffix); \
+        if (u < (lo) || u > (hi))                                                                 \
+            return err_set(err, PSV_ERR_FORMAT, "model: key '%s.%s': %u out of range (%u..%u)", a, \
+                           suffix, u, (unsigned)(lo), (unsigned)(hi));                            \
+        field = u;                                                                                \
+    } while (0)
+    REQ_U32("embedding_length", m->n_embd, 1, 1u << 20);
+    REQ_U32("block_count", m->n_layer, 1, 4096);
+    REQ_U32("attention.head_count", m->n_head, 1, 4096);
+    REQ_U32("feed_forward_length", m->n_ff, 1, 1u << 22);
+#undef REQ_U32
+    m->n_head_kv = m->n_head;
+    if (model_key_u32(m, "attention.head_count_kv", &u)) m->n_head_kv = u;
+    if (m->n_head_kv < 1 || m->n_head % m->n_head_kv)
+        return err_set(err, PSV_ERR_FORMAT,
+                       "model: head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
+                       m->n_head, m->n_head_kv);
+    m->head_dim = m->n_embd / m->n_head;
+    if (model_key_u32(m, "attention.key_length", &u)) m->head_dim = u;
+    uint32_t vlen;
+    if (model_key_u32(m, "attention.value_length", &vlen) && vlen != m->head_dim)
+        return err_set(err, PSV_ERR_UNSUPPORTED, "model: value_length %u differs from key_length %" PRId64, vlen, m->head_dim);
+    if (m->head_dim < 2 || m->head_dim > 1024 || m->head_dim % 2)
+        return err_set(err, PSV_ERR_FORMAT, "model: head dimension %" PRId64 " out of range (even, 2..1024)", m->head_dim);
+    m->n_rot = m->head_dim;
+    if (model_key_u32(m, "rope.dimension_count", &u)) m->n_rot = u;
+    if (m->n_rot < 2 || m->n_rot > m->head_dim || m->n_rot % 2)
+        return err_set(err, PSV_ERR_FORMAT, "model: rope.dimension_count %" PRId64 " invalid for head dimension %" PRId64, m->n_rot, m->head_dim);
+    m->n_ctx_train = 2048;
+    if (model_key_u32(m, "context_length", &u) && u > 0) m->n_ctx_train = u;
+    m->rope_base = 10000.0f;
+    model_key_f32(m, "rope.freq_base", &m->rope_base);
+    if (!(m->rope_base > 1.0f) || !psv_isfinite(m->rope_base))
+        return err_set(err, PSV_ERR_FORMAT, "model: rope.freq_base %g out of range", (double)m->rope_base);
+    float f;
+    m->rope_freq_scale = 1.0f;
+    if ((model_key_f32(m, "rope.scaling.factor", &f) || model_key_f32(m, "rope.scale_linear", &f)) && f != 0.0f) {
+        if (!(f > 0.0f) || !psv_isfinite(f))
+            return err_set(err, PSV_ERR_FORMAT, "model: rope scaling factor %g out of range", (double)f);
+        m->rope_freq_scale = 1.0f / f;
+    }
+    str_t stype;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (gguf_get_str(m->gguf, key, &stype) && !str_eq_c(stype, "none") && !str_eq_c(stype, "linear"))
+        return err_set(err, PSV_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' is not supported (supported: none, linear)",
+                       (int)PSV_MIN(stype.n, 32), stype.p);
+    if (gguf_get_str(m->gguf, key, &stype) && str_eq_c(stype, "none")) m->rope_freq_scale = 1.0f;
+    m->rope_attn_factor = 1.0f;
+    model_key_f32(m, "rope.scaling.attn_factor", &m->rope_attn_factor);
+    if (!(m->rope_attn_factor > 0.0f) || !psv_isfinite(m->rope_attn_factor))
+        return err_set(err, PSV_ERR_FORMAT, "model: rope.scaling.attn_factor %g out of range", (double)m->rope_attn_factor);
+    m->n_ctx_orig = 0;
+    if (model_key_u32(m, "rope.scaling.original_context_length", &u)) m->n_ctx_orig = u;
+    m->layer_norm = m->arch == ARCH_PHI2;
+    m->norm_eps = 1e-5f;
+    if (!model_key_f32(m, m->layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon", &m->norm_eps))
+        m->norm_eps = m->layer_norm ? 1e-5f : 1e-6f;
+    if (!(m->norm_eps > 0.0f) || !(m->norm_eps < 1.0f))
+        return err_set(err, PSV_ERR_FORMAT, "model: norm epsilon %g out of range", (double)m->norm_eps);
+    m->rope_neox = m->arch != ARCH_LLAMA;
+    m->gelu = m->parallel = m->arch == ARCH_PHI2;
+    return PSV_OK;
+}
+
+static psv_status model_weights(psv_model *m, vec_list *vl, psv_error *err) {
+    const int64_t E = m->n_embd, hd = m->head_dim, nq = m->n_head * hd, nkv = m->n_head_kv * hd, F = m->n_ff;
+    psv_status st;
+    const gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!te) return err_set(err, PSV_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
+    if (te->n_dims < 2 || te->ne[1] < 1 || te->ne[1] > (1u << 24))
+        return err_set(err, PSV_ERR_FORMAT, "model: tensor 'token_embd.weight': bad vocabulary dimension");
+    m->n_vocab = (int64_t)te->ne[1];
+    if ((st = model_tensor(m, "token_embd.weight", E, m->n_vocab, true, &m->tok_embd, err))) return st;
+    if ((st = model_vector(m, vl, "output_norm.weight", E, true, &m->out_norm, err))) return st;
+    if ((st = model_vector(m, vl, "output_norm.bias", E, m->layer_norm, &m->out_norm_b, err))) return st;
+    if ((st = model_tensor(m, "output.weight", E, m->n_vocab, false, &m->output, err))) return st;
+    if (!m->output.data) m->output = m->tok_embd; // tied embeddings
+    if ((st = model_vector(m, vl, "output.bias", m->n_vocab, false, &m->out_b, err))) return st;
+    if (m->arch == ARCH_PHI3) {
+        if ((st = model_vector(m, vl, "rope_factors_long.weight", m->n_rot / 2, false, &m->rope_long, err))) return st;
+        if ((st = model_vector(m, vl, "rope_factors_short.weight", m->n_rot / 2, false, &m->rope_short, err))) return st;
+    }
+    m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
+    if (!m->layers) return err_set(err, PSV_ERR_NOMEM, "model: out of memory");
+    char nm[96];
+    // Tensor names are formatted into nm; mtensor.name must outlive it, so use the gguf copy.
+#define NAME(fmt) (snprintf(nm, sizeof nm, "blk.%d." fmt, (int)il), nm)
+#define TENSOR(fmt, in, out, req, dst)                                                \
+    do {                                                                              \
+        if ((st = model_tensor(m, NAME(fmt), in, out, req, dst, err))) return st;      \
+        if ((dst)->data) (dst)->name = gguf_find_tensor(m->gguf, nm)->name.p;          \
+    } while (0)
+#define VECTOR(fmt, n, req, dst)                                                      \
+    do {                                                                              \
+        if ((st = model_vector(m, vl, NAME(fmt), n, req, dst, err))) return st;        \
+    } while (0)
+    for (int64_t il = 0; il < m->n_layer; il++) {
+        layer_w *L = &m->layers[il];
+        VECTOR("attn_norm.weight", E, true, &L->attn_norm);
+        VECTOR("attn_norm.bias", E, m->layer_norm, &L->attn_norm_b);
+        m->fused_qkv = gguf_find_tensor(m->gguf, NAME("attn_qkv.weight")) != NULL;
+        if (m->fused_qkv) {
+            TENSOR("attn_qkv.weight", E, nq + 2 * nkv, true, &L->wqkv);
+            VECTOR("attn_qkv.bias", nq + 2 * nkv, false, &L->bqkv);
+        } else {
+            TENSOR("attn_q.weight", E, nq, true, &L->wq);
+            TENSOR("attn_k.weight", E, nkv, true, &L->wk);
+            TENSOR("attn_v.weight", E, nkv, true, &L->wv);
+            VECTOR("attn_q.bias", nq, m->arch == ARCH_QWEN2, &L->bq);
+            VECTOR("attn_k.bias", nkv, m->arch == ARCH_QWEN2, &L->bk);
+            VECTOR("attn_v.bias", nkv, m->arch == ARCH_QWEN2, &L->bv);
+        }
+        if (m->arch == ARCH_QWEN3) {
+            VECTOR("attn_q_norm.weight", hd, true, &L->q_norm);
+            VECTOR("attn_k_norm.weight", hd, true, &L->k_norm);
+        }
+        TENSOR("attn_output.weight", nq, E, true, &L->wo);
+        VECTOR("attn_output.bias", E, false, &L->bo);
+        if (!m->parallel) VECTOR("ffn_norm.weight", E, true, &L->ffn_norm);
+        m->fused_gate_up = m->arch == ARCH_PHI3;
+        if (m->gelu) {
+            TENSOR("ffn_up.weight", E, F, true, &L->w_up);
+            VECTOR("ffn_up.bias", F, false, &L->b_up);
+        } else if (m->fused_gate_up) {
+            TENSOR("ffn_up.weight", E, 2 * F, true, &L->w_up);
+        } else {
+            TENSOR("ffn_gate.weight", E, F, true, &L->w_gate);
+            TENSOR("ffn_up.weight", E, F, true, &L->w_up);
+        }
+        TENSOR("ffn_down.weight", F, E, true, &L->w_down);
+        VECTOR("ffn_down.bias", E, false, &L->b_down);
+    }
+#undef NAME
+#undef TENSOR
+#undef VECTOR
+    return PSV_OK;
+}
+
+// The KV cache of one sequence: for each layer, n_ctx rows of n_head_kv*head_dim keys and the
+// same for values, in F32 or F16.
+typedef struct {
+    psv_kv_type type;
+    int64_t n_ctx, kv_dim, n_layer;
+    void *k, *v; // (n_layer, n_ctx, kv_dim) each
+    int64_t n_past;
+} kv_seq;
+
+static size_t kv_elem_size(psv_kv_type t) { return t == PSV_KV_F16 ? 2 : 4; }
+
+static void kv_free(kv_seq *kv) {
+    if (!kv) return;
+    free(kv->k);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+static psv_status kv_init(kv_seq *kv, const psv_model *m, int64_t n_ctx, psv_kv_type type, psv_error *err) {
+    memset(kv, 0, sizeof *kv);
+    kv->type = type;
+    kv->n_ctx = n_ctx;
+    kv->kv_dim = m->n_head_kv * m->head_dim;
+    kv->n_layer = m->n_layer;
+    size_t n;
+    if (!ck_mul((size_t)m->n_layer, (size_t)n_ctx, &n) || !ck_mul(n, (size_t)kv->kv_dim, &n) ||
+        !ck_mul(n, kv_elem_size(type), &n))
+        return err_set(err, PSV_ERR_RANGE, "kv: cache size overflows");
+    kv->k = malloc(n);
+    kv->v = malloc(n);
+    if (!kv->k || !kv->v) {
+        kv_free(kv);
+        return err_set(err, PSV_ERR_NOMEM, "kv: out of memory for a %zu-byte cache (n_ctx %" PRId64 ")", 2 * n, n_ctx);
+    }
+    return PSV_OK;
+}
+
+static inline void kv_store(const kv_seq *kv, void *base, int64_t il, int64_t pos, const float *src) {
+    size_t off = ((size_t)il * (size_t)kv->n_ctx + (size_t)pos) * (size_t)kv->kv_dim;
+    if (kv->type == PSV_KV_F16) {
+        uint16_t *d = (uint16_t *)base + off;
+        for (int64_t i = 0; i < kv->kv_dim; i++) d[i] = psv_f32_to_fp16(src[i]);
+    } else {
+        memcpy((float *)base + off, src, (size_t)kv->kv_dim * sizeof(float));
+    }
+}
+
+// One token of a forward batch. Items of the same sequence must come in position order; each
+// attends to positions 0..pos of its own cache.
+typedef struct {
+    int32_t token;
+    int64_t pos;
+    kv_seq *kv;
+    float *logits; // where to write this token's logits (n_vocab floats), or NULL
+} fwd_item;
+
+// Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
+typedef struct {
+    int64_t n_batch, n_ctx_max;
+    float *x, *xn, *q, *k, *v, *att, *ffa, *ffb, *tmp; // (n_batch, dim) activations
+    float *rope_cs;                                     // (n_batch, n_rot/2, 2) cos, sin
+    float *scores;                                      // (n_threads, n_ctx_max)
+    uint8_t *qbuf;                                      // quantized activations
+    size_t qbuf_size;
+    int n_threads;
+} fwd_scratch;
+
+static void scratch_free(fwd_scratch *s) {
+    if (!s) return;
+    free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att);
+    free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf);
+    memset(s, 0, sizeof *s);
+}
+
+static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_batch, int64_t n_ctx_max, psv_error *err) {
+    memset(s, 0, sizeof *s);
+    s->n_batch = n_batch;
+    s->n_ctx_max = n_ctx_max;
+    s->n_threads = m->pool->n_threads;
+    const int64_t nq = m->n_head * m->head_dim, nkv = m->n_head_kv * m->head_dim;
+    int64_t ff = m->fused_gate_up ? 2 * m->n_ff : m->n_ff;
+    int64_t widest = PSV_MAX(PSV_MAX(m->n_embd, nq + 2 * nkv), ff);
+    size_t B = (size_t)n_batch;
+#define ALLOC(field, count) (s->field = malloc((size_t)(count) * sizeof(float)))
+    bool ok = ALLOC(x, B * m->n_embd) && ALLOC(xn, B * m->n_embd) && ALLOC(q, B * (nq + 2 * nkv)) &&
+              ALLOC(k, B * nkv) && ALLOC(v, B * nkv) && ALLOC(att, B * nq) && ALLOC(ffa, B * ff) &&
+              ALLOC(ffb, B * ff) && ALLOC(tmp, B * widest) && ALLOC(rope_cs, B * m->n_rot) &&
+              ALLOC(scores, (size_t)s->n_threads * n_ctx_max);
+#undef ALLOC
+    // Quantized activations: at most 4 bytes per value (F32) plus block headers; 4.5 covers all.
+    int64_t widest_in = PSV_MAX(PSV_MAX(m->n_embd, nq), m->n_ff);
+    s->qbuf_size = B * (size_t)widest_in * 5 + 1024;
+    ok = ok && (s->qbuf = malloc(s->qbuf_size));
+    if (!ok) {
+        scratch_free(s);
+        return err_set(err, PSV_ERR_NOMEM, "model: out of memory for scratch (n_batch %" PRId64 ")", n_batch);
+    }
+    return PSV_OK;
+}
+
+// ---- operations of the forward pass ----
+
+// y = W x for each of n_tok rows of x (length W->n_in), written to y with row stride y_stride.
+// Activations are quantized once to the weight type's dot-product type; threads split the
+// output rows so each weight row is read once per call and reused across all tokens.
+typedef struct {
+    const mtensor *w;
+    const uint8_t *xq;
+    size_t xq_row;
+    int64_t n_tok;
+    float *y;
+    int64_t y_stride;
+    const k_traits *tr;
+    const float *x; // quantize phase
+} mm_job;
+
+static void mm_quant_task(void *arg, int ith, int nth) {
+    mm_job *j = arg;
+    int64_t lo, hi;
+    pool_share(j->n_tok, ith, nth, &lo, &hi);
+    const k_traits *at = eng_traits(j->tr->vec_dot_type);
+    for (int64_t t = lo; t < hi; t++)
+        at->from_float(j->x + t * j->w->n_in, (uint8_t *)j->xq + (size_t)t * j->xq_row, j->w->n_in);
+}
+
+static void mm_dot_task(void *arg, int ith, int nth) {
+    mm_job *j = arg;
+    int64_t lo, hi;
+    pool_share(j->w->n_out, ith, nth, &lo, &hi);
+    for (int64_t o = lo; o < hi; o++) {
+        const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
+        for (int64_t t = 0; t < j->n_tok; t++)
+            j->tr->vec_dot(j->w->n_in, &j->y[t * j->y_stride + o], wr, j->xq + (size_t)t * j->xq_row);
+    }
+}
+
+static void op_matmul(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
+                      float *y, int64_t y_stride) {
+    mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .tr = eng_traits(w->type), .x = x};
+    uint64_t rs;
+    PSV_ASSERT(type_row_size(j.tr->vec_dot_type, (uint64_t)w->n_in, &rs));
+    j.xq_row = (size_t)rs;
+    PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
+    j.xq = s->qbuf;
+    pool_run(m->pool, mm_quant_task, &j);
+    pool_run(m->pool, mm_dot_task, &j);
+}
+
+static void op_add_bias(float *y, const float *b, int64_t n_tok, int64_t n, int64_t stride) {
+    if (!b) return;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < n; i++) y[t * stride + i] += b[i];
+}
+
+// RMS norm: y = (x * (1 / sqrt(mean(x^2) + eps))) * w. The float operations follow the GGUF
+// ecosystem's reference runtime step by step (squares in float, summed in double, the scale in
+// float): these models amplify last-bit differences, so matching the rounding keeps pensieve
+// within the reference contract.
+static void op_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    float mean = (float)(ss / (double)n);
+    float scale = 1.0f / psv_sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i] * scale;
+        y[i] = w ? v * w[i] : v;
+    }
+}
+
+// Layer norm: y = (x - mean) / sqrt(var + eps) * w + b.
+static void op_layernorm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += x[i];
+    float mean = (float)(sum / (double)n);
+    double var = 0;
+    for (int64_t i = 0; i < n; i++) var += (double)(x[i] - mean) * (x[i] - mean);
+    float scale = (float)(1.0 / psv_sqrt(var / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * scale * w[i] + (b ? b[i] : 0.0f);
+}
+
+static void op_norm(const psv_model *m, float *y, const float *x, const float *w, const float *b) {
+    if (m->layer_norm) op_layernorm(y, x, w, b, m->n_embd, m->norm_eps);
+    else op_rmsnorm(y, x, w, m->n_embd, m->norm_eps);
+}
+
+// cos/sin for each token's position: theta_i = freq_scale * pos * base^(-2i/n_rot) / factor_i,
+// cos and sin scaled by attn_factor (the rotary "mscale"). As in the reference runtime, theta is
+// built in float by repeated multiplication with base^(-2/n_rot), and cos/sin are the correctly
+// rounded values for that float angle.
+static inline float op_cosf(float x) { double s, c; psv_sincos((double)x, &s, &c); return (float)c; }
+static inline float op_sinf(float x) { double s, c; psv_sincos((double)x, &s, &c); return (float)s; }
+
+static void op_rope_table(const psv_model *m, const fwd_item *items, int64_t n, float *cs, int64_t n_ctx) {
+    const float *ff = NULL;
+    if (m->rope_long && m->rope_short) ff = (m->n_ctx_orig > 0 && n_ctx > m->n_ctx_orig) ? m->rope_long : m->rope_short;
+    const int64_t half = m->n_rot / 2;
+    const float theta_scale = (float)psv_pow((double)m->rope_base, (double)(-2.0f / (float)m->n_rot));
+    for (int64_t t = 0; t < n; t++) {
+        float theta = (float)items[t].pos;
+        for (int64_t i = 0; i < half; i++) {
+            float th = m->rope_freq_scale * (ff ? theta / ff[i] : theta);
+            cs[(t * half + i) * 2 + 0] = op_cosf(th) * m->rope_attn_factor;
+            cs[(t * half + i) * 2 + 1] = op_sinf(th) * m->rope_attn_factor;
+            theta *= theta_scale;
+        }
+    }
+}
+
+// Rotate the first n_rot dims of each head of v (n_heads heads of head_dim) in place.
+static void op_rope(const psv_model *m, float *v, int64_t n_heads, const float *cs) {
+    int64_t half = m->n_rot / 2, hd = m->head_dim;
+    for (int64_t h = 0; h < n_heads; h++) {
+        float *x = v + h * hd;
+        for (int64_t i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            int64_t a = m->rope_neox ? i : 2 * i, b = m->rope_neox ? i + half : 2 * i + 1;
+            float x0 = x[a], x1 = x[b];
+            x[a] = x0 * c - x1 * s;
+            x[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+// Attention for every (token, head) pair, threads splitting the pairs.
+typedef struct {
+    const psv_model *m;
+    fwd_scratch *s;
+    const fwd_item *items;
+    int64_t n, il;
+    const float *q; // (n, n_head*hd)
+    int64_t q_stride;
+} att_job;
+
+static void att_task(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    const psv_model *m = j->m;
+    const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv;
+    const float scale = (float)(1.0 / psv_sqrt((double)hd));
+    float *sc = j->s->scores + (size_t)ith * (size_t)j->s->n_ctx_max;
+    int64_t lo, hi;
+    pool_share(j->n * m->n_head, ith, nth, &lo, &hi);
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t t = task / m->n_head, h = task % m->n_head, kvh = h / group;
+        const fwd_item *it = &j->items[t];
+        const kv_seq *kv = it->kv;
+        const float *q = j->q + t * j->q_stride + h * hd;
+        int64_t n_kv = it->pos + 1;
+        size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
+        float mx = -3.4e38f;
+        for (int64_t p = 0; p < n_kv; p++) {
+            float d = 0;
+            size_t off = base + (size_t)p * (size_t)kv->kv_dim;
+            if (kv->type == PSV_KV_F16) {
+                const uint16_t *kr = (const uint16_t *)kv->k + off;
+                for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
+            } else {
+                const float *kr = (const float *)kv->k + off;
+                for (int64_t i = 0; i < hd; i++) d += q[i] * kr[i];
+            }
+            sc[p] = d * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+        double sum = 0;
+        for (int64_t p = 0; p < n_kv; p++) {
+            sc[p] = psv_expf_poly(sc[p] - mx);
+            sum += sc[p];
+        }
+        float inv = (float)(1.0 / sum);
+        float *out = j->s->att + t * m->n_head * hd + h * hd;
+        for (int64_t i = 0; i < hd; i++) out[i] = 0;
+        for (int64_t p = 0; p < n_kv; p++) {
+            float w = sc[p] * inv;
+            size_t off = base + (size_t)p * (size_t)kv->kv_dim;
+            if (kv->type == PSV_KV_F16) {
+                const uint16_t *vr = (const uint16_t *)kv->v + off;
+                for (int64_t i = 0; i < hd; i++) out[i] += w * psv_fp16_to_f32(vr[i]);
+            } else {
+                const float *vr = (const float *)kv->v + off;
+                for (int64_t i = 0; i < hd; i++) out[i] += w * vr[i];
+            }
+        }
+    }
+}
+
+// SiLU: x / (1 + exp(-x)), with the reference runtime's float exp (see psv_expf_poly).
+static inline float op_silu(float x) { return x / (1.0f + psv_expf_poly(0.0f - x)); }
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+static inline float op_gelu(float x) {
+    return 0.5f * x * (1.0f + psv_tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+// The forward pass over n items (n <= s->n_batch). Writes K/V into each item's cache at its
+// position and logits where an item asks for them. Caller validated tokens and positions.
+static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, int64_t n) {
+    const int64_t E = m->n_embd, hd = m->head_dim, nq = m->n_head * hd, nkv = m->n_head_kv * hd;
+    const int64_t F = m->n_ff, qkv_w = nq + 2 * nkv;
+    const k_traits *et = eng_traits(m->tok_embd.type);
+    for (int64_t t = 0; t < n; t++)
+        et->to_float(m->tok_embd.data + (size_t)items[t].token * m->tok_embd.row_size, s->x + t * E, E);
+    op_rope_table(m, items, n, s->rope_cs, items[0].kv->n_ctx);
+    const int64_t half = m->n_rot / 2;
+
+    for (int64_t il = 0; il < m->n_layer; il++) {
+        const layer_w *L = &m->layers[il];
+        for (int64_t t = 0; t < n; t++) op_norm(m, s->xn + t * E, s->x + t * E, L->attn_norm, L->attn_norm_b);
+        // q, k, v as rows of width qkv_w in s->q: [q | k | v]
+        if (m->fused_qkv) {
+            op_matmul(m, s, &L->wqkv, s->xn, n, s->q, qkv_w);
+            op_add_bias(s->q, L->bqkv, n, qkv_w, qkv_w);
+        } else {
+            op_matmul(m, s, &L->wq, s->xn, n, s->q, qkv_w);
+            op_matmul(m, s, &L->wk, s->xn, n, s->q + nq, qkv_w);
+            op_matmul(m, s, &L->wv, s->xn, n, s->q + nq + nkv, qkv_w);
+            op_add_bias(s->q, L->bq, n, nq, qkv_w);
+            op_add_bias(s->q + nq, L->bk, n, nkv, qkv_w);
+            op_add_bias(s->q + nq + nkv, L->bv, n, nkv, qkv_w);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            float *q = s->q + t * qkv_w, *k = q + nq, *v = k + nkv;
+            if (L->q_norm) {
+                for (int64_t h = 0; h < m->n_head; h++) op_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->norm_eps);
+                for (int64_t h = 0; h < m->n_head_kv; h++) op_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->norm_eps);
+            }
+            op_rope(m, q, m->n_head, s->rope_cs + t * half * 2);
+            op_rope(m, k, m->n_head_kv, s->rope_cs + t * half * 2);
+            kv_store(items[t].kv, items[t].kv->k, il, items[t].pos, k);
+            kv_store(items[t].kv, items[t].kv->v, il, items[t].pos, v);
+        }
+        att_job aj = {.m = m, .s = s, .items = items, .n = n, .il = il, .q = s->q, .q_stride = qkv_w};
+        pool_run(m->pool, att_task, &aj);
+        // attention output projection into tmp
+        op_matmul(m, s, &L->wo, s->att, n, s->tmp, E);
+        op_add_bias(s->tmp, L->bo, n, E, E);
+        if (m->parallel) {
+            // phi2: x += attn(xn) + ffn(xn), both from the same normed input
+            op_matmul(m, s, &L->w_up, s->xn, n, s->ffa, F);
+            op_add_bias(s->ffa, L->b_up, n, F, F);
+            for (int64_t i = 0; i < n * F; i++) s->ffa[i] = op_gelu(s->ffa[i]);
+            op_matmul(m, s, &L->w_down, s->ffa, n, s->ffb, E);
+            op_add_bias(s->ffb, L->b_down, n, E, E);
+            for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i] + s->ffb[i];
+            continue;
+        }
+        for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i];
+        for (int64_t t = 0; t < n; t++) op_norm(m, s->xn + t * E, s->x + t * E, L->ffn_norm, NULL);
+        if (m->fused_gate_up) {
+            // one product gives [gate | up] per token (SwiGLU over the two halves)
+            op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, 2 * F);
+            for (int64_t t = 0; t < n; t++) {
+                const float *g = s->ffb + t * 2 * F, *u = g + F;
+                for (int64_t i = 0; i < F; i++) s->ffa[t * F + i] = op_silu(g[i]) * u[i];
+            }
+        } else {
+            op_matmul(m, s, &L->w_gate, s->xn, n, s->ffa, F);
+            op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, F);
+            for (int64_t i = 0; i < n * F; i++) s->ffa[i] = op_silu(s->ffa[i]) * s->ffb[i];
+        }
+        op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
+        for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i];
+    }
+    // final norm and logits, only for the items that want them (compacted into xn)
+    int64_t n_out = 0;
+    for (int64_t t = 0; t < n; t++)
+        if (items[t].logits) op_norm(m, s->xn + (n_out++) * E, s->x + t * E, m->out_norm, m->out_norm_b);
+    if (n_out == 0) return;
+    // the vocabulary is usually wider than the scratch rows, so produce logits one token at a
+    // time straight into the caller's buffers
+    int64_t k = 0;
+    for (int64_t t = 0; t < n; t++) {
+        if (!items[t].logits) continue;
+        op_matmul(m, s, &m->output, s->xn + k * E, 1, items[t].logits, m->n_vocab);
+        if (m->out_b) op_add_bias(items[t].logits, m->out_b, 1, m->n_vocab, m->n_vocab);
+        k++;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 14. Sampling
+// Turns logits into a token: penalties, then top-k, top-p, min-p, temperature, then a draw from
+// a seeded xoshiro256** generator. Greedy (temperature <= 0) is the arg-max. Deterministic:
+// the same seed, settings and logits give the same token on any machine and thread count.
+
+struct psv_sampler {
+    psv_sampler_params p;
+    int64_t n_vocab;
+    uint64_t rng[4];
+    int32_t *hist; // ring of the last p.repeat_last_n accepted tokens
+    int64_t hist_n, hist_pos;
+    struct samp_cand { float logit; int32_t id; } *cand;
+    int32_t *counts; // per-token occurrences in the window
+};
+
+static uint64_t samp_splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t samp_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t samp_next(uint64_t s[4]) {
+    uint64_t r = samp_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = samp_rotl(s[3], 45);
+    return r;
+}
+
+// Uniform double in [0, 1) from the top 53 bits.
+static double samp_uniform(uint64_t s[4]) { return (double)(samp_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+static int samp_cmp(const void *a, const void *b) {
+    const struct samp_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : (x->id > y->id); // ties broken by id: stable across platforms
+}
+
+PSV_API psv_sampler_params psv_sampler_default_params(void) {
+    psv_sampler_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.seed = 0x5eed;
+    return p;
+}
+
+PSV_API void psv_sampler_free(psv_sampler *s) {
+    if (!s) return;
+    free(s->hist);
+    free(s->cand);
+    free(s->counts);
+    free(s);
+}
+
+PSV_API psv_status psv_sampler_new(const psv_sampler_params *params, int64_t n_vocab, psv_sampler **out, psv_error *err) {
+    *out = NULL;
+    psv_sampler_params p = params ? *params : psv_sampler_default_params();
+    if (n_vocab < 1 || n_vocab > (1 << 24)) return err_set(err, PSV_ERR_INVALID, "sampler: n_vocab %" PRId64 " out of range", n_vocab);
+    if (!psv_isfinite(p.temperature) || p.temperature < 0 || p.temperature > 100)
+        return err_set(err, PSV_ERR_INVALID, "sampler: temperature %g out of range (0..100)", (double)p.temperature);
+    if (!(p.top_p >= 0 && p.top_p <= 1)) return err_set(err, PSV_ERR_INVALID, "sampler: top_p %g out of range (0..1)", (double)p.top_p);
+    if (!(p.min_p >= 0 && p.min_p <= 1)) return err_set(err, PSV_ERR_INVALID, "sampler: min_p %g out of range (0..1)", (double)p.min_p);
+    if (p.top_k < 0) return err_set(err, PSV_ERR_INVALID, "sampler: top_k %d is negative", p.top_k);
+    if (!(p.repeat_penalty > 0 && p.repeat_penalty <= 100))
+        return err_set(err, PSV_ERR_INVALID, "sampler: repeat_penalty %g out of range (0..100]", (double)p.repeat_penalty);
+    if (!psv_isfinite(p.presence_penalty) || !psv_isfinite(p.frequency_penalty) || p.presence_penalty < -100 ||
+        p.presence_penalty > 100 || p.frequency_penalty < -100 || p.frequency_penalty > 100)
+        return err_set(err, PSV_ERR_INVALID, "sampler: presence/frequency penalty out of range (-100..100)");
+    if (p.repeat_last_n < 0 || p.repeat_last_n > (1 << 20))
+        return err_set(err, PSV_ERR_INVALID, "sampler: repeat_last_n %d out of range", p.repeat_last_n);
+    psv_sampler *s = calloc(1, sizeof *s);
+    if (!s) return err_set(err, PSV_ERR_NOMEM, "sampler: out of memory");
+    s->p = p;
+    s->n_vocab = n_vocab;
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
+    s->hist = malloc((size_t)(p.repeat_last_n ? p.repeat_last_n : 1) * sizeof *s->hist);
+    if (!s->cand || !s->counts || !s->hist) {
+        psv_sampler_free(s);
+        return err_set(err, PSV_ERR_NOMEM, "sampler: out of memory");
+    }
+    uint64_t x = p.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = samp_splitmix(&x);
+    *out = s;
+    return PSV_OK;
+}
+
+PSV_API void psv_sampler_accept(psv_sampler *s, int32_t token) {
+    if (!s || s->p.repeat_last_n == 0 || token < 0 || token >= s->n_vocab) return;
+    if (s->hist_n == s->p.repeat_last_n) {
+        s->counts[s->hist[s->hist_pos]]--;
+        s->hist_n--;
+    }
+    s->hist[s->hist_pos] = token;
+    s->hist_pos = (s->hist_pos + 1) % s->p.repeat_last_n;
+    s->hist_n++;
+    s->counts[token]++;
+}
+
+PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
+    const psv_sampler_params *p = &s->p;
+    int64_t n = 0;
+    for (int64_t i = 0; i < s->n_vocab; i++) {
+        float l = logits[i];
+        if (psv_isnan(l)) continue;
+        int32_t c = s->counts[i];
+        if (c > 0) {
+            // repetition penalty as in CTRL (arXiv:1909.05858): divide positive logits, multiply negative
+            if (p->repeat_penalty != 1.0f) l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
+            l -= (float)c * p->frequency_penalty + p->presence_penalty;
+        }
+        s->cand[n].logit = l;
+        s->cand[n].id = (int32_t)i;
+        n++;
+    }
+    if (n == 0) return 0;
+    if (p->temperature <= 0.0f) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (s->cand[i].logit > s->cand[best].logit) best = i;
+        return s->cand[best].id;
+    }
+    qsort(s->cand, (size_t)n, sizeof *s->cand, samp_cmp);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    // probabilities at temperature 1 for the top-p / min-p cut-offs (computed on sorted logits)
+    double mx = s->cand[0].logit, sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += psv_exp((double)s->cand[i].logit - mx);
+    if (p->top_p < 1.0f) {
+        double acc = 0;
+        for (int64_t i = 0; i < n; i++) {
+            acc += psv_exp((double)s->cand[i].logit - mx) / sum;
+            if (acc >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0.0f) {
+        // keep tokens whose probability is at least min_p times the top one's
+        double cut = mx + psv_log((double)p->min_p);
+        int64_t k = 1;
+        while (k < n && (double)s->cand[k].logit >= cut) k++;
+        n = k;
+    }
+    double tsum = 0;
+    for (int64_t i = 0; i < n; i++) tsum += psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
+    double r = samp_uniform(s->rng) * tsum, acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        acc += psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
+        if (r < acc) return s->cand[i].id;
+    }
+    return s->cand[n - 1].id;
+}
+
+// ----------------------------------------------------------------------------
+// 15. Public API
+// psv_model_* and psv_ctx_*: see pensieve.h for the contracts.
+
+struct psv_ctx {
+    psv_model *m;
+    psv_ctx_params p;
+    kv_seq kv;
+    fwd_scratch s;
+    fwd_item *items; // (n_batch)
+    float *logits;   // (n_vocab) of the last evaluated token
+    bool have_logits;
+};
+
+PSV_API psv_model_params psv_model_default_params(void) {
+    psv_model_params p;
+    memset(&p, 0, sizeof p);
+    p.n_threads = 0;
+    return p;
+}
+
+static int psv_default_threads(void) {
+    int n = plat_n_cpus();
+    return n > 64 ? 64 : n;
+}
+
+PSV_API void psv_model_close(psv_model *m) {
+    if (!m) return;
+    pool_free(m->pool);
+    free(m->layers);
+    for (size_t i = 0; i < m->vecs.n; i++) free(m->vecs.ptrs[i]);
+    free(m->vecs.ptrs);
+    model_vocab_free(m);
+    gguf_close(m->gguf);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+PSV_API psv_status psv_model_open(const char *path, const psv_model_params *params, psv_model **out, psv_error *err) {
+    *out = NULL;
+    psv_model_params p = params ? *params : psv_model_default_params();
+    if (p.n_threads <= 0) p.n_threads = psv_default_threads();
+    psv_model *m = calloc(1, sizeof *m);
+    if (!m) return err_set(err, PSV_ERR_NOMEM, "model: out of memory");
+    pthread_mutex_init(&m->lock, NULL);
+    psv_status st = gguf_open(path, &m->gguf, err);
+    if (st == PSV_OK) st = model_hparams(m, err);
+    if (st == PSV_OK) st = model_weights(m, &m->vecs, err);
+    if (st == PSV_OK) st = model_vocab_load(m, err);
+    if (st == PSV_OK) st = pool_new(p.n_threads, &m->pool, err);
+    if (st != PSV_OK) {
+        if (m->gguf) err_prefix(err, "%s: ", path);
+        psv_model_close(m);
+        return st;
+    }
+    *out = m;
+    return PSV_OK;
+}
+
+PSV_API int64_t psv_model_n_vocab(const psv_model *m) { return m->n_vocab; }
+PSV_API int64_t psv_model_n_ctx_train(const psv_model *m) { return m->n_ctx_train; }
+PSV_API int psv_model_n_threads(const psv_model *m) { return m->pool->n_threads; }
+PSV_API const char *psv_model_arch(const psv_model *m) { return model_arch_names[m->arch]; }
+PSV_API size_t psv_model_weight_bytes(const psv_model *m) { return m->weight_bytes; }
+
+PSV_API psv_ctx_params psv_ctx_default_params(void) {
+    psv_ctx_params p;
+    memset(&p, 0, sizeof p);
+    p.n_ctx = 0;
+    p.n_batch = 512;
+    p.kv_type = PSV_KV_F32;
+    return p;
+}
+
+PSV_API void psv_ctx_free(psv_ctx *c) {
+    if (!c) return;
+    kv_free(&c->kv);
+    scratch_free(&c->s);
+    free(c->items);
+    free(c->logits);
+    free(c);
+}
+
+PSV_API psv_status psv_ctx_new(psv_model *m, const psv_ctx_params *params, psv_ctx **out, psv_error *err) {
+    *out = NULL;
+    psv_ctx_params p = params ? *params : psv_ctx_default_params();
+    if (p.n_ctx == 0) p.n_ctx = (uint32_t)PSV_MIN(m->n_ctx_train, 4096);
+    if (p.n_ctx < 1 || p.n_ctx > (1u << 22))
+        return err_set(err, PSV_ERR_INVALID, "ctx: n_ctx %u out of range (1..%u)", p.n_ctx, 1u << 22);
+    if (p.n_batch == 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.kv_type != PSV_KV_F32 && p.kv_type != PSV_KV_F16)
+        return err_set(err, PSV_ERR_INVALID, "ctx: unknown KV cache type %d", (int)p.kv_type);
+    psv_ctx *c = calloc(1, sizeof *c);
+    if (!c) return err_set(err, PSV_ERR_NOMEM, "ctx: out of memory");
+    c->m = m;
+    c->p = p;
+    psv_status st = kv_init(&c->kv, m, p.n_ctx, p.kv_type, err);
+    if (st == PSV_OK) st = scratch_init(&c->s, m, p.n_batch, p.n_ctx, err);
+    if (st == PSV_OK) {
+        c->items = calloc(p.n_batch, sizeof *c->items);
+        c->logits = malloc((size_t)m->n_vocab * sizeof(float));
+        if (!c->items || !c->logits) st = err_set(err, PSV_ERR_NOMEM, "ctx: out of memory");
+    }
+    if (st != PSV_OK) {
+        psv_ctx_free(c);
+        return st;
+    }
+    *out = c;
+    return PSV_OK;
+}
+
+PSV_API uint32_t psv_ctx_n_ctx(const psv_ctx *c) { return (uint32_t)c->kv.n_ctx; }
+PSV_API uint32_t psv_ctx_n_past(const psv_ctx *c) { return (uint32_t)c->kv.n_past; }
+
+PSV_API psv_status psv_ctx_truncate(psv_ctx *c, uint32_t n_keep, psv_error *err) {
+    if (n_keep > c->kv.n_past)
+        return err_set(err, PSV_ERR_INVALID, "ctx: cannot keep %u tokens, only %" PRId64 " are cached", n_keep, c->kv.n_past);
+    c->kv.n_past = n_keep;
+    c->have_logits = false;
+    return PSV_OK;
+}
+
+// Evaluate tokens after the cached ones in chunks of n_batch. out_all, when not NULL, receives
+// n * n_vocab logits (one row per token); the last token's logits are always kept in the ctx.
+static psv_status ctx_eval(psv_ctx *c, const int32_t *tokens, size_t n, float *out_all, psv_error *err) {
+    psv_model *m = c->m;
+    if (n == 0) return PSV_OK;
+    if ((uint64_t)n > (uint64_t)(c->kv.n_ctx - c->kv.n_past))
+        return err_set(err, PSV_ERR_RANGE,
+                       "ctx: %zu new tokens after %" PRId64 " cached exceed the context size %" PRId64,
+                       n, c->kv.n_past, c->kv.n_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->n_vocab)
+            return err_set(err, PSV_ERR_INVALID, "ctx: token id %" PRId32 " at index %zu out of range (0..%" PRId64 ")",
+                           tokens[i], i, m->n_vocab - 1);
+    pthread_mutex_lock(&m->lock);
+    for (size_t done = 0; done < n;) {
+        int64_t k = (int64_t)PSV_MIN((size_t)c->s.n_batch, n - done);
+        for (int64_t t = 0; t < k; t++) {
+            fwd_item *it = &c->items[t];
+            it->token = tokens[done + (size_t)t];
+            it->pos = c->kv.n_past + t;
+            it->kv = &c->kv;
+            size_t idx = done + (size_t)t;
+            it->logits = out_all ? out_all + idx * (size_t)m->n_vocab : (idx == n - 1 ? c->logits : NULL);
+        }
+        model_forward(m, &c->s, c->items, k);
+        c->kv.n_past += k;
+        done += (size_t)k;
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (out_all) memcpy(c->logits, out_all + (n - 1) * (size_t)m->n_vocab, (size_t)m->n_vocab * sizeof(float));
+    c->have_logits = true;
+    return PSV_OK;
+}
+
+PSV_API psv_status psv_eval(psv_ctx *c, const int32_t *tokens, size_t n, psv_error *err) {
+    return ctx_eval(c, tokens, n, NULL, err);
+}
+
+PSV_API psv_status psv_eval_all_logits(psv_ctx *c, const int32_t *tokens, size_t n, float *logits, psv_error *err) {
+    if (!logits) return err_set(err, PSV_ERR_INVALID, "ctx: logits buffer is NULL");
+    return ctx_eval(c, tokens, n, logits, err);
+}
+
+PSV_API const float *psv_ctx_logits(const psv_ctx *c) { return c->have_logits ? c->logits : NULL; }
+
+// ---- text: tokenizer and chat template of a model ----
+
+// Load the tokenizer and recognise the chat template. A GGUF without tokenizer metadata still
+// loads (token-id interfaces work); text interfaces then report that it has none.
+static psv_status model_vocab_load(psv_model *m, psv_error *err) {
+    str_t kind;
+    if (!gguf_get_str(m->gguf, "tokenizer.ggml.model", &kind)) return PSV_OK;
+    tok_vocab *v = NULL;
+    psv_status st = tok_load(m->gguf, &v, err);
+    if (st != PSV_OK) return st;
+    if (tok_n_vocab(v) > m->n_vocab) {
+        tok_free(v);
+        return err_set(err, PSV_ERR_FORMAT,
+                       "model: the tokenizer has %" PRId32 " tokens but token_embd.weight only %" PRId64 " rows",
+                       tok_n_vocab(v), m->n_vocab);
+    }
+    m->vocab = v;
+    str_t tmpl = {NULL, 0};
+    gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl);
+    bool recognised;
+    m->chat_format = chat_detect(tmpl.p, tmpl.n, &recognised, &m->chat_warning);
+    if (recognised) m->chat_warning = NULL;
+    return PSV_OK;
+}
+
+static void model_vocab_free(psv_model *m) {
+    tok_free(m->vocab);
+    m->vocab = NULL;
+}
+
+static psv_status model_need_vocab(const psv_model *m, psv_error *err) {
+    if (m->vocab) return PSV_OK;
+    return err_set(err, PSV_ERR_UNSUPPORTED, "model: the file has no tokenizer (tokenizer.ggml.* metadata); use token ids");
+}
+
+PSV_API void psv_free(void *p) { free(p); }
+
+PSV_API psv_status psv_tokenize(const psv_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                                int32_t **ids, size_t *n_ids, psv_error *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    psv_status st = model_need_vocab(m, err);
+    if (st != PSV_OK) return st;
+    return tok_encode(m->vocab, text, len, add_special, parse_special, ids, n_ids, err);
+}
+
+PSV_API psv_status psv_chat_tokenize(const psv_model *m, const psv_chat_message *msgs, size_t n, bool add_generation_prompt,
+                                     int32_t **ids, size_t *n_ids, psv_error *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    psv_status st = model_need_vocab(m, err);
+    if (st != PSV_OK) return st;
+    chat_msg *cm = malloc((n ? n : 1) * sizeof *cm);
+    if (!cm) return err_set(err, PSV_ERR_NOMEM, "chat: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (!msgs[i].role || !msgs[i].content) {
+            free(cm);
+            return err_set(err, PSV_ERR_INVALID, "chat: message %zu has no role or content", i);
+        }
+        cm[i] = chat_msg_c(msgs[i].role, msgs[i].content);
+    }
+    st = chat_tokenize(m->vocab, m->chat_format, cm, n, add_generation_prompt, ids, n_ids, err);
+    free(cm);
+    return st;
+}
+
+PSV_API const char *psv_model_chat_format(const psv_model *m, const char **warning) {
+    if (warning) *warning = m->vocab ? m->chat_warning : NULL;
+    return m->vocab ? chat_format_name(m->chat_format) : NULL;
+}
+
+PSV_API bool psv_token_is_eog(const psv_model *m, int32_t token) {
+    return m->vocab && token >= 0 && token < tok_n_vocab(m->vocab) && tok_is_eog(m->vocab, token);
+}
+
+struct psv_token_decoder {
+    const tok_vocab *v;
+    tok_stream st;
+    buf_t out;
+};
+
+PSV_API psv_status psv_token_decoder_new(const psv_model *m, psv_token_decoder **out, psv_error *err) {
+    *out = NULL;
+    psv_status st = model_need_vocab(m, err);
+    if (st != PSV_OK) return st;
+    psv_token_decoder *d = calloc(1, sizeof *d);
+    if (!d) return err_set(err, PSV_ERR_NOMEM, "decoder: out of memory");
+    d->v = m->vocab;
+    tok_stream_init(&d->st);
+    *out = d;
+    return PSV_OK;
+}
+
+PSV_API const char *psv_token_decoder_push(psv_token_decoder *d, int32_t token, size_t *len) {
+    d->out.len = 0;
+    if (token >= 0 && token < tok_n_vocab(d->v)) tok_stream_push(&d->st, d->v, token, false, &d->out);
+    *len = d->out.oom ? 0 : d->out.len;
+    return d->out.data ? d->out.data : "";
+}
+
+PSV_API const char *psv_token_decoder_flush(psv_token_decoder *d, size_t *len) {
+    d->out.len = 0;
+    tok_stream_flush(&d->st, &d->out);
+    *len = d->out.oom ? 0 : d->out.len;
+    return d->out.data ? d->out.data : "";
+}
+
+PSV_API void psv_token_decoder_free(psv_token_decoder *d) {
+    if (!d) return;
+    buf_free(&d->out);
+    free(d);
+}
+
+
+// ----------------------------------------------------------------------------
+// 16. CLI
+// The `pensieve` command: subcommands over the library. Each cli_* returns the exit status
+// (0 ok, 1 failure, 2 usage error) and reports errors on stderr as `pensieve CMD: message`.
+
+#ifndef PSV_NO_MAIN
+
+// Parse "1,2,3" into a malloc'd array of token ids. Strict: digits and commas only.
+static bool cli_parse_ids(const char *s, int32_t **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return false;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ') p++;
+        if (*p < '0' || *p > '9') goto fail;
+        int64_t v = 0;
+        while (*p >= '0' && *p <= '9') {
+            v = v * 10 + (*p++ - '0');
+            if (v > INT32_MAX) goto fail;
+        }
+        while (*p == ' ') p++;
+        if (n == cap) {
+            int32_t *q = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!q) goto fail;
+            ids = q;
+        }
+        ids[n++] = (int32_t)v;
+        if (*p == ',') {
+            p++;
+            if (!*p) goto fail;
+        } else if (*p) goto fail;
+    }
+    if (n == 0) goto fail;
+    *out = ids;
+    *n_out = n;
+    return true;
+fail:
+    free(ids);
+    return false;
+}
+
+// Strict number parsing for flags: the whole string must be a number in range.
+static bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool cli_parse_f32(const char *s, float lo, float hi, float *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi)) return false;
+    *out = (float)v;
+    return true;
+}
+
+// Options shared by the model subcommands.
+typedef struct {
+    const char *model;
+    int64_t threads, ctx, top;
+    psv_kv_type kv_type;
+} cli_model_opts;
+
+// Consume argv[*i] if it is a shared model option. Returns 1 if consumed, 0 if not ours,
+// -1 on a bad value (message printed).
+static int cli_model_opt(const char *cmd, int argc, char **argv, int *i, cli_model_opts *o) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!v) goto missing;
+        o->model = v;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (!cli_parse_i64(v, 1, 1024, &o->threads)) goto bad;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
+        if (!cli_parse_i64(v, 1, 1 << 22, &o->ctx)) goto bad;
+    } else if (!strcmp(a, "--kv-type")) {
+        if (v && !strcmp(v, "f32")) o->kv_type = PSV_KV_F32;
+        else if (v && !strcmp(v, "f16")) o->kv_type = PSV_KV_F16;
+        else goto bad;
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+missing:
+    fprintf(stderr, "pensieve %s: %s needs a value\n", cmd, a);
+    return -1;
+bad:
+    fprintf(stderr, "pensieve %s: bad value for %s: '%s'\n", cmd, a, v ? v : "");
+    return -1;
+}
+
+static psv_status cli_open(const char *cmd, const cli_model_opts *o, int64_t n_batch, psv_model **m, psv_ctx **c) {
+    psv_error err = {0};
+    psv_model_params mp = psv_model_default_params();
+    mp.n_threads = (int)o->threads;
+    psv_status st = psv_model_open(o->model, &mp, m, &err);
+    if (st != PSV_OK) {
+        fprintf(stderr, "pensieve %s: %s\n", cmd, err.message);
+        return st;
+    }
+    psv_ctx_params cp = psv_ctx_default_params();
+    cp.n_ctx = (uint32_t)o->ctx;
+    cp.n_batch = (uint32_t)n_batch;
+    cp.kv_type = o->kv_type;
+    st = psv_ctx_new(*m, &cp, c, &err);
+    if (st != PSV_OK) {
+        fprintf(stderr, "pensieve %s: %s\n", cmd, err.message);
+        psv_model_close(*m);
+        *m = NULL;
+    }
+    return st;
+}
+
+// One line of `logits` output: position, log-sum-exp and the top k (id, logit) pairs, by
+// descending logit (ties by id).
+static void cli_print_logits(int64_t pos, const float *l, int64_t n_vocab, int64_t k) {
+    float mx = l[0];
+    for (int64_t i = 1; i < n_vocab; i++)
+        if (l[i] > mx) mx = l[i];
+    double sum = 0;
+    for (int64_t i = 0; i < n_vocab; i++) sum += psv_exp((double)l[i] - mx);
+    double lse = mx + psv_log(sum);
+    if (k > n_vocab) k = n_vocab;
+    int32_t top[64];
+    int64_t nt = 0;
+    for (int64_t i = 0; i < n_vocab; i++) {
+        // insertion into a small sorted list
+        if (nt == k && !(l[i] > l[top[nt - 1]])) continue;
+        int64_t j = nt < k ? nt++ : nt - 1;
+        while (j > 0 && l[top[j - 1]] < l[i]) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = (int32_t)i;
+    }
+    printf("{\"pos\":%" PRId64 ",\"lse\":%.6f,\"top\":[", pos, lse);
+    for (int64_t i = 0; i < nt; i++) printf("%s[%d,%.6f]", i ? "," : "", top[i], (double)l[top[i]]);
+    printf("]}\n");
+}
+
+static int cli_logits(int argc, char **argv) {
+    cli_model_opts o = {.top = 8, .kv_type = PSV_KV_F32};
+    const char *ids_s = NULL;
+    bool one_by_one = false;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt("logits", argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--ids") && v) ids_s = argv[++i];
+        else if (!strcmp(a, "--top") && v) {
+            if (!cli_parse_i64(v, 1, 64, &o.top)) {
+                fprintf(stderr, "pensieve logits: --top must be 1..64\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--batch")) one_by_one = false;
+        else if (!strcmp(a, "--one-by-one")) one_by_one = true;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: pensieve logits -m MODEL --ids 1,2,3 [--ctx N] [--threads N] [--top K]\n"
+                   "                       [--batch|--one-by-one] [--kv-type f32|f16]\n"
+                   "Evaluates the token ids and prints one JSON object per position:\n"
+                   "  {\"pos\":0,\"lse\":12.34,\"top\":[[id,logit],...]}  (K = 8 by default)\n"
+                   "--batch (default) evaluates all ids in one pass; --one-by-one, one token per pass.\n");
+            return 0;
+        } else {
+            fprintf(stderr, "pensieve logits: unknown or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!o.model || !ids_s) {
+        fprintf(stderr, "pensieve logits: -m MODEL and --ids are required (see --help)\n");
+        return 2;
+    }
+    int32_t *ids;
+    size_t n;
+    if (!cli_parse_ids(ids_s, &ids, &n)) {
+        fprintf(stderr, "pensieve logits: --ids must be comma-separated token ids, e.g. 1,2,3\n");
+        return 2;
+    }
+    psv_model *m = NULL;
+    psv_ctx *c = NULL;
+    int rc = 1;
+    float *all = NULL;
+    if (cli_open("logits", &o, one_by_one ? 1 : (int64_t)PSV_MAX(n, 1), &m, &c) != PSV_OK) goto done;
+    int64_t nv = psv_model_n_vocab(m);
+    psv_error err = {0};
+    if (one_by_one) {
+        for (size_t i = 0; i < n; i++) {
+            if (psv_eval(c, &ids[i], 1, &err) != PSV_OK) {
+                fprintf(stderr, "pensieve logits: %s\n", err.message);
+                goto done;
+            }
+            cli_print_logits((int64_t)i, psv_ctx_logits(c), nv, o.top);
+        }
+    } else {
+        all = malloc(n * (size_t)nv * sizeof(float));
+        if (!all) {
+            fprintf(stderr, "pensieve logits: out of memory for %zu x %" PRId64 " logits\n", n, nv);
+            goto done;
+        }
+        if (psv_eval_all_logits(c, ids, n, all, &err) != PSV_OK) {
+            fprintf(stderr, "pensieve logits: %s\n", err.message);
+            goto done;
+        }
+        for (size_t i = 0; i < n; i++) cli_print_logits((int64_t)i, all + i * (size_t)nv, nv, o.top);
+    }
+    rc = 0;
+done:
+    free(all);
+    free(ids);
+    psv_ctx_free(c);
+    psv_model_close(m);
+    return rc;
+}
+
+static int cli_run(int argc, char **argv) {
+    cli_model_opts o = {.kv_type = PSV_KV_F32};
+    const char *prompt = NULL, *prompt_ids = NULL, *system = "You are a helpful assistant.";
+    bool chat = false, print_ids = false;
+    int64_t n_predict = 256;
+    psv_sampler_params sp = psv_sampler_default_params();
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt("run", argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true, takes = true;
+        int64_t iv;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = v != NULL, prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) ok = v != NULL, prompt_ids = v;
+        else if (!strcmp(a, "--system")) ok = v != NULL, system = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = cli_parse_i64(v, 0, 1 << 22, &n_predict);
+        else if (!strcmp(a, "--temp")) ok = cli_parse_f32(v, 0, 100, &sp.temperature);
+        else if (!strcmp(a, "--top-k")) ok = cli_parse_i64(v, 0, 1 << 24, &iv), sp.top_k = (int)iv;
+        else if (!strcmp(a, "--top-p")) ok = cli_parse_f32(v, 0, 1, &sp.top_p);
+        else if (!strcmp(a, "--min-p")) ok = cli_parse_f32(v, 0, 1, &sp.min_p);
+        else if (!strcmp(a, "--repeat-penalty")) ok = cli_parse_f32(v, 0.01f, 100, &sp.repeat_penalty);
+        else if (!strcmp(a, "--repeat-last-n")) ok = cli_parse_i64(v, 0, 1 << 20, &iv), sp.repeat_last_n = (int)iv;
+        else if (!strcmp(a, "--presence-penalty")) ok = cli_parse_f32(v, -100, 100, &sp.presence_penalty);
+        else if (!strcmp(a, "--frequency-penalty")) ok = cli_parse_f32(v, -100, 100, &sp.frequency_penalty);
+        else if (!strcmp(a, "--seed")) ok = cli_parse_i64(v, 0, INT64_MAX, &iv), sp.seed = (uint64_t)iv;
+        else if (!strcmp(a, "--chat")) chat = true, takes = false;
+        else if (!strcmp(a, "--ids")) print_ids = true, takes = false;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: pensieve run -m MODEL (-p TEXT | --prompt-ids 1,2,3) [--chat [--system TEXT]] [-n N]\n"
+                   "                    [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+                   "                    [--repeat-penalty R] [--repeat-last-n N]\n"
+                   "                    [--presence-penalty P] [--frequency-penalty P] [--seed S]\n"
+                   "                    [--threads N] [--ctx N] [--kv-type f32|f16] [--ids]\n"
+                   "Generates a continuation of the prompt, streamed to stdout as it is produced.\n"
+                   "  --chat    format -p as a user message with the model's chat template\n"
+                   "  --system TEXT  system message for --chat (default \"You are a helpful\n"
+                   "            assistant.\"; --system \"\" for none)\n"
+                   "  --ids     print generated token ids (one per line) instead of text\n"
+                   "  -n N      generate at most N tokens (default 256); stops at end-of-generation\n"
+                   "  --temp 0  greedy decoding (default temperature 0.8, top-k 40, top-p 0.95,\n"
+                   "            min-p 0.05, seed 24301)\n");
+            return 0;
+        } else {
+            fprintf(stderr, "pensieve run: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "pensieve run: bad or missing value for %s\n", a);
+            return 2;
+        }
+        if (takes) i++;
+    }
+    if (!o.model || (!prompt == !prompt_ids)) {
+        fprintf(stderr, "pensieve run: -m MODEL and exactly one of -p TEXT or --prompt-ids are required (see --help)\n");
+        return 2;
+    }
+    if (chat && !prompt) {
+        fprintf(stderr, "pensieve run: --chat needs a text prompt (-p)\n");
+        return 2;
+    }
+    psv_model *m = NULL;
+    psv_ctx *c = NULL;
+    psv_sampler *smp = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = 1;
+    psv_error err = {0};
+    psv_token_decoder *dec = NULL;
+    if (cli_open("run", &o, 512, &m, &c) != PSV_OK) goto done;
+    if (prompt_ids) {
+        if (!cli_parse_ids(prompt_ids, &ids, &n_ids)) {
+            fprintf(stderr, "pensieve run: --prompt-ids must be comma-separated token ids\n");
+            rc = 2;
+            goto done;
+        }
+    } else {
+        psv_status st;
+        if (chat) {
+            psv_chat_message msgs[2];
+            size_t nm = 0;
+            if (*system) msgs[nm++] = (psv_chat_message){"system", system};
+            msgs[nm++] = (psv_chat_message){"user", prompt};
+            const char *warning;
+            psv_model_chat_format(m, &warning);
+            if (warning) fprintf(stderr, "pensieve run: %s\n", warning);
+            st = psv_chat_tokenize(m, msgs, nm, true, &ids, &n_ids, &err);
+        } else {
+            st = psv_tokenize(m, prompt, strlen(prompt), true, false, &ids, &n_ids, &err);
+        }
+        if (st != PSV_OK) {
+            fprintf(stderr, "pensieve run: %s\n", err.message);
+            goto done;
+        }
+    }
+    if (psv_sampler_new(&sp, psv_model_n_vocab(m), &smp, &err) != PSV_OK ||
+        psv_eval(c, ids, n_ids, &err) != PSV_OK) {
+        fprintf(stderr, "pensieve run: %s\n", err.message);
+        goto done;
+    }
+    if (!print_ids && psv_token_decoder_new(m, &dec, &err) != PSV_OK) {
+        fprintf(stderr, "pensieve run: %s\n", err.message);
+        goto done;
+    }
+    for (size_t i = 0; i < n_ids; i++) psv_sampler_accept(smp, ids[i]);
+    for (int64_t k = 0; k < n_predict; k++) {
+        int32_t tok = psv_sampler_sample(smp, psv_ctx_logits(c));
+        if (psv_token_is_eog(m, tok)) break;
+        psv_sampler_accept(smp, tok);
+        if (print_ids) {
+            printf("%d\n", tok);
+        } else {
+            size_t len;
+            const char *piece = psv_token_decoder_push(dec, tok, &len);
+            fwrite(piece, 1, len, stdout);
+        }
+        fflush(stdout);
+        if (psv_ctx_n_past(c) >= psv_ctx_n_ctx(c)) {
+            fprintf(stderr, "\npensieve run: context full (%u tokens)\n", psv_ctx_n_ctx(c));
+            break;
+        }
+        if (psv_eval(c, &tok, 1, &err) != PSV_OK) {
+            fprintf(stderr, "\npensieve run: %s\n", err.message);
+            goto done;
+        }
+    }
+    if (dec) {
+        size_t len;
+        const char *rest = psv_token_decoder_flush(dec, &len);
+        fwrite(rest, 1, len, stdout);
+    }
+    if (!print_ids) printf("\n");
+    rc = 0;
+done:
+    psv_token_decoder_free(dec);
+    psv_sampler_free(smp);
+    free(ids);
+    psv_ctx_free(c);
+    psv_model_close(m);
+    return rc;
+}
+
+static void cli_usage(FILE *f) {
+    fprintf(f,
+            "pensieve %s — local LLM inference (GGUF models on the CPU)\n"
+            "\n"
+            "usage: pensieve COMMAND [options]      (pensieve COMMAND --help for details)\n"
+            "\n"
+            "commands:\n"
+            "  run        generate text from a prompt: run -m MODEL -p TEXT [--chat] [-n N] ...\n"
+            "  logits     print top logits per position: logits -m MODEL --ids 1,2,3 ...\n"
+            "  tokenize   text to token ids: tokenize -m MODEL [--add-special] [--parse-special] TEXT\n"
+            "  detokenize token ids to text: detokenize -m MODEL 1,2,3\n"
+            "  template   apply a chat template: template (-m MODEL | --template NAME) --messages F\n"
+            "  info       describe a GGUF file: metadata and tensors\n"
+            "  sha256     print SHA-256 digests like sha256sum: sha256 FILE...\n"
+            "  version    print the version\n"
+            "\n"
+            "The HTTP server (Anthropic Messages and OpenAI chat APIs) is not implemented yet.\n",
+            PSV_VERSION);
+}
+
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN); // a closed pipe is an EPIPE error on write, not a kill
+    if (argc < 2) {
+        cli_usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } cmds[] = {
+        {"run", cli_run},           {"logits", cli_logits},       {"tokenize", cli_tokenize},
+        {"detokenize", cli_detokenize}, {"template", cli_template}, {"info", cli_info},
+        {"sha256", cli_sha256},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(cmds); i++)
+        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        cli_usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("pensieve %s\n", PSV_VERSION);
+        return 0;
+    }
+    fprintf(stderr, "pensieve: unknown command '%s'\n\n", cmd);
+    cli_usage(stderr);
+    return 2;
+}
+
+#endif // PSV_NO_MAIN

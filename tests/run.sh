@@ -1,0 +1,35 @@
+#!/bin/sh
+# tests/run.sh BIN_DIR [SCRIPT...] — runs every test program in BIN_DIR and every given shell
+# test, prints each one's output, and ends with the totals as `N passed, N failed, N skipped`.
+# A program that crashes or prints no summary line counts as one failure.
+bindir=$1; shift
+total_p=0; total_f=0; total_s=0
+log=$(mktemp); trap 'rm -f "$log"' EXIT
+run_one() {
+    name=$1; shift
+    echo "== $name"
+    "$@" >"$log" 2>&1; rc=$?
+    cat "$log"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "$name: no summary line (exit $rc): counted as 1 failure"
+        total_f=$((total_f + 1)); return
+    fi
+    p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+    s=$(echo "$line" | sed -nE 's/.*, ([0-9]+) skipped.*/\1/p'); s=${s:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "$name: exit $rc with no failed check: counted as 1 failure"; f=1
+    fi
+    total_p=$((total_p + p)); total_f=$((total_f + f)); total_s=$((total_s + s))
+}
+for t in "$bindir"/test_*; do
+    [ -x "$t" ] || continue
+    run_one "$(basename "$t")" ${PSV_TEST_WRAPPER:-} "$t"
+done
+for s in "$@"; do
+    run_one "$(basename "$s")" sh "$s"
+done
+echo "== total"
+echo "$total_p passed, $total_f failed, $total_s skipped"
+[ "$total_f" -eq 0 ]
