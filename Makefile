@@ -14,7 +14,7 @@ TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never li
 ARM_CC   ?= aarch64-linux-gnu-gcc
 QEMU_ARM ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
 
-.PHONY: all test debug test-asan fuzz fuzz-run check-syms test-arm64 test-cpp clean
+.PHONY: all test debug test-asan fuzz fuzz-run check-syms test-arm64 bench clean
 
 all: pensieve
 
@@ -34,8 +34,18 @@ $(BUILD)/tests/test_header_cpp: tests/header.cpp pensieve.h $(BUILD)/pensieve-li
 	@mkdir -p $(dir $@)
 	$(CXX) -Wall -Wextra $(CFLAGS) -I. tests/header.cpp $(BUILD)/pensieve-lib.o -o $@ -lpthread
 
-test: pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp
-	PSV_SHARED=$(SHARED) PSV_BIN=$(CURDIR)/pensieve sh tests/run.sh $(BUILD)/tests $(TEST_SH)
+# The library example (tools/example.c) uses only pensieve.h, linked against pensieve.c as C.
+$(BUILD)/example: tools/example.c pensieve.h $(BUILD)/pensieve-lib.o
+	$(CC) $(WARN) $(CFLAGS) -I. tools/example.c $(BUILD)/pensieve-lib.o -o $@ -lpthread
+
+# The binary the CLI tests drive, built with this configuration's flags (plain, ASan, ...).
+$(BUILD)/pensieve: pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
+
+test: $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/example
+	PSV_SHARED=$(SHARED) PSV_BIN=$(CURDIR)/$(BUILD)/pensieve PSV_EXAMPLE=$(CURDIR)/$(BUILD)/example \
+	    sh tests/run.sh $(BUILD)/tests $(TEST_SH)
 
 # ASan + UBSan: the binary, and the whole suite built and run with them.
 debug: pensieve.c pensieve.h
@@ -74,6 +84,14 @@ check-syms: pensieve.c pensieve.h
 test-arm64:
 	$(MAKE) $(patsubst tests/%.c,$(BUILD)/arm64/tests/%,$(TEST_SRCS)) BUILD=$(BUILD)/arm64 CC=$(ARM_CC) CFLAGS="-O2 -g -static"
 	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" sh tests/run.sh $(BUILD)/arm64/tests
+
+# Benchmarks print measurements; they assert nothing (tests never time anything).
+$(BUILD)/bench_tokenizer: tests/bench_tokenizer.c pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -I. $< -o $@ -lpthread
+
+bench: $(BUILD)/bench_tokenizer
+	PSV_SHARED=$(SHARED) $(BUILD)/bench_tokenizer
 
 clean:
 	rm -rf $(BUILD) pensieve pensieve-debug

@@ -1,0 +1,353 @@
+// tests/test_model.c — model loading and the forward pass on small models this test writes
+// itself (no ../shared needed): logits against a plain double-precision transformer written
+// here from the architectures' definitions, agreement across thread counts and batching, the
+// KV cache and context limits, and a specific error for each kind of bad model file.
+#define PSV_TESTING
+#define PSV_NO_MAIN
+#include "pensieve.c"
+#include "test.h"
+#include <math.h>
+
+enum { E = 256, NL = 2, NH = 4, NKV = 2, HD = E / NH, FF = 256, NV = 96 };
+
+typedef struct {
+    const char *arch;  // "llama", "qwen2", "phi3"
+    int n_rot;         // rotary dims per head
+    bool drop_tensor;  // leave out blk.1.ffn_down.weight
+    bool bad_shape;    // attn_q with the wrong output width
+    bool bad_type;     // ffn_down as IQ2_XXS
+    bool no_blocks;    // leave out {arch}.block_count
+    int kv_heads;      // head_count_kv
+} model_spec;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) { // uniform in [-1, 1)
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+// Weights kept in float for the reference computation, by name.
+typedef struct { char name[64]; int64_t n; float *v; } wrec;
+static wrec W[64];
+static int n_w;
+
+static const float *wget(const char *name) {
+    for (int i = 0; i < n_w; i++)
+        if (!strcmp(W[i].name, name)) return W[i].v;
+    return NULL;
+}
+
+static void add_f32(gguf_writer *w, const char *name, int64_t ne0, int64_t ne1, float scale, float bias) {
+    int64_t n = ne0 * ne1;
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = bias + scale * frand();
+    snprintf(W[n_w].name, sizeof W[n_w].name, "%s", name);
+    W[n_w].n = n;
+    W[n_w].v = v;
+    n_w++;
+    uint64_t ne[2] = {(uint64_t)ne0, (uint64_t)ne1};
+    gguf_w_tensor(w, name, T_F32, ne1 > 1 ? 2 : 1, ne, v);
+}
+
+static void free_weights(void) {
+    for (int i = 0; i < n_w; i++) free(W[i].v);
+    n_w = 0;
+}
+
+// Write a tiny model to path; weights are F32 so the engine's products are exact-ish float dots.
+static bool write_model(const char *path, const model_spec *sp) {
+    free_weights();
+    rng_state = 0x9e3779b97f4a7c15ull;
+    gguf_writer *w = gguf_writer_new();
+    char key[128];
+    int nkv = sp->kv_heads ? sp->kv_heads : NKV;
+    gguf_w_str(w, "general.architecture", sp->arch);
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, sp->arch), key)
+    gguf_w_u32(w, KEY("context_length"), 64);
+    gguf_w_u32(w, KEY("embedding_length"), E);
+    if (!sp->no_blocks) gguf_w_u32(w, KEY("block_count"), NL);
+    gguf_w_u32(w, KEY("feed_forward_length"), FF);
+    gguf_w_u32(w, KEY("attention.head_count"), NH);
+    gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)nkv);
+    gguf_w_u32(w, KEY("rope.dimension_count"), (uint32_t)sp->n_rot);
+    gguf_w_f32(w, KEY("rope.freq_base"), 10000.0f);
+    gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+#undef KEY
+    bool phi3 = !strcmp(sp->arch, "phi3"), qwen2 = !strcmp(sp->arch, "qwen2");
+    add_f32(w, "token_embd.weight", E, NV, 1.0f, 0);
+    add_f32(w, "output_norm.weight", E, 1, 0.2f, 1.0f);
+    if (!phi3) add_f32(w, "output.weight", E, NV, 0.1f, 0); // phi3: tied to token_embd
+    char nm[64];
+    for (int il = 0; il < NL; il++) {
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, il), nm)
+        add_f32(w, N("attn_norm.weight"), E, 1, 0.2f, 1.0f);
+        if (phi3) {
+            add_f32(w, N("attn_qkv.weight"), E, (NH + 2 * nkv) * HD, 0.08f, 0);
+        } else {
+            add_f32(w, N("attn_q.weight"), E, sp->bad_shape ? NH * HD / 2 : NH * HD, 0.08f, 0);
+            add_f32(w, N("attn_k.weight"), E, nkv * HD, 0.08f, 0);
+            add_f32(w, N("attn_v.weight"), E, nkv * HD, 0.08f, 0);
+            if (qwen2) {
+                add_f32(w, N("attn_q.bias"), NH * HD, 1, 0.1f, 0);
+                add_f32(w, N("attn_k.bias"), nkv * HD, 1, 0.1f, 0);
+                add_f32(w, N("attn_v.bias"), nkv * HD, 1, 0.1f, 0);
+            }
+        }
+        add_f32(w, N("attn_output.weight"), NH * HD, E, 0.08f, 0);
+        add_f32(w, N("ffn_norm.weight"), E, 1, 0.2f, 1.0f);
+        if (phi3) {
+            add_f32(w, N("ffn_up.weight"), E, 2 * FF, 0.08f, 0);
+        } else {
+            add_f32(w, N("ffn_gate.weight"), E, FF, 0.08f, 0);
+            add_f32(w, N("ffn_up.weight"), E, FF, 0.08f, 0);
+        }
+        if (sp->bad_type && il == 1) {
+            uint64_t ne[2] = {FF, E};
+            gguf_w_tensor(w, N("ffn_down.weight"), T_IQ2_XXS, 2, ne, NULL);
+        } else if (!(sp->drop_tensor && il == 1)) {
+            add_f32(w, N("ffn_down.weight"), FF, E, 0.08f, 0);
+        }
+#undef N
+    }
+    psv_error err = {0};
+    bool ok = gguf_writer_save(w, path, &err) == PSV_OK;
+    CHECKF(ok, "%s", err.message);
+    gguf_writer_free(w);
+    return ok;
+}
+
+// The forward pass written plainly in double: llama (adjacent-pair rotary), qwen2 (+ q/k/v
+// biases, half-split rotary), phi3 (fused qkv and gate|up, half-split rotary, tied output).
+static void naive_forward(const model_spec *sp, const int32_t *toks, int n, double *logits /* n x NV */) {
+    bool phi3 = !strcmp(sp->arch, "phi3"), qwen2 = !strcmp(sp->arch, "qwen2"), neox = phi3 || qwen2;
+    int nkv = sp->kv_heads ? sp->kv_heads : NKV, kvd = nkv * HD, half = sp->n_rot / 2;
+    double *x = calloc((size_t)n * E, sizeof *x), *xn = malloc(E * sizeof *xn);
+    double *K = malloc((size_t)NL * n * kvd * sizeof *K), *V = malloc((size_t)NL * n * kvd * sizeof *V);
+    double q[NH * HD], k[8 * HD], v[8 * HD], att[NH * HD], h[2 * FF], sc[64];
+    char nm[64];
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < E; i++) x[t * E + i] = wget("token_embd.weight")[toks[t] * E + i];
+#define WT(s) (snprintf(nm, sizeof nm, "blk.%d." s, il), wget(nm))
+    for (int t = 0; t < n; t++) {
+        for (int il = 0; il < NL; il++) {
+            double *xt = x + t * E, ss = 0;
+            for (int i = 0; i < E; i++) ss += xt[i] * xt[i];
+            for (int i = 0; i < E; i++) xn[i] = xt[i] / sqrt(ss / E + 1e-5) * WT("attn_norm.weight")[i];
+            for (int o = 0; o < NH * HD + 2 * kvd; o++) {
+                const float *row;
+                if (phi3) row = WT("attn_qkv.weight") + (size_t)o * E;
+                else if (o < NH * HD) row = WT("attn_q.weight") + (size_t)o * E;
+                else if (o < NH * HD + kvd) row = WT("attn_k.weight") + (size_t)(o - NH * HD) * E;
+                else row = WT("attn_v.weight") + (size_t)(o - NH * HD - kvd) * E;
+                double d = 0;
+                for (int i = 0; i < E; i++) d += row[i] * xn[i];
+                if (qwen2) d += o < NH * HD ? WT("attn_q.bias")[o] : o < NH * HD + kvd ? WT("attn_k.bias")[o - NH * HD] : WT("attn_v.bias")[o - NH * HD - kvd];
+                if (o < NH * HD) q[o] = d;
+                else if (o < NH * HD + kvd) k[o - NH * HD] = d;
+                else v[o - NH * HD - kvd] = d;
+            }
+            for (int hh = 0; hh < NH + nkv; hh++) {
+                double *vec = hh < NH ? q + hh * HD : k + (hh - NH) * HD;
+                for (int i = 0; i < half; i++) {
+                    double th = t * pow(10000.0, -2.0 * i / sp->n_rot);
+                    int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                    double x0 = vec[a], x1 = vec[b];
+                    vec[a] = x0 * cos(th) - x1 * sin(th);
+                    vec[b] = x0 * sin(th) + x1 * cos(th);
+                }
+            }
+            memcpy(K + ((size_t)il * n + t) * kvd, k, kvd * sizeof *k);
+            memcpy(V + ((size_t)il * n + t) * kvd, v, kvd * sizeof *v);
+            for (int hh = 0; hh < NH; hh++) {
+                int kh = hh / (NH / nkv);
+                double mx = -1e300, sum = 0;
+                for (int p = 0; p <= t; p++) {
+                    double d = 0;
+                    for (int i = 0; i < HD; i++) d += q[hh * HD + i] * K[((size_t)il * n + p) * kvd + kh * HD + i];
+                    sc[p] = d / sqrt((double)HD);
+                    if (sc[p] > mx) mx = sc[p];
+                }
+                for (int p = 0; p <= t; p++) sum += (sc[p] = exp(sc[p] - mx));
+                for (int i = 0; i < HD; i++) {
+                    double o = 0;
+                    for (int p = 0; p <= t; p++) o += sc[p] / sum * V[((size_t)il * n + p) * kvd + kh * HD + i];
+                    att[hh * HD + i] = o;
+                }
+            }
+            for (int o = 0; o < E; o++) {
+                double d = 0;
+                for (int i = 0; i < NH * HD; i++) d += WT("attn_output.weight")[(size_t)o * NH * HD + i] * att[i];
+                xt[o] += d;
+            }
+            ss = 0;
+            for (int i = 0; i < E; i++) ss += xt[i] * xt[i];
+            for (int i = 0; i < E; i++) xn[i] = xt[i] / sqrt(ss / E + 1e-5) * WT("ffn_norm.weight")[i];
+            for (int o = 0; o < 2 * FF; o++) {
+                const float *row = phi3 ? WT("ffn_up.weight") + (size_t)o * E
+                                        : (o < FF ? WT("ffn_gate.weight") + (size_t)o * E : WT("ffn_up.weight") + (size_t)(o - FF) * E);
+                double d = 0;
+                for (int i = 0; i < E; i++) d += row[i] * xn[i];
+                h[o] = d;
+            }
+            for (int i = 0; i < FF; i++) h[i] = h[i] / (1 + exp(-h[i])) * h[FF + i];
+            for (int o = 0; o < E; o++) {
+                double d = 0;
+                for (int i = 0; i < FF; i++) d += WT("ffn_down.weight")[(size_t)o * FF + i] * h[i];
+                xt[o] += d;
+            }
+        }
+        double ss = 0;
+        for (int i = 0; i < E; i++) ss += x[t * E + i] * x[t * E + i];
+        for (int i = 0; i < E; i++) xn[i] = x[t * E + i] / sqrt(ss / E + 1e-5) * wget("output_norm.weight")[i];
+        const float *out = phi3 ? wget("token_embd.weight") : wget("output.weight");
+        for (int o = 0; o < NV; o++) {
+            double d = 0;
+            for (int i = 0; i < E; i++) d += out[(size_t)o * E + i] * xn[i];
+            logits[(size_t)t * NV + o] = d;
+        }
+    }
+#undef WT
+    free(x), free(xn), free(K), free(V);
+}
+
+static char tmp_path[256];
+
+static void test_forward_matches_naive(const model_spec *sp) {
+    if (!write_model(tmp_path, sp)) return;
+    enum { NT = 12 };
+    int32_t toks[NT];
+    for (int i = 0; i < NT; i++) toks[i] = (int32_t)((i * 37 + 5) % NV);
+    double *ref = malloc((size_t)NT * NV * sizeof *ref);
+    naive_forward(sp, toks, NT, ref);
+    float *batch = malloc((size_t)NT * NV * sizeof(float)), *one = malloc((size_t)NT * NV * sizeof(float));
+    psv_error err = {0};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        psv_model_params mp = {threads};
+        psv_model *m = NULL;
+        CHECKF(psv_model_open(tmp_path, &mp, &m, &err) == PSV_OK, "%s: %s", sp->arch, err.message);
+        if (!m) break;
+        CHECK(!strcmp(psv_model_arch(m), sp->arch) && psv_model_n_vocab(m) == NV);
+        psv_ctx_params cp = psv_ctx_default_params();
+        cp.n_ctx = 32;
+        psv_ctx *c = NULL, *c1 = NULL;
+        CHECK(psv_ctx_new(m, &cp, &c, &err) == PSV_OK);
+        cp.n_batch = 1;
+        CHECK(psv_ctx_new(m, &cp, &c1, &err) == PSV_OK);
+        CHECK(psv_eval_all_logits(c, toks, NT, batch, &err) == PSV_OK);
+        for (int i = 0; i < NT; i++) {
+            CHECK(psv_eval(c1, &toks[i], 1, &err) == PSV_OK);
+            memcpy(one + (size_t)i * NV, psv_ctx_logits(c1), NV * sizeof(float));
+        }
+        CHECKF(memcmp(batch, one, (size_t)NT * NV * sizeof(float)) == 0, "%s: batch and one-by-one differ", sp->arch);
+        double worst = 0;
+        for (int i = 0; i < NT * NV; i++) worst = fmax(worst, fabs(batch[i] - ref[i]));
+        CHECKF(worst < 2e-3, "%s, %d threads: largest difference from the plain forward pass %.3g", sp->arch, threads, worst);
+        psv_ctx_free(c1);
+        psv_ctx_free(c);
+        psv_model_close(m);
+    }
+    free(ref), free(batch), free(one);
+}
+
+static void test_ctx_limits(void) {
+    model_spec sp = {.arch = "llama", .n_rot = HD};
+    if (!write_model(tmp_path, &sp)) return;
+    psv_error err = {0};
+    psv_model *m = NULL;
+    CHECK(psv_model_open(tmp_path, NULL, &m, &err) == PSV_OK);
+    if (!m) return;
+    psv_ctx_params cp = psv_ctx_default_params();
+    cp.n_ctx = 8;
+    psv_ctx *c = NULL;
+    CHECK(psv_ctx_new(m, &cp, &c, &err) == PSV_OK);
+    int32_t toks[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    // too many tokens: a clear error naming the numbers, and nothing evaluated
+    CHECK(psv_eval(c, toks, 9, &err) == PSV_ERR_RANGE && strstr(err.message, "9 new tokens") && strstr(err.message, "8"));
+    CHECK(psv_ctx_n_past(c) == 0 && psv_ctx_logits(c) == NULL);
+    err_clear(&err);
+    CHECK(psv_eval(c, toks, 5, &err) == PSV_OK && psv_ctx_n_past(c) == 5);
+    CHECK(psv_eval(c, toks, 4, &err) == PSV_ERR_RANGE && psv_ctx_n_past(c) == 5);
+    err_clear(&err);
+    int32_t bad = NV;
+    CHECK(psv_eval(c, &bad, 1, &err) == PSV_ERR_INVALID && strstr(err.message, "out of range"));
+    err_clear(&err);
+    bad = -1;
+    CHECK(psv_eval(c, &bad, 1, &err) == PSV_ERR_INVALID);
+    err_clear(&err);
+    // prefix reuse: truncating to 3 and re-evaluating gives the same logits as a fresh run
+    float a[NV], b[NV];
+    CHECK(psv_ctx_truncate(c, 3, &err) == PSV_OK && psv_ctx_n_past(c) == 3);
+    CHECK(psv_eval(c, toks + 3, 2, &err) == PSV_OK);
+    memcpy(a, psv_ctx_logits(c), sizeof a);
+    psv_ctx *c2 = NULL;
+    CHECK(psv_ctx_new(m, &cp, &c2, &err) == PSV_OK && psv_eval(c2, toks, 5, &err) == PSV_OK);
+    memcpy(b, psv_ctx_logits(c2), sizeof b);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    CHECK(psv_ctx_truncate(c, 9, &err) == PSV_ERR_INVALID);
+    // F16 KV cache: close to the F32 one
+    psv_ctx_params cp16 = cp;
+    cp16.kv_type = PSV_KV_F16;
+    psv_ctx *c3 = NULL;
+    CHECK(psv_ctx_new(m, &cp16, &c3, &err) == PSV_OK && psv_eval(c3, toks, 5, &err) == PSV_OK);
+    double worst = 0;
+    for (int i = 0; i < NV; i++) worst = fmax(worst, fabs(psv_ctx_logits(c3)[i] - b[i]));
+    CHECKF(worst < 0.05, "F16 KV cache moved logits by %.3g", worst);
+    psv_ctx_free(c3);
+    psv_ctx_free(c2);
+    psv_ctx_free(c);
+    psv_model_close(m);
+}
+
+static void test_bad_models(void) {
+    struct {
+        model_spec sp;
+        psv_status st;
+        const char *needle;
+    } cases[] = {
+        {{.arch = "llama", .n_rot = HD, .drop_tensor = true}, PSV_ERR_FORMAT, "missing tensor 'blk.1.ffn_down.weight'"},
+        {{.arch = "llama", .n_rot = HD, .bad_shape = true}, PSV_ERR_FORMAT, "tensor 'blk.0.attn_q.weight': wrong shape (expected [256, 256], got [256, 128])"},
+        {{.arch = "mamba", .n_rot = HD}, PSV_ERR_UNSUPPORTED, "architecture 'mamba' is not supported"},
+        {{.arch = "llama", .n_rot = HD, .bad_type = true}, PSV_ERR_UNSUPPORTED, "tensor 'blk.1.ffn_down.weight': type IQ2_XXS is not supported"},
+        {{.arch = "llama", .n_rot = HD, .no_blocks = true}, PSV_ERR_FORMAT, "missing or invalid key 'llama.block_count'"},
+        {{.arch = "llama", .n_rot = HD, .kv_heads = 3}, PSV_ERR_FORMAT, "not a multiple of head_count_kv 3"},
+        {{.arch = "llama", .n_rot = HD + 2}, PSV_ERR_FORMAT, "rope.dimension_count"},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(cases); i++) {
+        if (!write_model(tmp_path, &cases[i].sp)) continue;
+        psv_error err = {0};
+        psv_model *m = NULL;
+        psv_status st = psv_model_open(tmp_path, NULL, &m, &err);
+        CHECKF(st == cases[i].st && !m && strstr(err.message, cases[i].needle) && strstr(err.message, tmp_path),
+               "case %zu: status %s, message '%s'", i, psv_status_name(st), err.message);
+        psv_model_close(m);
+    }
+    // truncated data: every tensor byte must be in the file
+    model_spec sp = {.arch = "llama", .n_rot = HD};
+    if (write_model(tmp_path, &sp)) {
+        struct stat stt;
+        stat(tmp_path, &stt);
+        CHECK(truncate(tmp_path, stt.st_size - 1000) == 0);
+        psv_error err = {0};
+        psv_model *m = NULL;
+        CHECKF(psv_model_open(tmp_path, NULL, &m, &err) == PSV_ERR_FORMAT && !m && strstr(err.message, "data ends at"),
+               "truncated: '%s'", err.message);
+    }
+    psv_error err = {0};
+    psv_model *m = NULL;
+    CHECK(psv_model_open("/nonexistent/x.gguf", NULL, &m, &err) == PSV_ERR_IO && !m && strstr(err.message, "/nonexistent/x.gguf"));
+}
+
+int main(void) {
+    snprintf(tmp_path, sizeof tmp_path, "/tmp/psv-test-model-%d.gguf", (int)getpid());
+    model_spec specs[] = {
+        {.arch = "llama", .n_rot = HD},       // adjacent-pair rotary, GQA 2:1
+        {.arch = "qwen2", .n_rot = HD},       // biases, half-split rotary
+        {.arch = "phi3", .n_rot = HD * 3 / 4}, // fused qkv and gate|up, partial rotary, tied output
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(specs); i++) test_forward_matches_naive(&specs[i]);
+    test_ctx_limits();
+    test_bad_models();
+    free_weights();
+    unlink(tmp_path);
+    return t_finish();
+}
