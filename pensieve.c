@@ -29,11 +29,15 @@
 //   9. Tokenizers        SPM and byte-level BPE with pre-tokenizers, detokenizer
 //  10. Chat templates    built-in formatters recognised from tokenizer.chat_template
 //  11. Kernels           scalar reference kernels for every tensor type (the oracle)
-//  12. Thread pool       persistent pthread workers
-//  13. Model             hyper-parameters, weights, KV cache, forward pass
-//  14. Sampling          greedy, temperature, top-k/p, min-p, penalties, seeded RNG
-//  15. Public API        psv_* functions declared in pensieve.h
-//  16. CLI               subcommands and main
+//  12. SIMD kernels      x86 (AVX2, AVX-512) and ARM (NEON) variants, chosen at run time
+//  13. Thread pool       persistent pthread workers
+//  14. Model             hyper-parameters, weights, KV cache, forward pass
+//  15. Sampling          greedy, temperature, top-k/p, min-p, penalties, seeded RNG
+//  16. Public API        psv_* functions declared in pensieve.h
+//  17. Model tools       random-weight model generator, benchmarks
+//  18. Model files       cache directory, registry of known models, pull/list/verify/rm
+//  19. HTTP server       Anthropic Messages and OpenAI chat APIs over HTTP/1.1 + SSE
+//  20. CLI               subcommands and main
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 // madvise, pthread affinity, getline: all in glibc behind this
@@ -8030,7 +8034,7 @@ static const k_traits *k_traits_ref(uint32_t type) {
 
 
 // ----------------------------------------------------------------------------
-// 12. Thread pool
+// 13. Thread pool
 // A persistent set of pthread workers. pool_run(fn) runs fn(arg, ith, nth) on every thread (the
 // caller is thread 0) and returns when all are done; no thread is created per operation. One
 // pool_run at a time per pool: the model serialises forward passes.
@@ -8147,7 +8151,7 @@ static inline void pool_share(int64_t n, int ith, int nth, int64_t *lo, int64_t 
 }
 
 // ----------------------------------------------------------------------------
-// 13. Model
+// 14. Model
 // Loads hyper-parameters and weights from a GGUF file (weights stay in the mapping, used in
 // place; only small 1-D vectors are copied out as floats) and runs the transformer forward pass.
 // Architectures: llama, phi3, qwen2, qwen3, phi2. The pass follows the GGUF ecosystem's
@@ -8867,7 +8871,7 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
 }
 
 // ----------------------------------------------------------------------------
-// 14. Sampling
+// 15. Sampling
 // Turns logits into a token: penalties, then top-k, top-p, min-p, temperature, then a draw from
 // a seeded xoshiro256** generator. Greedy (temperature <= 0) is the arg-max. Deterministic:
 // the same seed, settings and logits give the same token on any machine and thread count.
@@ -9028,7 +9032,7 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
 }
 
 // ----------------------------------------------------------------------------
-// 15. Public API
+// 16. Public API
 // psv_model_* and psv_ctx_*: see pensieve.h for the contracts.
 
 struct psv_ctx {
@@ -9308,9 +9312,1971 @@ PSV_API void psv_token_decoder_free(psv_token_decoder *d) {
     free(d);
 }
 
+// ----------------------------------------------------------------------------
+// 19. HTTP server
+// An HTTP/1.1 server (RFC 9110, RFC 9112) speaking Anthropic's Messages API and OpenAI's chat
+// and completions APIs, with Server-Sent Events for streaming. One thread per connection (at
+// most PSV_HTTP_MAX_CONNS); generation runs on one of --parallel slots, each a psv_ctx whose
+// KV cache keeps the last conversation so a follow-up request only evaluates what is new.
+// Requests beyond the slots wait in a bounded queue. Every limit on client input is a named
+// macro below; a broken or hostile client gets a status code and its connection closed, never
+// a crash or a stuck thread.
+
+#ifndef PSV_NO_MAIN
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#ifndef PSV_HTTP_MAX_HEADER // request line + headers; beyond: 431 (or 414 for the line alone)
+#define PSV_HTTP_MAX_HEADER (32u << 10)
+#endif
+#ifndef PSV_HTTP_MAX_LINE // request line alone
+#define PSV_HTTP_MAX_LINE (8u << 10)
+#endif
+#ifndef PSV_HTTP_MAX_HEADERS // header fields per request
+#define PSV_HTTP_MAX_HEADERS 100
+#endif
+#ifndef PSV_HTTP_MAX_BODY // request body; beyond: 413
+#define PSV_HTTP_MAX_BODY (32u << 20)
+#endif
+#ifndef PSV_HTTP_MAX_CONNS // simultaneous connections; beyond: 503 and close
+#define PSV_HTTP_MAX_CONNS 256
+#endif
+#ifndef PSV_HTTP_HEADER_TIMEOUT // seconds to receive a request's headers (slow clients)
+#define PSV_HTTP_HEADER_TIMEOUT 10
+#endif
+#ifndef PSV_HTTP_IDLE_TIMEOUT // seconds a kept-alive connection may wait for its next request
+#define PSV_HTTP_IDLE_TIMEOUT 30
+#endif
+static bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out); // section 20
+
+#ifndef PSV_SERVER_PORT
+#define PSV_SERVER_PORT 52849
+#endif
+
+typedef struct {
+    const char *host;
+    int port;
+    int threads;
+    uint32_t ctx;
+    int parallel;
+    const char *api_key;
+    int max_queue;
+    int timeout;        // seconds a request may wait for a slot
+    const char *cors_origin;
+    bool log_json;
+    const char *model_path;
+    const char *model_name; // what /v1/models reports
+} srv_conf;
+
+typedef struct {
+    psv_ctx *ctx;
+    int32_t *hist; // tokens in the KV cache, in order
+    size_t n_hist, cap;
+    bool busy;
+} srv_slot;
+
+typedef struct {
+    srv_conf conf;
+    psv_model *model;
+    int listen_fd;
+    int wake[2]; // self-pipe: signals wake the accept loop
+    pthread_mutex_t mu;
+    pthread_cond_t slot_cv, conn_cv;
+    srv_slot *slots;
+    int n_waiting, n_conns, n_busy;
+    volatile sig_atomic_t stopping;
+    uint64_t id_state;
+    // metrics (under mu)
+    uint64_t m_requests, m_errors, m_tokens_in, m_tokens_out, m_cache_hits, m_cached_tokens;
+    double m_prompt_seconds, m_gen_seconds;
+} server_t;
+
+static server_t *srv_global; // only for the signal handler
+
+// ---- HTTP request parsing ----
+
+typedef struct {
+    str_t name, value;
+} http_header;
+
+typedef struct {
+    char method[16];
+    str_t target, path;
+    int minor; // HTTP/1.minor
+    http_header headers[PSV_HTTP_MAX_HEADERS];
+    int n_headers;
+    buf_t body;
+    bool keep_alive;
+    size_t consumed; // bytes of the connection buffer this request occupies; the slices above
+                     // point into them, so they are released only after the request is handled
+} http_req;
+
+typedef struct {
+    int fd;
+    char *buf; // received bytes not yet consumed
+    size_t len, cap;
+    server_t *srv;
+    bool broken; // the peer went away (a write failed)
+    char req_id[40];
+} http_conn;
+
+static str_t http_header_get(const http_req *r, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 0; i < r->n_headers; i++)
+        if (r->headers[i].name.n == n && strncasecmp(r->headers[i].name.p, name, n) == 0) return r->headers[i].value;
+    return (str_t){NULL, 0};
+}
+
+// Receive more bytes into c->buf, waiting at most until deadline. Returns bytes read, 0 on
+// orderly close, -1 on error or timeout.
+static ssize_t http_recv_more(http_conn *c, double deadline) {
+    if (c->len == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 16384;
+        char *p = realloc(c->buf, cap);
+        if (!p) return -1;
+        c->buf = p;
+        c->cap = cap;
+    }
+    for (;;) {
+        double left = deadline - plat_now();
+        if (left <= 0 || c->srv->stopping) return -1;
+        struct pollfd pfd = {c->fd, POLLIN, 0};
+        int pr = poll(&pfd, 1, (int)(left > 0.25 ? 250 : left * 1000 + 1));
+        if (pr < 0 && errno != EINTR) return -1;
+        if (pr <= 0) continue;
+        ssize_t k = recv(c->fd, c->buf + c->len, c->cap - c->len, 0);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (k > 0) c->len += (size_t)k;
+        return k;
+    }
+}
+
+static void http_consume(http_conn *c, size_t n) {
+    memmove(c->buf, c->buf + n, c->len - n);
+    c->len -= n;
+}
+
+// Send all bytes; false (and the connection marked broken) when the peer is gone. MSG_NOSIGNAL:
+// a closed socket is an error, not SIGPIPE.
+static bool http_send(http_conn *c, const void *data, size_t n) {
+    const char *p = data;
+    while (n > 0 && !c->broken) {
+        ssize_t k = send(c->fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            c->broken = true;
+            return false;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return !c->broken;
+}
+
+static const char *http_reason(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    case 529: return "Overloaded";
+    }
+    return "Unknown";
+}
+
+static void http_common_headers(http_conn *c, buf_t *h) {
+    buf_printf(h, "request-id: %s\r\n", c->req_id);
+    if (c->srv->conf.cors_origin)
+        buf_printf(h, "Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n", c->srv->conf.cors_origin);
+}
+
+static bool http_respond(http_conn *c, int status, const char *ctype, const char *body, size_t n, bool keep_alive) {
+    buf_t h = {0};
+    buf_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n", status, http_reason(status), ctype, n);
+    http_common_headers(c, &h);
+    buf_puts(&h, keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
+    bool ok = !h.oom && http_send(c, h.data, h.len) && http_send(c, body, n);
+    buf_free(&h);
+    return ok;
+}
+
+// API flavour of a request, for error envelopes.
+typedef enum { API_ANTHROPIC, API_OPENAI } api_kind;
+
+static const char *api_error_type(api_kind api, int status) {
+    if (api == API_OPENAI) {
+        switch (status) {
+        case 401: return "authentication_error";
+        case 404: return "not_found_error";
+        case 429: return "rate_limit_error";
+        case 500: return "server_error";
+        case 503: case 529: return "server_error";
+        default: return "invalid_request_error";
+        }
+    }
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 500: return "api_error";
+    case 529: case 503: return "overloaded_error";
+    default: return "invalid_request_error";
+    }
+}
+
+// The API's own error envelope: Anthropic {"type":"error","error":{"type","message"}}, OpenAI
+// {"error":{"message","type","param","code"}}.
+static void api_error_json(buf_t *b, api_kind api, int status, const char *msg) {
+    json_writer w;
+    json_w_init(&w, b);
+    json_w_obj_begin(&w);
+    if (api == API_ANTHROPIC) {
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "error");
+        json_w_key(&w, "error");
+        json_w_obj_begin(&w);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, api_error_type(api, status));
+        json_w_key(&w, "message");
+        json_w_cstr(&w, msg);
+        json_w_obj_end(&w);
+    } else {
+        json_w_key(&w, "error");
+        json_w_obj_begin(&w);
+        json_w_key(&w, "message");
+        json_w_cstr(&w, msg);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, api_error_type(api, status));
+        json_w_key(&w, "param");
+        json_w_null(&w);
+        json_w_key(&w, "code");
+        json_w_null(&w);
+        json_w_obj_end(&w);
+    }
+    json_w_obj_end(&w);
+}
+
+static bool api_error(http_conn *c, api_kind api, int status, bool keep_alive, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static bool api_error(http_conn *c, api_kind api, int status, bool keep_alive, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    buf_t b = {0};
+    api_error_json(&b, api, status, msg);
+    pthread_mutex_lock(&c->srv->mu);
+    c->srv->m_errors++;
+    pthread_mutex_unlock(&c->srv->mu);
+    bool ok = http_respond(c, status, "application/json", b.data ? b.data : "", b.len, keep_alive);
+    buf_free(&b);
+    return ok;
+}
+
+// The request's slices point into c->buf, which reading the body may reallocate: save them as
+// offsets before, restore after.
+static void http_slices_save(const http_conn *c, const http_req *r, size_t *offs) {
+    offs[0] = (size_t)(r->target.p - c->buf);
+    offs[1] = (size_t)(r->path.p - c->buf);
+    for (int i = 0; i < r->n_headers; i++) {
+        offs[2 + 2 * i] = (size_t)(r->headers[i].name.p - c->buf);
+        offs[3 + 2 * i] = (size_t)(r->headers[i].value.p - c->buf);
+    }
+}
+
+static void http_slices_restore(const http_conn *c, http_req *r, const size_t *offs) {
+    r->target.p = c->buf + offs[0];
+    r->path.p = c->buf + offs[1];
+    for (int i = 0; i < r->n_headers; i++) {
+        r->headers[i].name.p = c->buf + offs[2 + 2 * i];
+        r->headers[i].value.p = c->buf + offs[3 + 2 * i];
+    }
+}
+
+// Read one request. Returns 0 with *r filled, or an HTTP status to answer with (and close),
+// or -1 when the connection closed or timed out with nothing worth answering.
+static int http_read_request(http_conn *c, http_req *r, bool first) {
+    memset(r, 0, offsetof(http_req, body));
+    r->body.len = 0;
+    double deadline = plat_now() + (first ? PSV_HTTP_HEADER_TIMEOUT : PSV_HTTP_IDLE_TIMEOUT);
+    size_t hdr_end = 0;
+    bool got_any = c->len > 0;
+    for (;;) {
+        // RFC 9112 §2.2: lines end in CRLF; a bare LF is rejected rather than guessed at.
+        for (size_t i = 0; i + 3 < c->len; i++)
+            if (c->buf[i] == '\r' && c->buf[i + 1] == '\n' && c->buf[i + 2] == '\r' && c->buf[i + 3] == '\n') {
+                hdr_end = i + 4;
+                break;
+            }
+        if (hdr_end) break;
+        if (c->len >= PSV_HTTP_MAX_HEADER) {
+            void *nl = memchr(c->buf, '\n', c->len);
+            return nl ? 431 : 414;
+        }
+        ssize_t k = http_recv_more(c, deadline);
+        if (k <= 0) return got_any ? (k == 0 ? -1 : 408) : -1;
+        if (!got_any) {
+            got_any = true;
+            deadline = plat_now() + PSV_HTTP_HEADER_TIMEOUT; // from the first byte of a request
+        }
+    }
+    // request line
+    char *line = c->buf, *eol = memchr(line, '\r', hdr_end);
+    if (!eol || eol[1] != '\n') return 400;
+    if ((size_t)(eol - line) > PSV_HTTP_MAX_LINE) return 414;
+    for (char *p = line; p < eol; p++)
+        if (*p == '\n' || *p == 0) return 400;
+    char *sp1 = memchr(line, ' ', (size_t)(eol - line));
+    if (!sp1 || sp1 == line || (size_t)(sp1 - line) >= sizeof r->method) return 400;
+    char *sp2 = memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1));
+    if (!sp2 || sp2 == sp1 + 1) return 400;
+    memcpy(r->method, line, (size_t)(sp1 - line));
+    r->target = (str_t){sp1 + 1, (size_t)(sp2 - sp1 - 1)};
+    str_t ver = {sp2 + 1, (size_t)(eol - sp2 - 1)};
+    if (ver.n != 8 || memcmp(ver.p, "HTTP/1.", 7) != 0 || (ver.p[7] != '0' && ver.p[7] != '1'))
+        return ver.n >= 5 && memcmp(ver.p, "HTTP/", 5) == 0 ? 505 : 400;
+    r->minor = ver.p[7] - '0';
+    r->path = r->target;
+    const char *q = memchr(r->target.p, '?', r->target.n);
+    if (q) r->path.n = (size_t)(q - r->target.p);
+    // header fields
+    char *p = eol + 2;
+    while (p < c->buf + hdr_end - 2) {
+        char *e = memchr(p, '\r', (size_t)(c->buf + hdr_end - p));
+        if (!e || e[1] != '\n') return 400;
+        if (r->n_headers == PSV_HTTP_MAX_HEADERS) return 431;
+        char *colon = memchr(p, ':', (size_t)(e - p));
+        if (!colon || colon == p) return 400;
+        for (char *t = p; t < colon; t++) // field names are tokens: no spaces before the colon
+            if (*t == ' ' || *t == '\t' || (unsigned char)*t < 0x21 || *t == 0x7f) return 400;
+        for (char *t = colon; t < e; t++)
+            if (*t == '\n' || *t == 0) return 400;
+        char *v = colon + 1, *ve = e;
+        while (v < ve && (*v == ' ' || *v == '\t')) v++;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+        r->headers[r->n_headers++] = (http_header){{p, (size_t)(colon - p)}, {v, (size_t)(ve - v)}};
+        p = e + 2;
+    }
+    // body framing (RFC 9112 §6): Transfer-Encoding chunked, or Content-Length, never both
+    str_t te = http_header_get(r, "transfer-encoding");
+    int n_cl = 0;
+    str_t cl = {NULL, 0};
+    for (int i = 0; i < r->n_headers; i++)
+        if (r->headers[i].name.n == 14 && strncasecmp(r->headers[i].name.p, "content-length", 14) == 0) {
+            if (n_cl && !str_eq(cl, r->headers[i].value)) return 400; // conflicting duplicates
+            cl = r->headers[i].value;
+            n_cl++;
+        }
+    str_t conn = http_header_get(r, "connection");
+    bool close_req = conn.n == 5 && strncasecmp(conn.p, "close", 5) == 0;
+    bool ka_req = conn.n == 10 && strncasecmp(conn.p, "keep-alive", 10) == 0;
+    r->keep_alive = r->minor == 1 ? !close_req : ka_req;
+    size_t body_start = hdr_end;
+    size_t offs[2 + 2 * PSV_HTTP_MAX_HEADERS];
+    http_slices_save(c, r, offs);
+    if (te.p) {
+        if (n_cl) return 400;
+        if (!(te.n == 7 && strncasecmp(te.p, "chunked", 7) == 0)) return 501;
+        size_t pos = body_start;
+        for (;;) {
+            // chunk-size line: hex digits, optional extensions, CRLF
+            size_t le = 0;
+            for (;;) {
+                for (size_t i = pos; i + 1 < c->len; i++)
+                    if (c->buf[i] == '\r' && c->buf[i + 1] == '\n') {
+                        le = i;
+                        break;
+                    }
+                if (le) break;
+                if (c->len - pos > 1024) return 400;
+                if (http_recv_more(c, deadline + 60) <= 0) return 400;
+            }
+            uint64_t size = 0;
+            size_t i = pos;
+            if (i == le) return 400;
+            for (; i < le && isxdigit((unsigned char)c->buf[i]); i++) {
+                if (size > (PSV_HTTP_MAX_BODY >> 4)) return 413;
+                int d = c->buf[i];
+                size = size * 16 + (uint64_t)(isdigit(d) ? d - '0' : (tolower(d) - 'a' + 10));
+            }
+            if (i == pos || (i < le && c->buf[i] != ';')) return 400;
+            pos = le + 2;
+            if (size == 0) {
+                // trailer section: ignore fields up to the empty line
+                for (;;) {
+                    size_t e2 = 0;
+                    bool found = false;
+                    for (size_t j = pos; j + 1 < c->len; j++)
+                        if (c->buf[j] == '\r' && c->buf[j + 1] == '\n') {
+                            e2 = j;
+                            found = true;
+                            break;
+                        }
+                    if (!found) {
+                        if (http_recv_more(c, deadline + 60) <= 0) return 400;
+                        continue;
+                    }
+                    bool empty = e2 == pos;
+                    pos = e2 + 2;
+                    if (empty) break;
+                }
+                break;
+            }
+            if (r->body.len + size > PSV_HTTP_MAX_BODY) return 413;
+            while (c->len < pos + size + 2)
+                if (http_recv_more(c, deadline + 60) <= 0) return 400;
+            buf_append(&r->body, c->buf + pos, (size_t)size);
+            if (c->buf[pos + size] != '\r' || c->buf[pos + size + 1] != '\n') return 400;
+            pos += (size_t)size + 2;
+        }
+        if (r->body.oom) return 413;
+        r->consumed = pos;
+        http_slices_restore(c, r, offs);
+        return 0;
+    }
+    uint64_t n_body = 0;
+    if (n_cl) {
+        if (cl.n == 0 || cl.n > 12) return cl.n > 12 ? 413 : 400;
+        for (size_t i = 0; i < cl.n; i++) {
+            if (cl.p[i] < '0' || cl.p[i] > '9') return 400;
+            n_body = n_body * 10 + (uint64_t)(cl.p[i] - '0');
+        }
+        if (n_body > PSV_HTTP_MAX_BODY) return 413;
+    }
+    while (c->len < body_start + n_body) {
+        ssize_t k = http_recv_more(c, deadline + 60);
+        if (k <= 0) return k == 0 ? -1 : 408;
+    }
+    buf_append(&r->body, c->buf + body_start, (size_t)n_body);
+    if (r->body.oom) return 413;
+    r->consumed = body_start + (size_t)n_body;
+    http_slices_restore(c, r, offs);
+    return 0;
+}
+
+// ---- slots, queueing and generation ----
+
+typedef enum { STOP_END_TURN, STOP_MAX_TOKENS, STOP_SEQUENCE, STOP_CANCELLED, STOP_ERROR } gen_stop;
+
+typedef struct gen_job gen_job;
+struct gen_job {
+    const int32_t *prompt;
+    size_t n_prompt;
+    int64_t max_tokens;
+    psv_sampler_params sp;
+    char **stops; // stop sequences, matched on the generated text
+    size_t n_stops;
+    // callbacks: text produced (false: the client is gone), keep-alive tick
+    bool (*on_text)(gen_job *j, const char *text, size_t n);
+    bool (*on_tick)(gen_job *j);
+    void *ud;
+    // results
+    gen_stop stop;
+    int stop_index;
+    int64_t n_out;
+    size_t n_cached;
+    char err[600];
+    int err_status;
+    // stop-sequence matcher state: text not yet released (may begin a stop sequence)
+    buf_t hold;
+    double last_tick;
+};
+
+// Longest suffix of s (length n) that is a proper prefix of some stop sequence.
+static size_t gen_hold_len(const gen_job *j, const char *s, size_t n) {
+    size_t best = 0;
+    for (size_t k = 0; k < j->n_stops; k++) {
+        size_t sl = strlen(j->stops[k]);
+        for (size_t l = PSV_MIN(n, sl - 1); l > best; l--)
+            if (memcmp(s + n - l, j->stops[k], l) == 0) {
+                best = l;
+                break;
+            }
+    }
+    return best;
+}
+
+// Feed generated text through the stop matcher. Returns false when generation should end
+// (a stop sequence completed, or the client is gone).
+static bool gen_feed(gen_job *j, const char *text, size_t n) {
+    buf_append(&j->hold, text, n);
+    if (j->hold.oom) return false;
+    // earliest complete stop sequence in the held text
+    size_t cut = SIZE_MAX;
+    int which = -1;
+    for (size_t k = 0; k < j->n_stops; k++) {
+        size_t sl = strlen(j->stops[k]);
+        for (size_t i = 0; sl && i + sl <= j->hold.len && i < cut; i++)
+            if (memcmp(j->hold.data + i, j->stops[k], sl) == 0) {
+                cut = i;
+                which = (int)k;
+                break;
+            }
+    }
+    if (which >= 0) {
+        if (cut > 0 && !j->on_text(j, j->hold.data, cut)) j->stop = STOP_CANCELLED;
+        else {
+            j->stop = STOP_SEQUENCE;
+            j->stop_index = which;
+        }
+        j->hold.len = 0;
+        return false;
+    }
+    size_t keep = gen_hold_len(j, j->hold.data, j->hold.len);
+    size_t emit = j->hold.len - keep;
+    if (emit > 0) {
+        if (!j->on_text(j, j->hold.data, emit)) {
+            j->stop = STOP_CANCELLED;
+            return false;
+        }
+        memmove(j->hold.data, j->hold.data + emit, keep);
+        j->hold.len = keep;
+    }
+    return true;
+}
+
+static size_t srv_common_prefix(const srv_slot *s, const int32_t *p, size_t n) {
+    size_t k = 0;
+    while (k < s->n_hist && k < n && s->hist[k] == p[k]) k++;
+    return k;
+}
+
+// Wait for a free slot (the one whose cache shares the longest prefix with the prompt), or fail
+// with 529/503 when the queue is full or the wait exceeds the timeout.
+static srv_slot *srv_acquire(server_t *s, gen_job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->n_busy == s->conf.parallel && s->n_waiting >= s->conf.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        j->err_status = 529;
+        snprintf(j->err, sizeof j->err, "server overloaded: all %d slots busy and %d requests queued (--max-queue)",
+                 s->conf.parallel, s->n_waiting);
+        return NULL;
+    }
+    s->n_waiting++;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += s->conf.timeout;
+    srv_slot *best = NULL;
+    while (!best) {
+        size_t best_pre = 0;
+        for (int i = 0; i < s->conf.parallel; i++) {
+            srv_slot *sl = &s->slots[i];
+            if (sl->busy) continue;
+            size_t pre = srv_common_prefix(sl, j->prompt, j->n_prompt);
+            if (!best || pre > best_pre) best = sl, best_pre = pre;
+        }
+        if (best || s->stopping) break;
+        if (pthread_cond_timedwait(&s->slot_cv, &s->mu, &until) == ETIMEDOUT) break;
+    }
+    s->n_waiting--;
+    if (best) {
+        best->busy = true;
+        s->n_busy++;
+    } else {
+        j->err_status = s->stopping ? 503 : 529;
+        snprintf(j->err, sizeof j->err, s->stopping ? "server shutting down" : "no slot became free within %d s (--timeout)",
+                 s->conf.timeout);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return best;
+}
+
+static void srv_release(server_t *s, srv_slot *sl) {
+    pthread_mutex_lock(&s->mu);
+    sl->busy = false;
+    s->n_busy--;
+    pthread_cond_signal(&s->slot_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static bool slot_hist_push(srv_slot *sl, const int32_t *t, size_t n) {
+    if (sl->n_hist + n > sl->cap) {
+        size_t cap = PSV_MAX(sl->cap * 2, sl->n_hist + n + 64);
+        int32_t *p = realloc(sl->hist, cap * sizeof *p);
+        if (!p) return false;
+        sl->hist = p;
+        sl->cap = cap;
+    }
+    memcpy(sl->hist + sl->n_hist, t, n * sizeof *t);
+    sl->n_hist += n;
+    return true;
+}
+
+// Run one generation on a slot: reuse the cached prefix, evaluate the rest of the prompt in
+// chunks (ticking between them so streams can send pings), then sample until a stop.
+static void srv_generate(server_t *s, gen_job *j) {
+    j->stop = STOP_ERROR;
+    j->stop_index = -1;
+    uint32_t n_ctx = s->conf.ctx;
+    if ((uint64_t)j->n_prompt + (uint64_t)j->max_tokens > n_ctx) {
+        j->err_status = 400;
+        snprintf(j->err, sizeof j->err,
+                 "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
+                 j->n_prompt, j->max_tokens, (uint64_t)j->n_prompt + (uint64_t)j->max_tokens, n_ctx);
+        return;
+    }
+    if (j->n_prompt == 0) {
+        j->err_status = 400;
+        snprintf(j->err, sizeof j->err, "the prompt is empty");
+        return;
+    }
+    srv_slot *sl = srv_acquire(s, j);
+    if (!sl) return;
+    psv_error err = {0};
+    psv_sampler *smp = NULL;
+    psv_token_decoder *dec = NULL;
+    double t0 = plat_now();
+    // keep at least one prompt token to evaluate so there are fresh logits
+    size_t reuse = srv_common_prefix(sl, j->prompt, j->n_prompt);
+    if (reuse == j->n_prompt) reuse--;
+    if (psv_ctx_truncate(sl->ctx, (uint32_t)reuse, &err) != PSV_OK) reuse = 0, psv_ctx_truncate(sl->ctx, 0, NULL);
+    sl->n_hist = reuse;
+    j->n_cached = reuse;
+    j->last_tick = plat_now();
+    bool ok = true;
+    for (size_t done = reuse; ok && done < j->n_prompt;) {
+        size_t k = PSV_MIN((size_t)64, j->n_prompt - done);
+        ok = psv_eval(sl->ctx, j->prompt + done, k, &err) == PSV_OK && slot_hist_push(sl, j->prompt + done, k);
+        done += k;
+        if (ok && j->on_tick && plat_now() - j->last_tick > 5.0) {
+            j->last_tick = plat_now();
+            if (!j->on_tick(j)) {
+                j->stop = STOP_CANCELLED;
+                ok = false;
+            }
+        }
+        if (s->stopping) j->stop = STOP_CANCELLED, ok = false;
+    }
+    double t1 = plat_now();
+    if (ok) ok = psv_sampler_new(&j->sp, psv_model_n_vocab(s->model), &smp, &err) == PSV_OK &&
+                 psv_token_decoder_new(s->model, &dec, &err) == PSV_OK;
+    if (ok) {
+        for (size_t i = 0; i < j->n_prompt; i++) psv_sampler_accept(smp, j->prompt[i]);
+        j->stop = STOP_MAX_TOKENS;
+        bool go = true;
+        while (go && j->n_out < j->max_tokens) {
+            if (s->stopping) {
+                j->stop = STOP_CANCELLED;
+                break;
+            }
+            int32_t tok = psv_sampler_sample(smp, psv_ctx_logits(sl->ctx));
+            if (psv_token_is_eog(s->model, tok)) {
+                j->stop = STOP_END_TURN;
+                break;
+            }
+            psv_sampler_accept(smp, tok);
+            j->n_out++;
+            size_t len;
+            const char *piece = psv_token_decoder_push(dec, tok, &len);
+            go = gen_feed(j, piece, len);
+            if (!go) break;
+            if (j->n_out == j->max_tokens) break;
+            if (psv_eval(sl->ctx, &tok, 1, &err) != PSV_OK || !slot_hist_push(sl, &tok, 1)) {
+                j->stop = STOP_ERROR;
+                snprintf(j->err, sizeof j->err, "%s", err.message);
+                j->err_status = 500;
+                break;
+            }
+            if (j->on_tick && plat_now() - j->last_tick > 10.0) {
+                j->last_tick = plat_now();
+                if (!j->on_tick(j)) {
+                    j->stop = STOP_CANCELLED;
+                    break;
+                }
+            }
+        }
+        if (j->stop == STOP_END_TURN || j->stop == STOP_MAX_TOKENS) {
+            size_t len;
+            const char *rest = psv_token_decoder_flush(dec, &len);
+            if (len) gen_feed(j, rest, len);
+            if (j->stop != STOP_SEQUENCE && j->hold.len) {
+                if (!j->on_text(j, j->hold.data, j->hold.len)) j->stop = STOP_CANCELLED;
+                j->hold.len = 0;
+            }
+        }
+    } else if (j->stop != STOP_CANCELLED) {
+        j->err_status = 500;
+        snprintf(j->err, sizeof j->err, "%s", err.message[0] ? err.message : "generation failed");
+        sl->n_hist = 0;
+        psv_ctx_truncate(sl->ctx, 0, NULL);
+    }
+    double t2 = plat_now();
+    psv_token_decoder_free(dec);
+    psv_sampler_free(smp);
+    pthread_mutex_lock(&s->mu);
+    s->m_tokens_in += j->n_prompt;
+    s->m_tokens_out += (uint64_t)j->n_out;
+    s->m_cached_tokens += reuse;
+    if (reuse > 0) s->m_cache_hits++;
+    s->m_prompt_seconds += t1 - t0;
+    s->m_gen_seconds += t2 - t1;
+    pthread_mutex_unlock(&s->mu);
+    srv_release(s, sl);
+}
+
+// ---- request decoding shared by the APIs ----
+
+typedef struct {
+    psv_chat_message *msgs;
+    size_t n;
+    char **owned; // strings built from content blocks
+    size_t n_owned;
+    const char *prefill; // trailing assistant message (Anthropic), or NULL
+} chat_req;
+
+static void chat_req_free(chat_req *c) {
+    for (size_t i = 0; i < c->n_owned; i++) free(c->owned[i]);
+    free(c->owned);
+    free(c->msgs);
+    memset(c, 0, sizeof *c);
+}
+
+// Text of a content value: a string, or an array of {type:"text", text} blocks concatenated.
+// Other block types are an error naming the field.
+static bool api_content_text(chat_req *cr, const json_value *v, const char *field, char *err, size_t err_cap,
+                             const char **out) {
+    if (v && v->kind == JSON_STRING) {
+        *out = v->u.s.p;
+        return true;
+    }
+    if (!v || v->kind != JSON_ARRAY) {
+        snprintf(err, err_cap, "%s: expected a string or an array of content blocks", field);
+        return false;
+    }
+    buf_t b = {0};
+    for (size_t i = 0; i < json_len(v); i++) {
+        const json_value *blk = json_at(v, i);
+        const char *type = json_str(json_get(blk, "type"));
+        if (!type) {
+            snprintf(err, err_cap, "%s.%zu.type: missing", field, i);
+            buf_free(&b);
+            return false;
+        }
+        if (strcmp(type, "text") != 0) {
+            snprintf(err, err_cap, "%s.%zu.type: content blocks of type '%.40s' are not supported (only 'text')", field, i, type);
+            buf_free(&b);
+            return false;
+        }
+        const json_value *t = json_get(blk, "text");
+        if (!t || t->kind != JSON_STRING) {
+            snprintf(err, err_cap, "%s.%zu.text: expected a string", field, i);
+            buf_free(&b);
+            return false;
+        }
+        buf_append(&b, t->u.s.p, t->u.s.n);
+    }
+    buf_reserve(&b, 0);
+    char **o = realloc(cr->owned, (cr->n_owned + 1) * sizeof *o);
+    if (!o || b.oom) {
+        buf_free(&b);
+        snprintf(err, err_cap, "out of memory");
+        return false;
+    }
+    cr->owned = o;
+    cr->owned[cr->n_owned++] = b.data;
+    *out = b.data;
+    return true;
+}
+
+static bool chat_req_add(chat_req *cr, const char *role, const char *content) {
+    psv_chat_message *m = realloc(cr->msgs, (cr->n + 1) * sizeof *m);
+    if (!m) return false;
+    cr->msgs = m;
+    cr->msgs[cr->n++] = (psv_chat_message){role, content};
+    return true;
+}
+
+// A number field within [lo, hi]; absent leaves *out unchanged.
+static bool api_number(const json_value *root, const char *key, double lo, double hi, double *out, char *err, size_t cap) {
+    const json_value *v = json_get(root, key);
+    if (!v || v->kind == JSON_NULL) return true;
+    if (!json_is_number(v)) {
+        snprintf(err, cap, "%s: expected a number", key);
+        return false;
+    }
+    double d = json_num(v);
+    if (!(d >= lo && d <= hi)) {
+        snprintf(err, cap, "%s: %g is out of range (%g to %g)", key, d, lo, hi);
+        return false;
+    }
+    *out = d;
+    return true;
+}
+
+static bool api_int(const json_value *root, const char *key, int64_t lo, int64_t hi, int64_t *out, char *err, size_t cap) {
+    const json_value *v = json_get(root, key);
+    if (!v || v->kind == JSON_NULL) return true;
+    if (v->kind != JSON_INT) {
+        snprintf(err, cap, "%s: expected an integer", key);
+        return false;
+    }
+    if (v->u.i < lo || v->u.i > hi) {
+        snprintf(err, cap, "%s: %" PRId64 " is out of range (%" PRId64 " to %" PRId64 ")", key, v->u.i, lo, hi);
+        return false;
+    }
+    *out = v->u.i;
+    return true;
+}
+
+// stop_sequences / stop: a string or an array of non-empty strings (at most 16).
+static bool api_stops(const json_value *v, const char *key, gen_job *j, char *err, size_t cap) {
+    if (!v || v->kind == JSON_NULL) return true;
+    size_t n = v->kind == JSON_STRING ? 1 : json_len(v);
+    if ((v->kind != JSON_STRING && v->kind != JSON_ARRAY) || n > 16) {
+        snprintf(err, cap, "%s: expected a string or an array of at most 16 strings", key);
+        return false;
+    }
+    j->stops = calloc(n ? n : 1, sizeof *j->stops);
+    if (!j->stops) return false;
+    for (size_t i = 0; i < n; i++) {
+        const json_value *s = v->kind == JSON_STRING ? v : json_at(v, i);
+        if (!s || s->kind != JSON_STRING || s->u.s.n == 0 || strlen(s->u.s.p) != s->u.s.n) {
+            snprintf(err, cap, "%s.%zu: expected a non-empty string", key, i);
+            return false;
+        }
+        j->stops[j->n_stops++] = (char *)s->u.s.p;
+    }
+    return true;
+}
+
+// Tokenize a chat request: the template with the generation prompt, then any prefill text.
+static psv_status api_tokenize_chat(server_t *s, const chat_req *cr, int32_t **ids, size_t *n_ids, psv_error *err) {
+    psv_status st = psv_chat_tokenize(s->model, cr->msgs, cr->n, true, ids, n_ids, err);
+    if (st != PSV_OK || !cr->prefill || !*cr->prefill) return st;
+    int32_t *more = NULL;
+    size_t n_more = 0;
+    st = psv_tokenize(s->model, cr->prefill, strlen(cr->prefill), false, false, &more, &n_more, err);
+    if (st == PSV_OK) {
+        int32_t *all = realloc(*ids, (*n_ids + n_more) * sizeof *all);
+        if (!all) st = err_set(err, PSV_ERR_NOMEM, "out of memory");
+        else {
+            memcpy(all + *n_ids, more, n_more * sizeof *all);
+            *ids = all;
+            *n_ids += n_more;
+        }
+    }
+    free(more);
+    return st;
+}
+
+static void srv_make_id(server_t *s, const char *prefix, char *out, size_t cap) {
+    static const char al[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    pthread_mutex_lock(&s->mu);
+    uint64_t x = samp_splitmix(&s->id_state), y = samp_splitmix(&s->id_state);
+    pthread_mutex_unlock(&s->mu);
+    size_t n = strlen(prefix);
+    snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < 22 && n + i + 1 < cap; i++) { // 11 base-62 digits per 64 random bits
+        uint64_t *z = i < 11 ? &x : &y;
+        out[n + i] = al[*z % 62];
+        *z /= 62;
+        out[n + i + 1] = 0;
+    }
+}
+
+// ---- Anthropic Messages API ----
+
+typedef struct {
+    http_conn *c;
+    bool stream;
+    buf_t text; // non-streaming: the whole answer
+    buf_t ev;   // scratch for events
+} api_out;
+
+static bool sse_event(http_conn *c, const char *event, const buf_t *data) {
+    buf_t b = {0};
+    if (event) buf_printf(&b, "event: %s\n", event);
+    buf_puts(&b, "data: ");
+    buf_append(&b, data->data, data->len);
+    buf_puts(&b, "\n\n");
+    bool ok = !b.oom && http_send(c, b.data, b.len);
+    buf_free(&b);
+    return ok;
+}
+
+static bool anth_on_text(gen_job *j, const char *text, size_t n) {
+    api_out *o = j->ud;
+    if (!o->stream) {
+        buf_append(&o->text, text, n);
+        return !o->text.oom;
+    }
+    o->ev.len = 0;
+    json_writer w;
+    json_w_init(&w, &o->ev);
+    json_w_obj_begin(&w);
+    json_w_key(&w, "type");
+    json_w_cstr(&w, "content_block_delta");
+    json_w_key(&w, "index");
+    json_w_int(&w, 0);
+    json_w_key(&w, "delta");
+    json_w_obj_begin(&w);
+    json_w_key(&w, "type");
+    json_w_cstr(&w, "text_delta");
+    json_w_key(&w, "text");
+    json_w_str(&w, text, n);
+    json_w_obj_end(&w);
+    json_w_obj_end(&w);
+    return sse_event(o->c, "content_block_delta", &o->ev);
+}
+
+static bool anth_on_tick(gen_job *j) {
+    api_out *o = j->ud;
+    if (!o->stream) return true;
+    buf_t b = {0};
+    buf_puts(&b, "{\"type\": \"ping\"}");
+    bool ok = sse_event(o->c, "ping", &b);
+    buf_free(&b);
+    return ok;
+}
+
+static const char *anth_stop_name(gen_stop st) {
+    switch (st) {
+    case STOP_END_TURN: return "end_turn";
+    case STOP_MAX_TOKENS: return "max_tokens";
+    case STOP_SEQUENCE: return "stop_sequence";
+    default: return "end_turn";
+    }
+}
+
+static void anth_usage(json_writer *w, const gen_job *j, bool with_output) {
+    json_w_key(w, "usage");
+    json_w_obj_begin(w);
+    json_w_key(w, "input_tokens");
+    json_w_int(w, (int64_t)j->n_prompt);
+    json_w_key(w, "output_tokens");
+    json_w_int(w, with_output ? j->n_out : 0);
+    json_w_key(w, "cache_read_input_tokens");
+    json_w_int(w, (int64_t)j->n_cached);
+    json_w_key(w, "cache_creation_input_tokens");
+    json_w_int(w, 0);
+    json_w_obj_end(w);
+}
+
+// Decode an Anthropic request into messages and generation settings. Returns false with a
+// message (400 invalid_request_error).
+static bool anth_decode(const json_value *root, chat_req *cr, gen_job *j, bool need_max_tokens, char *err, size_t cap) {
+    if (!root || root->kind != JSON_OBJECT) {
+        snprintf(err, cap, "the request body must be a JSON object");
+        return false;
+    }
+    const json_value *tools = json_get(root, "tools");
+    if (tools && tools->kind == JSON_ARRAY && json_len(tools) > 0) {
+        snprintf(err, cap, "tools: tool use is not supported by this server");
+        return false;
+    }
+    const json_value *sys = json_get(root, "system");
+    if (sys && sys->kind != JSON_NULL) {
+        if (sys->kind == JSON_ARRAY) {
+            // text blocks; one starting with x-anthropic-billing-header: changes per request, so it
+            // is dropped to keep the prompt cache useful
+            buf_t b = {0};
+            for (size_t i = 0; i < json_len(sys); i++) {
+                const json_value *blk = json_at(sys, i);
+                const char *type = json_str(json_get(blk, "type")), *text = json_str(json_get(blk, "text"));
+                if (!type || strcmp(type, "text") != 0 || !text) {
+                    snprintf(err, cap, "system.%zu: only text blocks are supported", i);
+                    buf_free(&b);
+                    return false;
+                }
+                if (strncmp(text, "x-anthropic-billing-header:", 27) == 0) continue;
+                if (b.len) buf_puts(&b, "\n\n");
+                buf_puts(&b, text);
+            }
+            buf_reserve(&b, 0);
+            char **o = realloc(cr->owned, (cr->n_owned + 1) * sizeof *o);
+            if (!o || b.oom) {
+                buf_free(&b);
+                snprintf(err, cap, "out of memory");
+                return false;
+            }
+            cr->owned = o;
+            cr->owned[cr->n_owned++] = b.data;
+            if (b.len && !chat_req_add(cr, "system", b.data)) return false;
+        } else if (sys->kind == JSON_STRING) {
+            if (sys->u.s.n && !chat_req_add(cr, "system", sys->u.s.p)) return false;
+        } else {
+            snprintf(err, cap, "system: expected a string or an array of text blocks");
+            return false;
+        }
+    }
+    const json_value *msgs = json_get(root, "messages");
+    if (!msgs || msgs->kind != JSON_ARRAY || json_len(msgs) == 0) {
+        snprintf(err, cap, "messages: expected a non-empty array");
+        return false;
+    }
+    for (size_t i = 0; i < json_len(msgs); i++) {
+        const json_value *m = json_at(msgs, i);
+        const char *role = json_str(json_get(m, "role"));
+        char field[64];
+        snprintf(field, sizeof field, "messages.%zu.content", i);
+        if (!role || (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)) {
+            snprintf(err, cap, "messages.%zu.role: expected 'user' or 'assistant'", i);
+            return false;
+        }
+        const char *text;
+        if (!api_content_text(cr, json_get(m, "content"), field, err, cap, &text)) return false;
+        if (i + 1 == json_len(msgs) && !strcmp(role, "assistant")) cr->prefill = text; // continue this
+        else if (!chat_req_add(cr, role, text)) return false;
+    }
+    int64_t mt = -1;
+    if (!api_int(root, "max_tokens", 1, 1 << 24, &mt, err, cap)) return false;
+    if (need_max_tokens && mt < 0) {
+        snprintf(err, cap, "max_tokens: field required");
+        return false;
+    }
+    j->max_tokens = mt;
+    double d;
+    j->sp = psv_sampler_default_params();
+    j->sp.temperature = 1.0f, j->sp.top_k = 0, j->sp.top_p = 1.0f; // the API's defaults
+    d = 1.0;
+    if (!api_number(root, "temperature", 0, 1, &d, err, cap)) return false;
+    j->sp.temperature = (float)d;
+    d = 1.0;
+    if (!api_number(root, "top_p", 0, 1, &d, err, cap)) return false;
+    j->sp.top_p = (float)d;
+    int64_t k = 0;
+    if (!api_int(root, "top_k", 0, 1 << 24, &k, err, cap)) return false;
+    j->sp.top_k = (int)k;
+    j->sp.seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)j;
+    return api_stops(json_get(root, "stop_sequences"), "stop_sequences", j, err, cap);
+}
+
+static bool srv_check_ctx_error(http_conn *c, api_kind api, gen_job *j, bool keep_alive) {
+    return api_error(c, api, j->err_status ? j->err_status : 500, keep_alive, "%s", j->err[0] ? j->err : "generation failed");
+}
+
+static bool handle_anthropic(http_conn *c, const http_req *r, const json_value *root, bool count_only) {
+    server_t *s = c->srv;
+    chat_req cr = {0};
+    gen_job j;
+    memset(&j, 0, sizeof j);
+    char err[512] = "";
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    bool ok;
+    api_out o = {.c = c};
+    if (!anth_decode(root, &cr, &j, !count_only, err, sizeof err)) {
+        ok = api_error(c, API_ANTHROPIC, 400, r->keep_alive, "%s", err);
+        goto done;
+    }
+    psv_error perr = {0};
+    if (api_tokenize_chat(s, &cr, &ids, &n_ids, &perr) != PSV_OK) {
+        ok = api_error(c, API_ANTHROPIC, 400, r->keep_alive, "%s", perr.message);
+        goto done;
+    }
+    if (count_only) {
+        buf_t b = {0};
+        buf_printf(&b, "{\"input_tokens\":%zu}", n_ids);
+        ok = http_respond(c, 200, "application/json", b.data, b.len, r->keep_alive);
+        buf_free(&b);
+        goto done;
+    }
+    const json_value *st = json_get(root, "stream");
+    o.stream = st && st->kind == JSON_BOOL && st->u.b;
+    const char *model = json_str(json_get(root, "model"));
+    if (!model) model = s->conf.model_name;
+    j.prompt = ids;
+    j.n_prompt = n_ids;
+    j.on_text = anth_on_text;
+    j.on_tick = anth_on_tick;
+    j.ud = &o;
+    char id[48];
+    srv_make_id(s, "msg_", id, sizeof id);
+    if ((uint64_t)n_ids + (uint64_t)j.max_tokens > s->conf.ctx) {
+        snprintf(j.err, sizeof j.err, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
+                 n_ids, j.max_tokens, (uint64_t)n_ids + (uint64_t)j.max_tokens, s->conf.ctx);
+        ok = api_error(c, API_ANTHROPIC, 400, r->keep_alive, "%s", j.err);
+        goto done;
+    }
+    if (o.stream) {
+        buf_t h = {0};
+        buf_puts(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
+        http_common_headers(c, &h);
+        buf_puts(&h, "Connection: close\r\n\r\n");
+        ok = http_send(c, h.data, h.len);
+        buf_free(&h);
+        // message_start as soon as the request is accepted
+        o.ev.len = 0;
+        json_writer w;
+        json_w_init(&w, &o.ev);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "message_start");
+        json_w_key(&w, "message");
+        json_w_obj_begin(&w);
+        json_w_key(&w, "id");
+        json_w_cstr(&w, id);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "message");
+        json_w_key(&w, "role");
+        json_w_cstr(&w, "assistant");
+        json_w_key(&w, "model");
+        json_w_cstr(&w, model);
+        json_w_key(&w, "content");
+        json_w_arr_begin(&w);
+        json_w_arr_end(&w);
+        json_w_key(&w, "stop_reason");
+        json_w_null(&w);
+        json_w_key(&w, "stop_sequence");
+        json_w_null(&w);
+        anth_usage(&w, &j, false);
+        json_w_obj_end(&w);
+        json_w_obj_end(&w);
+        ok = ok && sse_event(c, "message_start", &o.ev);
+        o.ev.len = 0;
+        buf_puts(&o.ev, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
+        ok = ok && sse_event(c, "content_block_start", &o.ev);
+        ok = ok && anth_on_tick(&j);
+        if (ok) srv_generate(s, &j);
+        if (!ok || (j.stop == STOP_CANCELLED && c->broken)) goto done_stream;
+        if (j.stop == STOP_ERROR) {
+            o.ev.len = 0;
+            api_error_json(&o.ev, API_ANTHROPIC, j.err_status ? j.err_status : 500, j.err);
+            sse_event(c, "error", &o.ev);
+            goto done_stream;
+        }
+        o.ev.len = 0;
+        buf_puts(&o.ev, "{\"type\":\"content_block_stop\",\"index\":0}");
+        sse_event(c, "content_block_stop", &o.ev);
+        o.ev.len = 0;
+        json_w_init(&w, &o.ev);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "message_delta");
+        json_w_key(&w, "delta");
+        json_w_obj_begin(&w);
+        json_w_key(&w, "stop_reason");
+        json_w_cstr(&w, anth_stop_name(j.stop));
+        json_w_key(&w, "stop_sequence");
+        if (j.stop == STOP_SEQUENCE) json_w_cstr(&w, j.stops[j.stop_index]);
+        else json_w_null(&w);
+        json_w_obj_end(&w);
+        json_w_key(&w, "usage");
+        json_w_obj_begin(&w);
+        json_w_key(&w, "output_tokens");
+        json_w_int(&w, j.n_out);
+        json_w_obj_end(&w);
+        json_w_obj_end(&w);
+        sse_event(c, "message_delta", &o.ev);
+        o.ev.len = 0;
+        buf_puts(&o.ev, "{\"type\":\"message_stop\"}");
+        sse_event(c, "message_stop", &o.ev);
+    done_stream:
+        ok = false; // the stream was sent with Connection: close
+        goto done;
+    }
+    srv_generate(s, &j);
+    if (j.stop == STOP_ERROR) {
+        ok = srv_check_ctx_error(c, API_ANTHROPIC, &j, r->keep_alive);
+        goto done;
+    }
+    if (j.stop == STOP_CANCELLED) {
+        ok = api_error(c, API_ANTHROPIC, 503, false, "the server is shutting down");
+        goto done;
+    }
+    {
+        buf_t b = {0};
+        json_writer w;
+        json_w_init(&w, &b);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "id");
+        json_w_cstr(&w, id);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "message");
+        json_w_key(&w, "role");
+        json_w_cstr(&w, "assistant");
+        json_w_key(&w, "model");
+        json_w_cstr(&w, model);
+        json_w_key(&w, "content");
+        json_w_arr_begin(&w);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "text");
+        json_w_key(&w, "text");
+        json_w_str(&w, o.text.data ? o.text.data : "", o.text.len);
+        json_w_obj_end(&w);
+        json_w_arr_end(&w);
+        json_w_key(&w, "stop_reason");
+        json_w_cstr(&w, anth_stop_name(j.stop));
+        json_w_key(&w, "stop_sequence");
+        if (j.stop == STOP_SEQUENCE) json_w_cstr(&w, j.stops[j.stop_index]);
+        else json_w_null(&w);
+        anth_usage(&w, &j, true);
+        json_w_obj_end(&w);
+        ok = http_respond(c, 200, "application/json", b.data, b.len, r->keep_alive);
+        buf_free(&b);
+    }
+done:
+    buf_free(&o.text);
+    buf_free(&o.ev);
+    buf_free(&j.hold);
+    free(j.stops);
+    free(ids);
+    chat_req_free(&cr);
+    return ok;
+}
+
+// ---- OpenAI chat completions and completions ----
+
+typedef struct {
+    http_conn *c;
+    bool stream, chat, include_usage;
+    const char *id, *model;
+    int64_t created;
+    buf_t text, ev;
+} oai_out;
+
+static void oai_chunk_head(json_writer *w, const oai_out *o) {
+    json_w_obj_begin(w);
+    json_w_key(w, "id");
+    json_w_cstr(w, o->id);
+    json_w_key(w, "object");
+    json_w_cstr(w, o->chat ? "chat.completion.chunk" : "text_completion");
+    json_w_key(w, "created");
+    json_w_int(w, o->created);
+    json_w_key(w, "model");
+    json_w_cstr(w, o->model);
+}
+
+static bool oai_send_chunk(oai_out *o, const char *text, size_t n, const char *finish, bool role) {
+    o->ev.len = 0;
+    json_writer w;
+    json_w_init(&w, &o->ev);
+    oai_chunk_head(&w, o);
+    json_w_key(&w, "choices");
+    json_w_arr_begin(&w);
+    json_w_obj_begin(&w);
+    json_w_key(&w, "index");
+    json_w_int(&w, 0);
+    if (o->chat) {
+        json_w_key(&w, "delta");
+        json_w_obj_begin(&w);
+        if (role) {
+            json_w_key(&w, "role");
+            json_w_cstr(&w, "assistant");
+        }
+        if (text) {
+            json_w_key(&w, "content");
+            json_w_str(&w, text, n);
+        }
+        json_w_obj_end(&w);
+    } else {
+        json_w_key(&w, "text");
+        json_w_str(&w, text ? text : "", text ? n : 0);
+    }
+    json_w_key(&w, "finish_reason");
+    if (finish) json_w_cstr(&w, finish);
+    else json_w_null(&w);
+    json_w_obj_end(&w);
+    json_w_arr_end(&w);
+    json_w_obj_end(&w);
+    return sse_event(o->c, NULL, &o->ev);
+}
+
+static bool oai_on_text(gen_job *j, const char *text, size_t n) {
+    oai_out *o = j->ud;
+    if (!o->stream) {
+        buf_append(&o->text, text, n);
+        return !o->text.oom;
+    }
+    return oai_send_chunk(o, text, n, NULL, false);
+}
+
+static bool oai_on_tick(gen_job *j) {
+    oai_out *o = j->ud;
+    // an SSE comment line keeps proxies and clients from timing out
+    return !o->stream || http_send(o->c, ": ping\n\n", 8);
+}
+
+static void oai_usage(json_writer *w, const gen_job *j) {
+    json_w_key(w, "usage");
+    json_w_obj_begin(w);
+    json_w_key(w, "prompt_tokens");
+    json_w_int(w, (int64_t)j->n_prompt);
+    json_w_key(w, "completion_tokens");
+    json_w_int(w, j->n_out);
+    json_w_key(w, "total_tokens");
+    json_w_int(w, (int64_t)j->n_prompt + j->n_out);
+    json_w_key(w, "prompt_tokens_details");
+    json_w_obj_begin(w);
+    json_w_key(w, "cached_tokens");
+    json_w_int(w, (int64_t)j->n_cached);
+    json_w_obj_end(w);
+    json_w_obj_end(w);
+}
+
+static bool handle_openai(http_conn *c, const http_req *r, const json_value *root, bool chat) {
+    server_t *s = c->srv;
+    chat_req cr = {0};
+    gen_job j;
+    memset(&j, 0, sizeof j);
+    char err[512] = "";
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    bool ok = true;
+    oai_out o = {.c = c, .chat = chat};
+    psv_error perr = {0};
+    if (!root || root->kind != JSON_OBJECT) {
+        ok = api_error(c, API_OPENAI, 400, r->keep_alive, "the request body must be a JSON object");
+        goto done;
+    }
+    int64_t n = 1;
+    if (!api_int(root, "n", 1, 1, &n, err, sizeof err)) goto bad;
+    if (chat) {
+        const json_value *msgs = json_get(root, "messages");
+        if (!msgs || msgs->kind != JSON_ARRAY || json_len(msgs) == 0) {
+            snprintf(err, sizeof err, "messages: expected a non-empty array");
+            goto bad;
+        }
+        for (size_t i = 0; i < json_len(msgs); i++) {
+            const json_value *m = json_at(msgs, i);
+            const char *role = json_str(json_get(m, "role"));
+            char field[64];
+            snprintf(field, sizeof field, "messages[%zu].content", i);
+            if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "developer"))) {
+                snprintf(err, sizeof err, "messages[%zu].role: expected system, developer, user or assistant", i);
+                goto bad;
+            }
+            const char *text;
+            if (!api_content_text(&cr, json_get(m, "content"), field, err, sizeof err, &text)) goto bad;
+            if (!chat_req_add(&cr, strcmp(role, "developer") ? role : "system", text)) goto bad;
+        }
+        if (api_tokenize_chat(s, &cr, &ids, &n_ids, &perr) != PSV_OK) {
+            snprintf(err, sizeof err, "%s", perr.message);
+            goto bad;
+        }
+    } else {
+        const char *prompt = json_str(json_get(root, "prompt"));
+        if (!prompt) {
+            snprintf(err, sizeof err, "prompt: expected a string");
+            goto bad;
+        }
+        if (psv_tokenize(s->model, prompt, strlen(prompt), true, false, &ids, &n_ids, &perr) != PSV_OK) {
+            snprintf(err, sizeof err, "%s", perr.message);
+            goto bad;
+        }
+    }
+    int64_t mt = 16;
+    if (chat) mt = (int64_t)s->conf.ctx - (int64_t)n_ids; // OpenAI: until the context is full
+    if (!api_int(root, "max_tokens", 1, 1 << 24, &mt, err, sizeof err)) goto bad;
+    if (!api_int(root, "max_completion_tokens", 1, 1 << 24, &mt, err, sizeof err)) goto bad;
+    if (mt < 1) mt = 1;
+    j.max_tokens = mt;
+    j.sp = psv_sampler_default_params();
+    j.sp.temperature = 1.0f, j.sp.top_k = 0, j.sp.top_p = 1.0f;
+    double d = 1.0;
+    if (!api_number(root, "temperature", 0, 2, &d, err, sizeof err)) goto bad;
+    j.sp.temperature = (float)d;
+    d = 1.0;
+    if (!api_number(root, "top_p", 0, 1, &d, err, sizeof err)) goto bad;
+    j.sp.top_p = (float)d;
+    d = 0;
+    if (!api_number(root, "presence_penalty", -2, 2, &d, err, sizeof err)) goto bad;
+    j.sp.presence_penalty = (float)d;
+    d = 0;
+    if (!api_number(root, "frequency_penalty", -2, 2, &d, err, sizeof err)) goto bad;
+    j.sp.frequency_penalty = (float)d;
+    int64_t seed = (int64_t)((uint64_t)time(NULL) >> 1);
+    if (!api_int(root, "seed", INT64_MIN, INT64_MAX, &seed, err, sizeof err)) goto bad;
+    j.sp.seed = (uint64_t)seed;
+    if (!api_stops(json_get(root, "stop"), "stop", &j, err, sizeof err)) goto bad;
+    const json_value *st = json_get(root, "stream");
+    o.stream = st && st->kind == JSON_BOOL && st->u.b;
+    const json_value *so = json_get(root, "stream_options");
+    const json_value *iu = json_get(so, "include_usage");
+    o.include_usage = iu && iu->kind == JSON_BOOL && iu->u.b;
+    o.model = json_str(json_get(root, "model"));
+    if (!o.model) o.model = s->conf.model_name;
+    char id[48];
+    srv_make_id(s, chat ? "chatcmpl-" : "cmpl-", id, sizeof id);
+    o.id = id;
+    o.created = (int64_t)time(NULL);
+    j.prompt = ids;
+    j.n_prompt = n_ids;
+    j.on_text = oai_on_text;
+    j.on_tick = oai_on_tick;
+    j.ud = &o;
+    if ((uint64_t)n_ids + (uint64_t)j.max_tokens > s->conf.ctx) {
+        snprintf(err, sizeof err, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
+                 n_ids, j.max_tokens, (uint64_t)n_ids + (uint64_t)j.max_tokens, s->conf.ctx);
+        goto bad;
+    }
+    if (o.stream) {
+        buf_t h = {0};
+        buf_puts(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
+        http_common_headers(c, &h);
+        buf_puts(&h, "Connection: close\r\n\r\n");
+        ok = http_send(c, h.data, h.len);
+        buf_free(&h);
+        if (ok && chat) ok = oai_send_chunk(&o, "", 0, NULL, true);
+        if (ok) srv_generate(s, &j);
+        if (ok && !c->broken) {
+            if (j.stop == STOP_ERROR) {
+                o.ev.len = 0;
+                api_error_json(&o.ev, API_OPENAI, j.err_status ? j.err_status : 500, j.err);
+                sse_event(c, NULL, &o.ev);
+            } else {
+                oai_send_chunk(&o, NULL, 0, j.stop == STOP_MAX_TOKENS ? "length" : "stop", false);
+                if (o.include_usage) {
+                    o.ev.len = 0;
+                    json_writer w;
+                    json_w_init(&w, &o.ev);
+                    oai_chunk_head(&w, &o);
+                    json_w_key(&w, "choices");
+                    json_w_arr_begin(&w);
+                    json_w_arr_end(&w);
+                    oai_usage(&w, &j);
+                    json_w_obj_end(&w);
+                    sse_event(c, NULL, &o.ev);
+                }
+            }
+            http_send(c, "data: [DONE]\n\n", 14);
+        }
+        ok = false;
+        goto done;
+    }
+    srv_generate(s, &j);
+    if (j.stop == STOP_ERROR) {
+        ok = srv_check_ctx_error(c, API_OPENAI, &j, r->keep_alive);
+        goto done;
+    }
+    {
+        buf_t b = {0};
+        json_writer w;
+        json_w_init(&w, &b);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "id");
+        json_w_cstr(&w, id);
+        json_w_key(&w, "object");
+        json_w_cstr(&w, chat ? "chat.completion" : "text_completion");
+        json_w_key(&w, "created");
+        json_w_int(&w, o.created);
+        json_w_key(&w, "model");
+        json_w_cstr(&w, o.model);
+        json_w_key(&w, "choices");
+        json_w_arr_begin(&w);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "index");
+        json_w_int(&w, 0);
+        if (chat) {
+            json_w_key(&w, "message");
+            json_w_obj_begin(&w);
+            json_w_key(&w, "role");
+            json_w_cstr(&w, "assistant");
+            json_w_key(&w, "content");
+            json_w_str(&w, o.text.data ? o.text.data : "", o.text.len);
+            json_w_obj_end(&w);
+        } else {
+            json_w_key(&w, "text");
+            json_w_str(&w, o.text.data ? o.text.data : "", o.text.len);
+            json_w_key(&w, "logprobs");
+            json_w_null(&w);
+        }
+        json_w_key(&w, "finish_reason");
+        json_w_cstr(&w, j.stop == STOP_MAX_TOKENS ? "length" : "stop");
+        json_w_obj_end(&w);
+        json_w_arr_end(&w);
+        oai_usage(&w, &j);
+        json_w_obj_end(&w);
+        ok = http_respond(c, 200, "application/json", b.data, b.len, r->keep_alive);
+        buf_free(&b);
+    }
+    goto done;
+bad:
+    ok = api_error(c, API_OPENAI, 400, r->keep_alive, "%s", err[0] ? err : "invalid request");
+done:
+    buf_free(&o.text);
+    buf_free(&o.ev);
+    buf_free(&j.hold);
+    free(j.stops);
+    free(ids);
+    chat_req_free(&cr);
+    return ok;
+}
+
+// ---- other endpoints ----
+
+static bool handle_models(http_conn *c, const http_req *r) {
+    server_t *s = c->srv;
+    buf_t b = {0};
+    json_writer w;
+    json_w_init(&w, &b);
+    json_w_obj_begin(&w);
+    if (http_header_get(r, "anthropic-version").p) {
+        json_w_key(&w, "data");
+        json_w_arr_begin(&w);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "type");
+        json_w_cstr(&w, "model");
+        json_w_key(&w, "id");
+        json_w_cstr(&w, s->conf.model_name);
+        json_w_key(&w, "display_name");
+        json_w_cstr(&w, s->conf.model_name);
+        json_w_key(&w, "created_at");
+        json_w_cstr(&w, "2025-01-01T00:00:00Z");
+        json_w_obj_end(&w);
+        json_w_arr_end(&w);
+        json_w_key(&w, "has_more");
+        json_w_bool(&w, false);
+        json_w_key(&w, "first_id");
+        json_w_cstr(&w, s->conf.model_name);
+        json_w_key(&w, "last_id");
+        json_w_cstr(&w, s->conf.model_name);
+    } else {
+        json_w_key(&w, "object");
+        json_w_cstr(&w, "list");
+        json_w_key(&w, "data");
+        json_w_arr_begin(&w);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "id");
+        json_w_cstr(&w, s->conf.model_name);
+        json_w_key(&w, "object");
+        json_w_cstr(&w, "model");
+        json_w_key(&w, "created");
+        json_w_int(&w, 1735689600);
+        json_w_key(&w, "owned_by");
+        json_w_cstr(&w, "pensieve");
+        json_w_obj_end(&w);
+        json_w_arr_end(&w);
+    }
+    json_w_obj_end(&w);
+    bool ok = http_respond(c, 200, "application/json", b.data, b.len, r->keep_alive);
+    buf_free(&b);
+    return ok;
+}
+
+static bool handle_metrics(http_conn *c, const http_req *r) {
+    server_t *s = c->srv;
+    buf_t b = {0};
+    pthread_mutex_lock(&s->mu);
+    buf_printf(&b,
+               "# HELP pensieve_requests_total HTTP requests received.\n# TYPE pensieve_requests_total counter\n"
+               "pensieve_requests_total %" PRIu64 "\n"
+               "# HELP pensieve_errors_total Requests answered with an error status.\n# TYPE pensieve_errors_total counter\n"
+               "pensieve_errors_total %" PRIu64 "\n"
+               "# HELP pensieve_tokens_in_total Prompt tokens.\n# TYPE pensieve_tokens_in_total counter\n"
+               "pensieve_tokens_in_total %" PRIu64 "\n"
+               "# HELP pensieve_tokens_out_total Generated tokens.\n# TYPE pensieve_tokens_out_total counter\n"
+               "pensieve_tokens_out_total %" PRIu64 "\n"
+               "# HELP pensieve_prompt_cache_hits_total Requests that reused a cached prefix.\n# TYPE pensieve_prompt_cache_hits_total counter\n"
+               "pensieve_prompt_cache_hits_total %" PRIu64 "\n"
+               "# HELP pensieve_prompt_cached_tokens_total Prompt tokens served from the cache.\n# TYPE pensieve_prompt_cached_tokens_total counter\n"
+               "pensieve_prompt_cached_tokens_total %" PRIu64 "\n"
+               "# HELP pensieve_prompt_tokens_per_second Prompt tokens evaluated per second of prompt processing.\n# TYPE pensieve_prompt_tokens_per_second gauge\n"
+               "pensieve_prompt_tokens_per_second %.3f\n"
+               "# HELP pensieve_generation_tokens_per_second Tokens generated per second of generation.\n# TYPE pensieve_generation_tokens_per_second gauge\n"
+               "pensieve_generation_tokens_per_second %.3f\n"
+               "# HELP pensieve_queue_depth Requests waiting for a slot.\n# TYPE pensieve_queue_depth gauge\n"
+               "pensieve_queue_depth %d\n"
+               "# HELP pensieve_slots_busy Slots generating.\n# TYPE pensieve_slots_busy gauge\n"
+               "pensieve_slots_busy %d\n"
+               "# HELP pensieve_slots Slots configured.\n# TYPE pensieve_slots gauge\n"
+               "pensieve_slots %d\n"
+               "# HELP pensieve_connections Open connections.\n# TYPE pensieve_connections gauge\n"
+               "pensieve_connections %d\n",
+               s->m_requests, s->m_errors, s->m_tokens_in, s->m_tokens_out, s->m_cache_hits, s->m_cached_tokens,
+               s->m_prompt_seconds > 0 ? (double)(s->m_tokens_in - s->m_cached_tokens) / s->m_prompt_seconds : 0.0,
+               s->m_gen_seconds > 0 ? (double)s->m_tokens_out / s->m_gen_seconds : 0.0, s->n_waiting, s->n_busy,
+               s->conf.parallel, s->n_conns);
+    pthread_mutex_unlock(&s->mu);
+    bool ok = http_respond(c, 200, "text/plain; version=0.0.4", b.data, b.len, r->keep_alive);
+    buf_free(&b);
+    return ok;
+}
+
+// Constant-time comparison of the presented key with the configured one (no early exit on the
+// first differing byte; lengths compared last).
+static bool srv_key_ok(const char *want, str_t got) {
+    size_t wn = strlen(want);
+    unsigned diff = (unsigned)(wn ^ got.n);
+    for (size_t i = 0; i < wn; i++) diff |= (unsigned)(uint8_t)want[i] ^ (unsigned)(i < got.n ? (uint8_t)got.p[i] : 0u);
+    return diff == 0;
+}
+
+static bool srv_route(http_conn *c, http_req *r) {
+    server_t *s = c->srv;
+    pthread_mutex_lock(&s->mu);
+    s->m_requests++;
+    pthread_mutex_unlock(&s->mu);
+    bool is_anth = str_eq_c(r->path, "/v1/messages") || str_eq_c(r->path, "/v1/messages/count_tokens");
+    bool is_oai = str_eq_c(r->path, "/v1/chat/completions") || str_eq_c(r->path, "/v1/completions");
+    api_kind api = is_oai || (str_eq_c(r->path, "/v1/models") && !http_header_get(r, "anthropic-version").p) ? API_OPENAI : API_ANTHROPIC;
+    if (!strcmp(r->method, "OPTIONS") && s->conf.cors_origin) {
+        buf_t h = {0};
+        buf_puts(&h, "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n");
+        http_common_headers(c, &h);
+        buf_puts(&h, "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: content-type, "
+                     "authorization, x-api-key, anthropic-version, anthropic-beta\r\nAccess-Control-Max-Age: 600\r\n\r\n");
+        bool ok = http_send(c, h.data, h.len);
+        buf_free(&h);
+        return ok && r->keep_alive;
+    }
+    if (str_eq_c(r->path, "/health")) {
+        const char *b = "{\"status\":\"ok\"}";
+        return http_respond(c, 200, "application/json", b, strlen(b), r->keep_alive) && r->keep_alive;
+    }
+    // every API route needs the key when one is configured
+    if (s->conf.api_key && (is_anth || is_oai || str_eq_c(r->path, "/v1/models") || str_eq_c(r->path, "/metrics"))) {
+        str_t k = http_header_get(r, "x-api-key");
+        if (!k.p) {
+            str_t a = http_header_get(r, "authorization");
+            if (a.n > 7 && strncasecmp(a.p, "Bearer ", 7) == 0) k = (str_t){a.p + 7, a.n - 7};
+        }
+        if (!k.p || !srv_key_ok(s->conf.api_key, k))
+            return api_error(c, api, 401, r->keep_alive, k.p ? "invalid API key" : "missing API key (x-api-key or Authorization: Bearer)") &&
+                   r->keep_alive;
+    }
+    if (str_eq_c(r->path, "/metrics") && !strcmp(r->method, "GET")) return handle_metrics(c, r) && r->keep_alive;
+    if (str_eq_c(r->path, "/v1/models") && !strcmp(r->method, "GET")) return handle_models(c, r) && r->keep_alive;
+    if (!is_anth && !is_oai)
+        return api_error(c, api, 404, r->keep_alive, "no route for %s %.*s", r->method, (int)PSV_MIN(r->path.n, 200), r->path.p) &&
+               r->keep_alive;
+    if (strcmp(r->method, "POST") != 0) return api_error(c, api, 405, r->keep_alive, "use POST for %.*s", (int)r->path.n, r->path.p) && r->keep_alive;
+    json_doc *doc = NULL;
+    psv_error err = {0};
+    if (json_parse(r->body.data ? r->body.data : "", r->body.len, &doc, &err) != PSV_OK) {
+        bool ok = api_error(c, api, 400, r->keep_alive, "invalid JSON: %s", err.message);
+        return ok && r->keep_alive;
+    }
+    bool ok;
+    if (str_eq_c(r->path, "/v1/messages")) ok = handle_anthropic(c, r, json_root(doc), false);
+    else if (str_eq_c(r->path, "/v1/messages/count_tokens")) ok = handle_anthropic(c, r, json_root(doc), true);
+    else ok = handle_openai(c, r, json_root(doc), str_eq_c(r->path, "/v1/chat/completions"));
+    json_doc_free(doc);
+    return ok && r->keep_alive;
+}
+
+static void *srv_conn_main(void *arg) {
+    http_conn *c = arg;
+    server_t *s = c->srv;
+    http_req *r = calloc(1, sizeof *r);
+    bool first = true;
+    while (r && !s->stopping && !c->broken) {
+        srv_make_id(s, "req_", c->req_id, sizeof c->req_id);
+        int st = http_read_request(c, r, first);
+        first = false;
+        if (st < 0) break;
+        if (st > 0) {
+            api_error(c, API_ANTHROPIC, st, false, "%s", st == 413 ? "request body too large" : st == 431 ? "request headers too large"
+                                                        : st == 414 ? "request line too long" : st == 408 ? "request timed out"
+                                                        : st == 501 ? "unsupported transfer encoding" : st == 505 ? "HTTP version not supported"
+                                                                    : "malformed request");
+            break;
+        }
+        bool again = srv_route(c, r);
+        http_consume(c, r->consumed);
+        if (!again) break;
+    }
+    if (r) buf_free(&r->body);
+    free(r);
+    shutdown(c->fd, SHUT_RDWR);
+    close(c->fd);
+    free(c->buf);
+    free(c);
+    pthread_mutex_lock(&s->mu);
+    s->n_conns--;
+    pthread_cond_broadcast(&s->conn_cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void srv_on_signal(int sig) {
+    PSV_UNUSED(sig);
+    server_t *s = srv_global;
+    if (!s) _exit(1);
+    if (s->stopping) _exit(1); // a second signal: exit at once
+    s->stopping = 1;
+    char b = 1;
+    ssize_t w = write(s->wake[1], &b, 1);
+    PSV_UNUSED(w);
+}
+
+static bool srv_is_loopback(const char *host) {
+    return !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost") || !strcmp(host, "::1") || !strncmp(host, "127.", 4);
+}
+
+static int srv_listen(const char *host, int port, char *err, size_t cap) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, cap, "cannot resolve host '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) break;
+        snprintf(err, cap, "cannot listen on %s:%d: %s", host, port, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static int srv_run(srv_conf *conf) {
+    server_t *s = calloc(1, sizeof *s);
+    if (!s) return 1;
+    s->conf = *conf;
+    s->listen_fd = -1;
+    s->wake[0] = s->wake[1] = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->slot_cv, NULL);
+    pthread_cond_init(&s->conn_cv, NULL);
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    int ur = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (ur >= 0) {
+        ssize_t k = read(ur, &seed, sizeof seed);
+        PSV_UNUSED(k);
+        close(ur);
+    }
+    s->id_state = seed;
+    int rc = 1;
+    psv_error err = {0};
+    char lerr[256] = "";
+    psv_model_params mp = psv_model_default_params();
+    mp.n_threads = conf->threads;
+    double t0 = plat_now();
+    if (psv_model_open(conf->model_path, &mp, &s->model, &err) != PSV_OK) {
+        fprintf(stderr, "pensieve: %s\n", err.message);
+        goto done;
+    }
+    if (!conf->ctx) s->conf.ctx = (uint32_t)PSV_MIN(psv_model_n_ctx_train(s->model), 4096);
+    s->slots = calloc((size_t)s->conf.parallel, sizeof *s->slots);
+    if (!s->slots) goto done;
+    for (int i = 0; i < s->conf.parallel; i++) {
+        psv_ctx_params cp = psv_ctx_default_params();
+        cp.n_ctx = s->conf.ctx;
+        cp.n_batch = 64;
+        if (psv_ctx_new(s->model, &cp, &s->slots[i].ctx, &err) != PSV_OK) {
+            fprintf(stderr, "pensieve: slot %d: %s\n", i, err.message);
+            goto done;
+        }
+    }
+    s->listen_fd = srv_listen(conf->host, conf->port, lerr, sizeof lerr);
+    if (s->listen_fd < 0) {
+        fprintf(stderr, "pensieve: %s\n", lerr);
+        goto done;
+    }
+    if (pipe(s->wake) != 0) goto done;
+    srv_global = s;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = srv_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (!srv_is_loopback(conf->host) && !conf->api_key)
+        fprintf(stderr, "pensieve: warning: listening on %s without an API key: anyone who can reach this address can use "
+                        "the model (set --api-key or PENSIEVE_API_KEY)\n", conf->host);
+    const char *warning = NULL;
+    const char *fmt = psv_model_chat_format(s->model, &warning);
+    if (warning) fprintf(stderr, "pensieve: %s\n", warning);
+    printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u, %d slots (ready in %.1f s)\n",
+           conf->model_name, psv_model_arch(s->model), fmt ? fmt : "none", strchr(conf->host, ':') ? "[" : "", conf->host,
+           strchr(conf->host, ':') ? "]" : "", conf->port, psv_model_n_threads(s->model), s->conf.ctx, s->conf.parallel,
+           plat_now() - t0);
+    fflush(stdout);
+    while (!s->stopping) {
+        struct pollfd pf[2] = {{s->listen_fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
+        int pr = poll(pf, 2, 1000);
+        if (pr <= 0) continue;
+        if (pf[1].revents) break;
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) usleep(100000); // out of descriptors: back off, keep serving
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        pthread_mutex_lock(&s->mu);
+        bool full = s->n_conns >= PSV_HTTP_MAX_CONNS;
+        if (!full) s->n_conns++;
+        pthread_mutex_unlock(&s->mu);
+        if (full) {
+            const char *msg = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+            ssize_t k = send(fd, msg, strlen(msg), MSG_NOSIGNAL);
+            PSV_UNUSED(k);
+            close(fd);
+            continue;
+        }
+        http_conn *c = calloc(1, sizeof *c);
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&at, 1u << 20);
+        if (!c || (c->fd = fd, c->srv = s, pthread_create(&th, &at, srv_conn_main, c) != 0)) {
+            close(fd);
+            free(c);
+            pthread_mutex_lock(&s->mu);
+            s->n_conns--;
+            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_attr_destroy(&at);
+    }
+    // shutdown: stop accepting; in-flight requests see `stopping`, end their streams with a
+    // final event and close; wait a few seconds for them
+    s->stopping = 1;
+    close(s->listen_fd);
+    s->listen_fd = -1;
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->slot_cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    while (s->n_conns > 0)
+        if (pthread_cond_timedwait(&s->conn_cv, &s->mu, &until) == ETIMEDOUT) break;
+    int left = s->n_conns;
+    pthread_mutex_unlock(&s->mu);
+    fprintf(stderr, "pensieve: stopped%s\n", left ? " (some connections were still open)" : "");
+    rc = 0;
+    if (left) _exit(0); // threads still hold the model: leave without freeing it under them
+done:
+    srv_global = NULL;
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->wake[0] >= 0) close(s->wake[0]), close(s->wake[1]);
+    for (int i = 0; s->slots && i < s->conf.parallel; i++) {
+        psv_ctx_free(s->slots[i].ctx);
+        free(s->slots[i].hist);
+    }
+    free(s->slots);
+    psv_model_close(s->model);
+    free(s);
+    return rc;
+}
+
+static const char *srv_env(const char *name, const char *def) {
+    const char *v = getenv(name);
+    return v && *v ? v : def;
+}
+
+static int cli_serve(int argc, char **argv) {
+    srv_conf c;
+    memset(&c, 0, sizeof c);
+    c.host = srv_env("PENSIEVE_HOST", "127.0.0.1");
+    int64_t port = PSV_SERVER_PORT, threads = 0, ctx = 0, parallel = 4, max_queue = 64, timeout = 600;
+    const char *e;
+    if ((e = getenv("PENSIEVE_PORT")) && !cli_parse_i64(e, 1, 65535, &port)) goto bad_env;
+    if ((e = getenv("PENSIEVE_THREADS")) && !cli_parse_i64(e, 1, 1024, &threads)) goto bad_env;
+    if ((e = getenv("PENSIEVE_CTX")) && !cli_parse_i64(e, 16, 1 << 22, &ctx)) goto bad_env;
+    if ((e = getenv("PENSIEVE_PARALLEL")) && !cli_parse_i64(e, 1, 256, &parallel)) goto bad_env;
+    c.api_key = srv_env("PENSIEVE_API_KEY", NULL);
+    c.cors_origin = srv_env("PENSIEVE_CORS_ORIGIN", NULL);
+    c.model_path = srv_env("PENSIEVE_MODEL", NULL);
+    const char *log_format = srv_env("PENSIEVE_LOG_FORMAT", "text");
+    for (int i = 1; i < argc; i += 2) { // every option takes a value
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: pensieve [serve] [options]\n"
+                   "Serves a model over HTTP: Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens),\n"
+                   "OpenAI API (POST /v1/chat/completions, /v1/completions), GET /v1/models, /health, /metrics.\n"
+                   "\n"
+                   "  -m, --model PATH       GGUF model to serve            (env PENSIEVE_MODEL)\n"
+                   "  --host HOST            address to listen on [127.0.0.1] (env PENSIEVE_HOST)\n"
+                   "  --port N               port [%d]                     (env PENSIEVE_PORT)\n"
+                   "  -t, --threads N        threads for inference [all CPUs] (env PENSIEVE_THREADS)\n"
+                   "  -c, --ctx N            context size per slot [model's, at most 4096] (env PENSIEVE_CTX)\n"
+                   "  --parallel N           concurrent generation slots [4] (env PENSIEVE_PARALLEL)\n"
+                   "  --api-key KEY          require this key (x-api-key or Authorization: Bearer) (env PENSIEVE_API_KEY)\n"
+                   "  --max-queue N          requests that may wait for a slot [64]; beyond: 529 / 503\n"
+                   "  --timeout S            seconds a request may wait for a slot [600]\n"
+                   "  --cors-origin ORIGIN   allow browser requests from ORIGIN (env PENSIEVE_CORS_ORIGIN)\n"
+                   "  --log-format text|json (env PENSIEVE_LOG_FORMAT)\n"
+                   "\n"
+                   "SIGINT/SIGTERM stop accepting and end open streams; a second signal exits at once.\n",
+                   PSV_SERVER_PORT);
+            return 0;
+        }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) c.model_path = v;
+        else if (!strcmp(a, "--host")) c.host = v;
+        else if (!strcmp(a, "--port")) ok = cli_parse_i64(v, 1, 65535, &port);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = cli_parse_i64(v, 1, 1024, &threads);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) ok = cli_parse_i64(v, 16, 1 << 22, &ctx);
+        else if (!strcmp(a, "--parallel")) ok = cli_parse_i64(v, 1, 256, &parallel);
+        else if (!strcmp(a, "--api-key")) c.api_key = v;
+        else if (!strcmp(a, "--max-queue")) ok = cli_parse_i64(v, 0, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--timeout")) ok = cli_parse_i64(v, 1, 1 << 20, &timeout);
+        else if (!strcmp(a, "--cors-origin")) c.cors_origin = v;
+        else if (!strcmp(a, "--log-format")) log_format = v;
+        else {
+            fprintf(stderr, "pensieve serve: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "pensieve serve: bad or missing value for %s\n", a);
+            return 2;
+        }
+    }
+    if (!log_format || (strcmp(log_format, "text") && strcmp(log_format, "json"))) {
+        fprintf(stderr, "pensieve serve: --log-format must be text or json\n");
+        return 2;
+    }
+    if (c.cors_origin && !strcmp(c.cors_origin, "*") && c.api_key) {
+        // credentials (the key) must never be combined with a wildcard origin (Fetch standard)
+        fprintf(stderr, "pensieve serve: --cors-origin '*' cannot be combined with an API key; name the origin\n");
+        return 2;
+    }
+    if (!c.model_path) {
+        fprintf(stderr, "pensieve: no model given. Use --model PATH (or PENSIEVE_MODEL); downloading the default model "
+                        "is not available in this build yet\n");
+        return 1;
+    }
+    c.log_json = !strcmp(log_format, "json");
+    c.port = (int)port;
+    c.threads = (int)threads;
+    c.ctx = (uint32_t)ctx;
+    c.parallel = (int)parallel;
+    c.max_queue = (int)max_queue;
+    c.timeout = (int)timeout;
+    const char *base = strrchr(c.model_path, '/');
+    base = base ? base + 1 : c.model_path;
+    static char name[256];
+    snprintf(name, sizeof name, "%s", base);
+    size_t nl = strlen(name);
+    if (nl > 5 && !strcmp(name + nl - 5, ".gguf")) name[nl - 5] = 0;
+    c.model_name = name;
+    return srv_run(&c);
+bad_env:
+    fprintf(stderr, "pensieve: bad value in environment variable: '%s'\n", e);
+    return 2;
+}
+
+#endif // PSV_NO_MAIN
+
 
 // ----------------------------------------------------------------------------
-// 16. CLI
+// 20. CLI
 // The `pensieve` command: subcommands over the library. Each cli_* returns the exit status
 // (0 ok, 1 failure, 2 usage error) and reports errors on stderr as `pensieve CMD: message`.
 
@@ -9696,18 +11662,16 @@ static void cli_usage(FILE *f) {
             "  template   apply a chat template: template (-m MODEL | --template NAME) --messages F\n"
             "  info       describe a GGUF file: metadata and tensors\n"
             "  sha256     print SHA-256 digests like sha256sum: sha256 FILE...\n"
-            "  version    print the version\n"
-            "\n"
-            "The HTTP server (Anthropic Messages and OpenAI chat APIs) is not implemented yet.\n",
+            "  serve      HTTP server, Anthropic Messages + OpenAI APIs (the default): serve -m MODEL\n"
+            "  version    print the version\n",
             PSV_VERSION);
 }
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); // a closed pipe is an EPIPE error on write, not a kill
-    if (argc < 2) {
-        cli_usage(stderr);
-        return 2;
-    }
+    // no command, or options first: serve (zero-config `./pensieve`)
+    if (argc < 2 || (argv[1][0] == '-' && strcmp(argv[1], "-h") && strcmp(argv[1], "--help") && strcmp(argv[1], "--version")))
+        return cli_serve(argc, argv);
     const char *cmd = argv[1];
     static const struct {
         const char *name;
@@ -9715,7 +11679,7 @@ int main(int argc, char **argv) {
     } cmds[] = {
         {"run", cli_run},           {"logits", cli_logits},       {"tokenize", cli_tokenize},
         {"detokenize", cli_detokenize}, {"template", cli_template}, {"info", cli_info},
-        {"sha256", cli_sha256},
+        {"sha256", cli_sha256},     {"serve", cli_serve},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(cmds); i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
