@@ -14,9 +14,30 @@ TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never li
 ARM_CC   ?= aarch64-linux-gnu-gcc
 QEMU_ARM ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
 
-.PHONY: all test debug test-asan fuzz fuzz-run check-syms test-arm64 bench clean
+.PHONY: all test debug test-asan fuzz fuzz-run check-syms test-arm64 bench clean pull-tool-note
 
-all: pensieve
+# tools/pensieve-pull, the model downloader, links libcurl (the project's only optional
+# dependency): built when libcurl's development files are found (curl-config or pkg-config),
+# skipped with a note saying how to get them otherwise. pensieve itself never needs libcurl.
+CURL_LIBS   := $(shell curl-config --libs 2>/dev/null || pkg-config --libs libcurl 2>/dev/null)
+CURL_CFLAGS := $(shell curl-config --cflags 2>/dev/null || pkg-config --cflags libcurl 2>/dev/null)
+PULL_TOOL    = $(if $(CURL_LIBS),tools/pensieve-pull,pull-tool-note)
+PULL_BIN     = $(if $(CURL_LIBS),$(BUILD)/pensieve-pull)
+
+all: pensieve $(PULL_TOOL)
+
+tools/pensieve-pull: tools/pensieve-pull.c pensieve.c pensieve.h
+	$(CC) $(WARN) $(CFLAGS) $(CURL_CFLAGS) tools/pensieve-pull.c -o $@ $(CURL_LIBS) -lpthread
+
+pull-tool-note:
+	@echo "note: tools/pensieve-pull (the model downloader) was not built: libcurl's development files are missing."
+	@echo "      Debian/Ubuntu: sudo apt-get install libcurl4-openssl-dev; Fedora: sudo dnf install libcurl-devel;"
+	@echo "      macOS: brew install curl. Then run make again. Without it, pensieve prints the curl command to run."
+
+# The downloader the CLI tests drive, built with this configuration's flags (plain, ASan, ...).
+$(BUILD)/pensieve-pull: tools/pensieve-pull.c pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(CURL_CFLAGS) tools/pensieve-pull.c -o $@ $(CURL_LIBS) -lpthread
 
 pensieve: pensieve.c pensieve.h
 	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
@@ -43,8 +64,9 @@ $(BUILD)/pensieve: pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
 
-test: $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/example
+test: $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/example $(PULL_BIN)
 	PSV_SHARED=$(SHARED) PSV_BIN=$(CURDIR)/$(BUILD)/pensieve PSV_EXAMPLE=$(CURDIR)/$(BUILD)/example \
+	    PSV_PULL=$(if $(PULL_BIN),$(CURDIR)/$(PULL_BIN)) \
 	    sh tests/run.sh $(BUILD)/tests $(TEST_SH)
 
 # ASan + UBSan: the binary, and the whole suite built and run with them.
@@ -68,8 +90,12 @@ fuzz-run: fuzz
 	  name=$$(basename $$f); mkdir -p $(BUILD)/corpus/$$name; \
 	  seeds=tests/corpus/$$name; [ -d $$seeds ] || seeds=; \
 	  echo "== $$name for $(FUZZ_SECONDS)s"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-	      $(BUILD)/corpus/$$name $$seeds 2>&1 | tail -n 12 || exit 1; \
+	  if $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	      $(BUILD)/corpus/$$name $$seeds > $(BUILD)/$$name.log 2>&1; then \
+	    grep -E "stat::number_of_executed_units|Done" $(BUILD)/$$name.log | tail -n 2; \
+	  else \
+	    tail -n 40 $(BUILD)/$$name.log; echo "$$name: FAILED (crash, leak or timeout; see above)"; exit 1; \
+	  fi; \
 	done
 
 # Every symbol pensieve.c exports must start with psv_ (STYLE.md).
@@ -94,4 +120,4 @@ bench: $(BUILD)/bench_tokenizer
 	PSV_SHARED=$(SHARED) $(BUILD)/bench_tokenizer
 
 clean:
-	rm -rf $(BUILD) pensieve pensieve-debug
+	rm -rf $(BUILD) pensieve pensieve-debug tools/pensieve-pull

@@ -74,6 +74,7 @@
 // Includes and everything OS- or CPU-specific. Other sections call the plat_* helpers.
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -81,6 +82,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -91,6 +93,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -7128,15 +7131,28 @@ done:
 // |s - exact| <= 2^-24 |exact| + n_blocks * 2^-52 * sum_b |term_b|: float-exact for any row a
 // model has. ggml adds blocks in float, so it differs from this by its own rounding (~1e-6
 // relative), far below what the logit tolerance cares about.
+//
+// The order of every floating-point operation is part of the contract, not just the bound: the
+// SIMD kernels (section 12) compute the same integer sums and repeat these double operations in
+// this order, so every kernel set gives bit-identical results (the reference models amplify a
+// last-bit difference into visible logit changes). Each block's term is passed through
+// k_no_fuse before it is added, so no compiler fuses it into the addition (see there).
 
 typedef void (*k_to_float_fn)(const void *x, float *y, int64_t n);          // dequantize a row
 typedef void (*k_from_float_fn)(const float *x, void *y, int64_t n);        // quantize a row
 typedef void (*k_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y); // s = x . y
+// One weight row x against nr (1..K_ROWS_MAX) activation rows y + r*y_stride (bytes), writing
+// s[r*s_stride]; each result is bit-identical to vec_dot's. Reuses each unpacked weight block
+// across the rows (prompt processing).
+typedef void (*k_vec_dot_rows_fn)(int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
+                                  size_t y_stride, int nr);
+#define K_ROWS_MAX 4
 typedef struct {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
     k_vec_dot_fn vec_dot;   // x of this type, y of vec_dot_type; NULL for activation-only types
     uint32_t vec_dot_type;  // T_* the activation row must be quantized to (with its from_float)
+    k_vec_dot_rows_fn vec_dot_rows; // optional (NULL in the reference set): see k_dot_rows
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -7210,8 +7226,39 @@ static inline float k_signed_absmax(const float *x, int n, float *amax_out) {
     return max;
 }
 
+// Returns v unchanged, but the compiler cannot see through it: an inexact product that is then
+// added must be rounded on its own. Compilers fuse `a * b + c` into one FMA, which rounds once
+// instead of twice (GCC across statements unless -std=c11 or -ffp-contract=off, clang within an
+// expression), and only where the target has FMA: so the reference on aarch64, or a SIMD kernel
+// compiled for FMA, would otherwise differ in the last bit from the x86-64 baseline reference.
+static inline double k_no_fuse(double v) {
+#if defined(PSV_X86) && defined(__SSE2__)
+    __asm__("" : "+x"(v));
+#elif defined(PSV_ARM64)
+    __asm__("" : "+w"(v));
+#else
+    volatile double t = v;
+    v = t;
+#endif
+    return v;
+}
+
 // ---- F32, F16, BF16 ------------------------------------------------------------------------
 // Each is its own vec_dot_type (ggml: F16 weights multiply F16 activations, BF16 multiply BF16).
+//
+// The float dot products accumulate in K_LANES double lanes: product i is added to lane
+// i % K_LANES, each lane in index order, and then the lanes are added in order, lane 0 first
+// (s = ((lane0 + lane1) + lane2) + ...). The SIMD kernels keep exactly these lanes in vector
+// registers, which makes them bit-identical to these loops; a row shorter than K_LANES is summed
+// in plain index order. Each product is exact in double, so every addition rounds once:
+// |s - exact| <= 2^-24 |exact| + (n / K_LANES + K_LANES) 2^-53 sum |x_i y_i|.
+#define K_LANES 16
+
+static float k_lanes_sum(const double acc[K_LANES]) {
+    double s = acc[0];
+    for (int l = 1; l < K_LANES; l++) s += acc[l];
+    return (float)s;
+}
 
 static void k_dequant_f32_ref(const void *vx, float *y, int64_t n) {
     const uint8_t *x = vx;
@@ -7222,14 +7269,13 @@ static void k_quant_f32_ref(const float *x, void *vy, int64_t n) {
     for (int64_t i = 0; i < n; i++) wr_u32(y + 4 * i, f32_bits(x[i]));
 }
 
-// Products in double (exact), summed in double in index order, rounded to float once:
-// |s - exact| <= 2^-24 |exact| + n 2^-53 sum |x_i y_i|. (ggml rounds each product to float
-// first; the difference is below 2^-24 relative per term.)
+// Products in double (exact), summed in double lanes (see K_LANES), rounded to float once.
+// (ggml rounds each product to float first; the difference is below 2^-24 relative per term.)
 static void k_dot_f32_f32_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
-    for (int64_t i = 0; i < n; i++) acc += (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
-    *s = (float)acc;
+    double acc[K_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
+    *s = k_lanes_sum(acc);
 }
 
 // fp16 -> float through a 64K-entry table (256 KB): psv_fp16_to_f32 branches on subnormals and
@@ -7257,14 +7303,14 @@ static void k_quant_f16_ref(const float *x, void *vy, int64_t n) {
     for (int64_t i = 0; i < n; i++) k_st_f16(y + 2 * i, x[i]);
 }
 // Products of two halves are exact in float (11+11 significant bits, |product| < 2^32); summed
-// in double in index order, rounded once: |s - exact| <= 2^-24 |exact| + n 2^-53 sum |x_i y_i|. Same as ggml's
-// scalar ggml_vec_dot_f16, which also accumulates in double.
+// in double lanes (see K_LANES), rounded once. ggml's scalar ggml_vec_dot_f16 also accumulates
+// in double, in index order.
 static void k_dot_f16_f16_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const uint8_t *x = vx, *y = vy;
     const float *lut = k_fp16_lut();
-    double acc = 0;
-    for (int64_t i = 0; i < n; i++) acc += (double)(lut[ld_u16(x + 2 * i)] * lut[ld_u16(y + 2 * i)]);
-    *s = (float)acc;
+    double acc[K_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)(lut[ld_u16(x + 2 * i)] * lut[ld_u16(y + 2 * i)]);
+    *s = k_lanes_sum(acc);
 }
 
 static void k_dequant_bf16_ref(const void *vx, float *y, int64_t n) {
@@ -7277,13 +7323,13 @@ static void k_quant_bf16_ref(const float *x, void *vy, int64_t n) {
     for (int64_t i = 0; i < n; i++) wr_u16(y + 2 * i, psv_f32_to_bf16(x[i]));
 }
 // Products in double (exact, and unlike a float product they cannot overflow: bf16 has float's
-// range), summed in double in index order, rounded once; bound as F16.
+// range), summed in double lanes (see K_LANES), rounded once.
 static void k_dot_bf16_bf16_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
+    double acc[K_LANES] = {0};
     for (int64_t i = 0; i < n; i++)
-        acc += (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
-    *s = (float)acc;
+        acc[i % K_LANES] += (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
+    *s = k_lanes_sum(acc);
 }
 
 // ---- Q8_0 and Q8_1: the activation types of the 32-value formats ------------------------------
@@ -7323,7 +7369,7 @@ static void k_dot_q8_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
         const int8_t *qx = (const int8_t *)(x + 2), *qy = (const int8_t *)(y + 2);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++) isum += qx[j] * qy[j];
-        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum;
+        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
     }
     *s = (float)acc;
 }
@@ -7403,7 +7449,7 @@ static void k_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
         const int8_t *a = (const int8_t *)(y + 2);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) isum += ((qs[j] & 15) - 8) * a[j] + ((qs[j] >> 4) - 8) * a[j + 16];
-        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum;
+        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
     }
     *s = (float)acc;
 }
@@ -7454,8 +7500,8 @@ static void k_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void 
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * a[j] + (qs[j] >> 4) * a[j + 16];
-        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
-               (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
+        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+                         (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
     }
     *s = (float)acc;
 }
@@ -7506,7 +7552,7 @@ static void k_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
         const int8_t *a = (const int8_t *)(y + 2);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++) isum += (k_q5_value(x + 6, qh, j) - 16) * a[j];
-        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum;
+        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
     }
     *s = (float)acc;
 }
@@ -7557,8 +7603,8 @@ static void k_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void 
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++) isum += k_q5_value(x + 8, qh, j) * a[j];
-        acc += (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
-               (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
+        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+                         (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
     }
     *s = (float)acc;
 }
@@ -7647,8 +7693,8 @@ static void k_dot_q2_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
             isum += (x[k] & 15) * t;
             msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
         }
-        acc += (double)k_ld_f32(y) *
-               ((double)k_ld_f16(x + 80) * (double)isum - (double)k_ld_f16(x + 82) * (double)msum);
+        acc += k_no_fuse((double)k_ld_f32(y) *
+                         ((double)k_ld_f16(x + 80) * (double)isum - (double)k_ld_f16(x + 82) * (double)msum));
     }
     *s = (float)acc;
 }
@@ -7704,7 +7750,7 @@ static void k_dot_q3_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
             for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
             isum += sc[k] * t;
         }
-        acc += (double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum;
+        acc += k_no_fuse((double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum);
     }
     *s = (float)acc;
 }
@@ -7771,8 +7817,8 @@ static void k_dot_q45_k(int64_t n, float *s, const uint8_t *x, const uint8_t *y,
             isum += sc[k] * t;
             msum += m[k] * (k_ld_i16(y + 260 + 4 * k) + k_ld_i16(y + 262 + 4 * k));
         }
-        acc += (double)k_ld_f32(y) *
-               ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum);
+        acc += k_no_fuse((double)k_ld_f32(y) *
+                         ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum));
     }
     *s = (float)acc;
 }
@@ -7824,7 +7870,7 @@ static void k_dot_q6_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
             for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
             isum += sc[k] * t;
         }
-        acc += (double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum;
+        acc += k_no_fuse((double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum);
     }
     *s = (float)acc;
 }
@@ -8009,27 +8055,889 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
 // The table is immutable: safe to call from any thread.
 static const k_traits *k_traits_ref(uint32_t type) {
     return type < T_COUNT && k_traits_ref_table[type].to_float ? &k_traits_ref_table[type] : NULL;
+}
+
+// ----------------------------------------------------------------------------
+// 12. SIMD kernels
+// x86 variants of the hot kernels of section 11, written with intrinsics inside functions
+// compiled for their instruction set (target attributes), so a build without flags contains them
+// and runs the best set the CPU has; one dispatch table per set, chosen once. Every variant is
+// bit-identical to its reference kernel for every input (a NaN result may differ in payload):
+// the integer sums of a block are exact in any order, and the double arithmetic that follows
+// them repeats the reference's operations in the reference's order (section 11), so the engine
+// computes the same logits with every set. Dequantization (to_float) stays the reference's in
+// every set: the forward pass uses it for one embedding row per token.
+//
+// Kernel sets (PSV_KERNELS=name forces one; unset, empty or "auto" picks the best):
+//   ref     section 11, any CPU
+//   avx2    AVX2 + FMA + F16C (Haswell, Zen 1 and later)
+//   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later). The integer dot
+//           products use VNNI's vpdpbusd/vpdpwssd on 256-bit vectors: blocks are 32 values, and
+//           Zen 4 runs 512-bit integer operations as two 256-bit halves, so wider vectors would
+//           only add shuffles. The float dot products and quantizers use 512 bits.
+// Kernels that need only AVX2 serve both x86 sets.
+//
+// All x86 code is under PSV_X86; other targets get the reference set only (NEON: to do).
+
+typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_COUNT } k_set;
+static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512"};
+
+// Whether a CPU can run a kernel set (and this build has it).
+static bool k_set_supported(k_set s, const plat_cpu *c) {
+    switch (s) {
+    case K_SET_REF: return true;
+#if defined(PSV_X86)
+    case K_SET_AVX2: return c->avx2 && c->fma && c->f16c;
+    case K_SET_AVX512:
+        return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
+#endif
+    default: break;
+    }
+    PSV_UNUSED(c);
+    return false;
+}
+
+// The fastest set a CPU supports.
+static k_set k_set_best(const plat_cpu *c) {
+    for (int s = K_SET_COUNT - 1; s > K_SET_REF; s--)
+        if (k_set_supported((k_set)s, c)) return (k_set)s;
+    return K_SET_REF;
+}
+
+// The set to use given PSV_KERNELS's value `req` (NULL, "" or "auto": the best). A request the
+// CPU cannot honour, or an unknown name, falls back to the best supported set and explains why
+// in `note` (empty otherwise). Pure, so tests can feed it any CPU.
+static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t note_size) {
+    if (note_size) note[0] = 0;
+    k_set best = k_set_best(c);
+    if (!req || !*req || !strcmp(req, "auto")) return best;
+    for (int s = 0; s < K_SET_COUNT; s++) {
+        if (strcmp(req, k_set_names[s]) != 0) continue;
+        if (k_set_supported((k_set)s, c)) return (k_set)s;
+        snprintf(note, note_size, "PSV_KERNELS=%s: this CPU lacks %s; using %s", req,
+                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : "it",
+                 k_set_names[best]);
+        return best;
+    }
+    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2 or avx512); using %s",
+             req, k_set_names[best]);
+    return best;
+}
+
+#if defined(PSV_X86)
+
+#define K_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define K_INLINE static inline __attribute__((always_inline))
+
+// ---- AVX2 helpers ----------------------------------------------------------------------------
+
+// As k_no_fuse, for four doubles.
+K_AVX2 K_INLINE __m256d k_no_fuse_pd_avx2(__m256d v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+K_AVX2 K_INLINE int32_t k_hsum_i32_avx2(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// The lane sums of four vectors: {sum a, sum b, sum c, sum d}.
+K_AVX2 K_INLINE __m128i k_hsum4_i32_avx2(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+K_AVX2 K_INLINE float k_f16_avx2(const uint8_t *p) { return _cvtsh_ss(ld_u16(p)); }
+
+// Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32).
+K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)ld_u16(p0), (short)ld_u16(p1), (short)ld_u16(p2), (short)ld_u16(p3), 0, 0, 0, 0));
+}
+
+K_AVX2 K_INLINE __m256i k_load256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+K_AVX2 K_INLINE __m128i k_load128(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)(const void *)p); }
+
+// Bit j of qh (j < 32) as byte j of the result: 0xff when set, 0 when clear.
+K_AVX2 K_INLINE __m256i k_bits_to_bytes_avx2(uint32_t qh) {
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+// ---- AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against Q8_0 / Q8_1 -----------------------------------
+// One weight block unpacks to 32 quants in value order: unsigned bytes for Q4/Q5 (Q4_0 and Q5_0
+// keep their +8/+16 offset: maddubs needs an unsigned operand, and the offset is taken off as
+// offset * sum(a), since the activation may hold -128, whose negation does not fit a byte), or
+// Q8_0 widened to int16. Its dot with an activation block is 8 int32 lanes summing to the
+// reference's isum; all intermediate sums stay far inside int16/int32 (bounds at each step).
+// Blocks are handled four at a time so that one horizontal reduction serves four blocks; the
+// terms are then formed in double exactly as the reference forms them and added in block order.
+
+typedef struct { __m256i a, b; } k_w32_avx2;
+
+K_AVX2 K_INLINE k_w32_avx2 k_w32_unpack_avx2(uint32_t type, const uint8_t *x) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    k_w32_avx2 w;
+    w.b = _mm256_setzero_si256();
+    if (type == T_Q8_0) {
+        __m256i q = k_load256(x + 2);
+        w.a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+        w.b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+        return w;
+    }
+    const int qs = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
+    __m128i raw = k_load128(x + qs);
+    w.a = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
+    if (type == T_Q5_0 || type == T_Q5_1) {
+        __m256i hb = k_bits_to_bytes_avx2(ld_u32(x + qs - 4));
+        w.a = _mm256_or_si256(w.a, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    }
+    return w;
+}
+
+// 8 int32 lanes whose sum is the block's isum. Pair sums: q*a <= 2*31*128 = 7936 and
+// offset*a <= 2*16*128 = 4096 in magnitude, their difference <= 4096 (it is (q - off)*a).
+K_AVX2 K_INLINE __m256i k_w32_dot_avx2(uint32_t type, k_w32_avx2 w, const uint8_t *yb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (type == T_Q8_0) {
+        __m256i a = k_load256(yb + 2);
+        __m256i lo = _mm256_madd_epi16(w.a, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)));
+        __m256i hi = _mm256_madd_epi16(w.b, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)));
+        return _mm256_add_epi32(lo, hi); // |pair| <= 2 * 128 * 128
+    }
+    bool q81 = type == T_Q4_1 || type == T_Q5_1;
+    __m256i a = k_load256(yb + (q81 ? 4 : 2));
+    __m256i p = _mm256_maddubs_epi16(w.a, a);
+    if (type == T_Q4_0) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(8), a));
+    if (type == T_Q5_0) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(16), a));
+    return _mm256_madd_epi16(p, ones);
+}
+
+// Block i of a row of `type` (weights) or its activation type.
+K_INLINE size_t k_w32_size(uint32_t type) { return type_table[type].type_size; }
+K_INLINE size_t k_a32_size(uint32_t type) { return type == T_Q4_1 || type == T_Q5_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE; }
+
+// Shared body of the 32-value dot products: weight row x against nr activation rows.
+K_AVX2 K_INLINE void k_rows32_avx2(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
+                                   const uint8_t *y, size_t ys, int nr) {
+    PSV_ASSERT(n % 32 == 0);
+    const size_t xs = k_w32_size(type), as = k_a32_size(type);
+    const bool min = type == T_Q4_1 || type == T_Q5_1;
+    const int64_t nb = n / 32;
+    double acc[K_ROWS_MAX] = {0};
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        k_w32_avx2 w0 = k_w32_unpack_avx2(type, xb), w1 = k_w32_unpack_avx2(type, xb + xs);
+        k_w32_avx2 w2 = k_w32_unpack_avx2(type, xb + 2 * xs), w3 = k_w32_unpack_avx2(type, xb + 3 * xs);
+        __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs)), mx = dx;
+        if (min) mx = _mm256_cvtps_pd(k_f16x4_avx2(xb + 2, xb + xs + 2, xb + 2 * xs + 2, xb + 3 * xs + 2));
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
+            __m128i is = k_hsum4_i32_avx2(k_w32_dot_avx2(type, w0, yb), k_w32_dot_avx2(type, w1, yb + as),
+                                          k_w32_dot_avx2(type, w2, yb + 2 * as), k_w32_dot_avx2(type, w3, yb + 3 * as));
+            __m256d dy = _mm256_cvtps_pd(k_f16x4_avx2(yb, yb + as, yb + 2 * as, yb + 3 * as));
+            // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
+            __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), _mm256_cvtepi32_pd(is));
+            if (min) {
+                __m256d sy = _mm256_cvtps_pd(k_f16x4_avx2(yb + 2, yb + as + 2, yb + 2 * as + 2, yb + 3 * as + 2));
+                t = _mm256_add_pd(t, _mm256_mul_pd(mx, sy));
+            }
+            double tt[4];
+            _mm256_storeu_pd(tt, k_no_fuse_pd_avx2(t));
+            acc[r] = acc[r] + tt[0] + tt[1] + tt[2] + tt[3];
+        }
+    }
+    for (; b < nb; b++) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        k_w32_avx2 w = k_w32_unpack_avx2(type, xb);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
+            int32_t isum = k_hsum_i32_avx2(k_w32_dot_avx2(type, w, yb));
+            double t = (double)k_f16_avx2(xb) * (double)k_f16_avx2(yb) * (double)isum;
+            if (min) t += (double)k_f16_avx2(xb + 2) * (double)k_f16_avx2(yb + 2);
+            acc[r] += k_no_fuse(t);
+        }
+    }
+    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+}
+
+// One kernel per type and a rows variant dispatching nr to constant-count copies.
+#define K_DEF_ROWS(name, core, type, tgt)                                                                  \
+    tgt static void k_dot_##name(int64_t n, float *s, const void *x, const void *y) {                     \
+        core(type, n, s, 0, x, y, 0, 1);                                                                   \
+    }                                                                                                      \
+    tgt static void k_dot_rows_##name(int64_t n, float *s, int64_t ss, const void *x, const void *y,      \
+                                      size_t ys, int nr) {                                                 \
+        PSV_ASSERT(nr >= 1 && nr <= K_ROWS_MAX);                                                           \
+        switch (nr) {                                                                                      \
+        case 1: core(type, n, s, ss, x, y, ys, 1); break;                                                  \
+        case 2: core(type, n, s, ss, x, y, ys, 2); break;                                                  \
+        case 3: core(type, n, s, ss, x, y, ys, 3); break;                                                  \
+        default: core(type, n, s, ss, x, y, ys, 4); break;                                                 \
+        }                                                                                                  \
+    }
+
+K_DEF_ROWS(q4_0_q8_0_avx2, k_rows32_avx2, T_Q4_0, K_AVX2)
+K_DEF_ROWS(q4_1_q8_1_avx2, k_rows32_avx2, T_Q4_1, K_AVX2)
+K_DEF_ROWS(q5_0_q8_0_avx2, k_rows32_avx2, T_Q5_0, K_AVX2)
+K_DEF_ROWS(q5_1_q8_1_avx2, k_rows32_avx2, T_Q5_1, K_AVX2)
+K_DEF_ROWS(q8_0_q8_0_avx2, k_rows32_avx2, T_Q8_0, K_AVX2)
+
+// ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
+// A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
+// Q6_K with their +4/+32 offset, taken off as offset * sum(a) per 16 values) and, per chunk, a
+// vector of int16 sub-block scales (Q2_K, Q3_K, Q6_K: the low 8 lanes for the chunk's first 16
+// values, the high 8 for the next 16; Q4_K, Q5_K: one scale for all 32). A chunk's dot is
+// madd(maddubs(q, a) - off*maddubs(1, a), scales): every int16 pair sum is below 2^15 (bounds
+// per type), and the int32 lanes add up to the reference's isum. The minimum of Q2_K, Q4_K and
+// Q5_K uses Q8_K's bsums, as the reference does.
+
+typedef struct {
+    __m256i q[8];   // quants, chunk c = values 32c .. 32c+31
+    __m256i sc[8];  // int16 scales for chunk c
+    __m256i mins;   // int16 minimum per 16 activation values (Q2_K, Q4_K, Q5_K), paired with bsums
+    float d, dmin;
+    int off;        // quant offset (Q3_K 4, Q6_K 32, others 0)
+} k_wk_avx2;
+
+K_AVX2 K_INLINE __m256i k_sc_pair_avx2(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+    w->off = 0;
+    w->dmin = 0;
+    w->mins = _mm256_setzero_si256();
+    if (type == T_Q2_K) {
+        // value 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale/min nibbles in x[0..15]
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = k_load256(x + 16 + 32 * h);
+            for (int j = 0; j < 4; j++) w->q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m2);
+        }
+        for (int c = 0; c < 8; c++) w->sc[c] = k_sc_pair_avx2(x[2 * c] & 15, x[2 * c + 1] & 15);
+        __m128i sm = k_load128(x);
+        w->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
+        w->d = k_f16_avx2(x + 80);
+        w->dmin = k_f16_avx2(x + 82);
+    } else if (type == T_Q3_K) {
+        // value 128h + 32j + l: low bits 2j of qs[32h + l], high bit 4h + j of hmask[l]
+        __m256i hm = k_load256(x);
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = k_load256(x + 32 + 32 * h);
+            for (int j = 0; j < 4; j++) {
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m2);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), m1);
+                w->q[4 * h + j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+            }
+        }
+        const uint8_t *s = x + 96;
+        int sc[16];
+        for (int k = 0; k < 16; k++) {
+            int lo = k < 8 ? (s[k] & 15) : (s[k - 8] >> 4), hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+            sc[k] = (lo | (hi << 4)) - 32;
+        }
+        for (int c = 0; c < 8; c++) w->sc[c] = k_sc_pair_avx2(sc[2 * c], sc[2 * c + 1]);
+        w->d = k_f16_avx2(x + 108);
+        w->off = 4;
+    } else if (type == T_Q4_K || type == T_Q5_K) {
+        // value 64c + l: low nibble of qs[32c + l], 64c + 32 + l: high nibble; Q5_K: bit e/32 of qh[l]
+        bool five = type == T_Q5_K;
+        const uint8_t *qs = x + (five ? 48 : 16);
+        __m256i hb = five ? k_load256(x + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = k_load256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, m1), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), m1), 4));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
+            w->q[2 * c] = lo;
+            w->q[2 * c + 1] = hi;
+        }
+        int16_t mins[16];
+        for (int k = 0; k < 8; k++) {
+            int sc, m;
+            k_scale_min_k4(x + 4, k, &sc, &m);
+            w->sc[k] = _mm256_set1_epi16((short)sc);
+            mins[2 * k] = mins[2 * k + 1] = (int16_t)m;
+        }
+        w->mins = _mm256_loadu_si256((const __m256i *)(const void *)mins);
+        w->d = k_f16_avx2(x);
+        w->dmin = k_f16_avx2(x + 2);
+    } else { // T_Q6_K
+        // value 128h + 32k + l: nibble 4(k>>1) of ql[64h + 32(k&1) + l], bits 2k of qh[32h + l]
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = k_load256(x + 64 * h), ql1 = k_load256(x + 64 * h + 32), qh = k_load256(x + 128 + 32 * h);
+            for (int k = 0; k < 4; k++) {
+                __m256i ql = (k & 1) ? ql1 : ql0;
+                __m256i lo = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+                w->q[4 * h + k] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            }
+        }
+        const int8_t *sc = (const int8_t *)(x + 192);
+        for (int c = 0; c < 8; c++) w->sc[c] = k_sc_pair_avx2(sc[2 * c], sc[2 * c + 1]);
+        w->d = k_f16_avx2(x + 208);
+        w->off = 32;
+    }
+}
+
+// isum of an unpacked block with an activation block, and msum through its bsums.
+// Pair bounds: q*a <= 2*63*128 = 16128, off*a <= 2*32*128 = 8192, (q - off)*a <= 8192.
+K_AVX2 K_INLINE int32_t k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, int32_t *msum, bool has_min) {
+    const int8_t *a = (const int8_t *)(yb + 4);
+    __m256i acc = _mm256_setzero_si256();
+    const __m256i off = _mm256_set1_epi8((char)w->off);
+    for (int c = 0; c < 8; c++) {
+        __m256i av = k_load256((const uint8_t *)a + 32 * c);
+        __m256i p = _mm256_maddubs_epi16(w->q[c], av);
+        if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, w->sc[c]));
+    }
+    if (has_min) *msum = k_hsum_i32_avx2(_mm256_madd_epi16(w->mins, k_load256(yb + 260)));
+    return k_hsum_i32_avx2(acc);
+}
+
+K_AVX2 K_INLINE void k_rowsk_avx2(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
+                                  const uint8_t *y, size_t ys, int nr) {
+    PSV_ASSERT(n % QK_K == 0);
+    const size_t xs = type_table[type].type_size;
+    const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    double acc[K_ROWS_MAX] = {0};
+    k_wk_avx2 w;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        k_wk_unpack_avx2(type, xb, &w);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_K_SIZE;
+            int32_t msum = 0, isum = k_wk_dot_avx2(&w, yb, &msum, has_min);
+            double dy = (double)k_ld_f32(yb), t;
+            // the reference's expressions, operation for operation
+            if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);
+            else t = (double)w.d * dy * (double)isum;
+            acc[r] += k_no_fuse(t);
+        }
+    }
+    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+}
+
+K_DEF_ROWS(q2_k_q8_k_avx2, k_rowsk_avx2, T_Q2_K, K_AVX2)
+K_DEF_ROWS(q3_k_q8_k_avx2, k_rowsk_avx2, T_Q3_K, K_AVX2)
+K_DEF_ROWS(q4_k_q8_k_avx2, k_rowsk_avx2, T_Q4_K, K_AVX2)
+K_DEF_ROWS(q5_k_q8_k_avx2, k_rowsk_avx2, T_Q5_K, K_AVX2)
+K_DEF_ROWS(q6_k_q8_k_avx2, k_rowsk_avx2, T_Q6_K, K_AVX2)
+
+// ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
+// The K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
+// acc[i]); each product is exact in double (F16: already in float), so an FMA or an add rounds
+// exactly where the reference's `+=` does. A partial last group is padded with zeros, which
+// leaves the lanes unchanged (no lane is ever -0: it starts at +0 and round-to-nearest never
+// produces -0 from a sum that is not all -0). Then the lanes are summed in order, as k_lanes_sum.
+
+K_AVX2 K_INLINE float k_lanes_sum_avx2(__m256d a0, __m256d a1, __m256d a2, __m256d a3) {
+    double l[K_LANES];
+    _mm256_storeu_pd(l, a0);
+    _mm256_storeu_pd(l + 4, a1);
+    _mm256_storeu_pd(l + 8, a2);
+    _mm256_storeu_pd(l + 12, a3);
+    return k_lanes_sum(l);
+}
+
+// 16 floats of x and y (as two halves each) into the lanes, as exact double products.
+K_AVX2 K_INLINE void k_lanes_fma_avx2(__m256 x0, __m256 x1, __m256 y0, __m256 y1, __m256d *a) {
+    a[0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x0)), _mm256_cvtps_pd(_mm256_castps256_ps128(y0)), a[0]);
+    a[1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(y0, 1)), a[1]);
+    a[2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x1)), _mm256_cvtps_pd(_mm256_castps256_ps128(y1)), a[2]);
+    a[3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(y1, 1)), a[3]);
+}
+
+K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
+    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        k_lanes_fma_avx2(_mm256_loadu_ps((const float *)(const void *)(x + 4 * i)),
+                         _mm256_loadu_ps((const float *)(const void *)(x + 4 * i + 32)),
+                         _mm256_loadu_ps((const float *)(const void *)(y + 4 * i)),
+                         _mm256_loadu_ps((const float *)(const void *)(y + 4 * i + 32)), a);
+    if (i < n) {
+        float tx[16] = {0}, ty[16] = {0};
+        memcpy(tx, x + 4 * i, (size_t)(n - i) * 4);
+        memcpy(ty, y + 4 * i, (size_t)(n - i) * 4);
+        k_lanes_fma_avx2(_mm256_loadu_ps(tx), _mm256_loadu_ps(tx + 8), _mm256_loadu_ps(ty), _mm256_loadu_ps(ty + 8), a);
+    }
+    *s = k_lanes_sum_avx2(a[0], a[1], a[2], a[3]);
+}
+
+// F16: the float product of two halves is exact, so it is formed in float and widened.
+K_AVX2 K_INLINE void k_lanes_add_f16_avx2(__m128i x0, __m128i x1, __m128i y0, __m128i y1, __m256d *a) {
+    __m256 p0 = _mm256_mul_ps(_mm256_cvtph_ps(x0), _mm256_cvtph_ps(y0));
+    __m256 p1 = _mm256_mul_ps(_mm256_cvtph_ps(x1), _mm256_cvtph_ps(y1));
+    a[0] = _mm256_add_pd(a[0], _mm256_cvtps_pd(_mm256_castps256_ps128(p0)));
+    a[1] = _mm256_add_pd(a[1], _mm256_cvtps_pd(_mm256_extractf128_ps(p0, 1)));
+    a[2] = _mm256_add_pd(a[2], _mm256_cvtps_pd(_mm256_castps256_ps128(p1)));
+    a[3] = _mm256_add_pd(a[3], _mm256_cvtps_pd(_mm256_extractf128_ps(p1, 1)));
+}
+
+K_AVX2 static void k_dot_f16_f16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
+    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        k_lanes_add_f16_avx2(k_load128(x + 2 * i), k_load128(x + 2 * i + 16), k_load128(y + 2 * i),
+                             k_load128(y + 2 * i + 16), a);
+    if (i < n) {
+        uint8_t tx[32] = {0}, ty[32] = {0};
+        memcpy(tx, x + 2 * i, (size_t)(n - i) * 2);
+        memcpy(ty, y + 2 * i, (size_t)(n - i) * 2);
+        k_lanes_add_f16_avx2(k_load128(tx), k_load128(tx + 16), k_load128(ty), k_load128(ty + 16), a);
+    }
+    *s = k_lanes_sum_avx2(a[0], a[1], a[2], a[3]);
+}
+
+// 8 bf16 values to floats (the bf16 bits are the float's upper half).
+K_AVX2 K_INLINE __m256 k_bf16x8_avx2(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+K_AVX2 static void k_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
+    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        k_lanes_fma_avx2(k_bf16x8_avx2(k_load128(x + 2 * i)), k_bf16x8_avx2(k_load128(x + 2 * i + 16)),
+                         k_bf16x8_avx2(k_load128(y + 2 * i)), k_bf16x8_avx2(k_load128(y + 2 * i + 16)), a);
+    if (i < n) {
+        uint8_t tx[32] = {0}, ty[32] = {0};
+        memcpy(tx, x + 2 * i, (size_t)(n - i) * 2);
+        memcpy(ty, y + 2 * i, (size_t)(n - i) * 2);
+        k_lanes_fma_avx2(k_bf16x8_avx2(k_load128(tx)), k_bf16x8_avx2(k_load128(tx + 16)),
+                         k_bf16x8_avx2(k_load128(ty)), k_bf16x8_avx2(k_load128(ty + 16)), a);
+    }
+    *s = k_lanes_sum_avx2(a[0], a[1], a[2], a[3]);
+}
+
+// ---- AVX2: activation quantizers -------------------------------------------------------------
+// Same float operations as the reference on each value (a product by the same scale, then the
+// same rounding rule), and the scales come from the same scalar code; the absolute maximum is
+// order-independent (MAXPS returns its second operand when the first is NaN, so NaNs are skipped
+// as the reference's `>` skips them).
+
+K_AVX2 K_INLINE __m256 k_abs_ps_avx2(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+
+K_AVX2 K_INLINE float k_hmax_ps_avx2(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+// The reference's pre-rounding clamp: NaN -> 0, then [lo, hi].
+K_AVX2 K_INLINE __m256 k_clamp_ps_avx2(__m256 v, float lo, float hi) {
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+}
+
+// k_round_away: |v| truncated, plus one when the (exact) fraction is >= 0.5, with v's sign.
+K_AVX2 K_INLINE __m256i k_round_away_avx2(__m256 v) {
+    v = k_clamp_ps_avx2(v, -128.0f, 127.0f);
+    __m256 a = k_abs_ps_avx2(v);
+    __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 up = _mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    t = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+    return _mm256_cvttps_epi32(_mm256_or_ps(t, _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)))));
+}
+
+// k_round_even: the hardware's round to nearest even (exact on integral floats).
+K_AVX2 K_INLINE __m256i k_round_even_avx2(__m256 v) {
+    v = k_clamp_ps_avx2(v, -128.0f, 127.0f);
+    return _mm256_cvttps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// 32 int32 in [-128, 127] (four vectors, in order) to 32 bytes in order.
+K_AVX2 K_INLINE __m256i k_pack_i8_avx2(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Q8_0 and Q8_1 share the block quantizer; q81 adds the sum (and the 2-byte offset).
+K_AVX2 K_INLINE void k_quant_q8_x_avx2(const float *x, uint8_t *y, int64_t n, bool q81) {
+    PSV_ASSERT(n % 32 == 0);
+    const size_t bs = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += bs) {
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            mx = _mm256_max_ps(k_abs_ps_avx2(v[i]), mx);
+        }
+        float amax = k_hmax_ps_avx2(mx);
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = k_round_away_avx2(_mm256_mul_ps(v[i], idv));
+        _mm256_storeu_si256((__m256i *)(void *)(y + (q81 ? 4 : 2)), k_pack_i8_avx2(q[0], q[1], q[2], q[3]));
+        k_st_f16(y, d);
+        if (q81) {
+            int sum = k_hsum_i32_avx2(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+            k_st_f16(y + 2, (float)sum * d);
+        }
+    }
+}
+K_AVX2 static void k_quant_q8_0_avx2(const float *x, void *y, int64_t n) { k_quant_q8_x_avx2(x, y, n, false); }
+K_AVX2 static void k_quant_q8_1_avx2(const float *x, void *y, int64_t n) { k_quant_q8_x_avx2(x, y, n, true); }
+
+K_AVX2 static void k_quant_q8_k_avx2(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q8_K_SIZE) {
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i++) mx = _mm256_max_ps(k_abs_ps_avx2(_mm256_loadu_ps(x + 8 * i)), mx);
+        float amax = k_hmax_ps_avx2(mx);
+        if (amax == 0) {
+            memset(y, 0, K_Q8_K_SIZE);
+            continue;
+        }
+        // the first value of that magnitude, with its sign (k_signed_absmax)
+        float max = 0;
+        for (int i = 0; i < 32; i++) {
+            int m = _mm256_movemask_ps(_mm256_cmp_ps(k_abs_ps_avx2(_mm256_loadu_ps(x + 8 * i)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (m) {
+                max = x[8 * i + __builtin_ctz((unsigned)m)];
+                break;
+            }
+        }
+        float iscale = -127.0f / max;
+        __m256 is = _mm256_set1_ps(iscale);
+        __m256i sums[8];
+        for (int g = 0; g < 8; g++) { // 32 values: bsums 2g and 2g + 1
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = k_round_even_avx2(_mm256_mul_ps(is, _mm256_loadu_ps(x + 32 * g + 8 * i)));
+            _mm256_storeu_si256((__m256i *)(void *)(y + 4 + 32 * g), k_pack_i8_avx2(q[0], q[1], q[2], q[3]));
+            // lanes 0-3: sum of the first 16 values, lanes 4-7: of the next 16
+            __m256i s01 = _mm256_add_epi32(q[0], q[1]), s23 = _mm256_add_epi32(q[2], q[3]);
+            sums[g] = _mm256_blend_epi32(_mm256_add_epi32(s01, _mm256_permute2x128_si256(s01, s01, 1)),
+                                         _mm256_add_epi32(s23, _mm256_permute2x128_si256(s23, s23, 1)), 0xf0);
+        }
+        // sums[g] lanes 0-3 sum to bsum 2g, lanes 4-7 to bsum 2g + 1
+        __m256i h0 = _mm256_hadd_epi32(sums[0], sums[1]), h1 = _mm256_hadd_epi32(sums[2], sums[3]);
+        __m256i h2 = _mm256_hadd_epi32(sums[4], sums[5]), h3 = _mm256_hadd_epi32(sums[6], sums[7]);
+        h0 = _mm256_hadd_epi32(h0, h1); // lane order: b0 b2 b4 b6 | b1 b3 b5 b7
+        h2 = _mm256_hadd_epi32(h2, h3); // b8 b10 b12 b14 | b9 b11 b13 b15
+        int32_t t[16];
+        _mm256_storeu_si256((__m256i *)(void *)t, h0);
+        _mm256_storeu_si256((__m256i *)(void *)(t + 8), h2);
+        for (int k = 0; k < 4; k++) {
+            wr_u16(y + 260 + 2 * (2 * k), (uint16_t)t[k]);
+            wr_u16(y + 260 + 2 * (2 * k + 1), (uint16_t)t[4 + k]);
+            wr_u16(y + 260 + 2 * (8 + 2 * k), (uint16_t)t[8 + k]);
+            wr_u16(y + 260 + 2 * (8 + 2 * k + 1), (uint16_t)t[12 + k]);
+        }
+        wr_u32(y, f32_bits(1.0f / iscale));
+    }
+}
+
+// F16C rounds to nearest even and handles overflow, subnormals and NaN as psv_f32_to_fp16.
+K_AVX2 static void k_quant_f16_avx2(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(y + 2 * i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) k_st_f16(y + 2 * i, x[i]);
+}
+
+// psv_f32_to_bf16 on 8 lanes: round to nearest even on the upper half, NaN -> quiet NaN.
+K_AVX2 static void k_quant_bf16_avx2(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8 * h));
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+            __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+            __m256i rn = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+            __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+            r[h] = _mm256_blendv_epi8(rn, qn, nan);
+        }
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+        _mm256_storeu_si256((__m256i *)(void *)(y + 2 * i), p);
+    }
+    for (; i < n; i++) wr_u16(y + 2 * i, psv_f32_to_bf16(x[i]));
+}
+
+// ---- AVX-512 VNNI: the integer dot products -------------------------------------------------
+// The AVX2 kernels' structure and unpacking, with VNNI's vpdpbusd (sum of four u8*s8 products
+// into an int32 lane, no intermediate saturation) and vpdpwssd (madd into an accumulator) on
+// 256-bit vectors. Q8_0 x Q8_0 becomes sum (a + 128) qx - 128 sum qx: a + 128 is the activation
+// byte with its top bit flipped (unsigned), and the correction depends on the weight block only.
+
+// As k_w32_unpack_avx2, except Q8_0: a = the int8 quants, b = -128 * (sum of each 4 quants).
+K_AVX512 K_INLINE k_w32_avx2 k_w32_unpack_avx512(uint32_t type, const uint8_t *x) {
+    if (type != T_Q8_0) return k_w32_unpack_avx2(type, x);
+    k_w32_avx2 w;
+    w.a = k_load256(x + 2);
+    w.b = _mm256_sub_epi32(_mm256_setzero_si256(),
+                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w.a));
+    return w;
+}
+
+K_AVX512 K_INLINE __m256i k_w32_dot_avx512(uint32_t type, k_w32_avx2 w, const uint8_t *yb) {
+    const __m256i z = _mm256_setzero_si256();
+    if (type == T_Q8_0) // |lane| <= 4 * 255 * 128 before the correction
+        return _mm256_dpbusd_epi32(w.b, _mm256_xor_si256(k_load256(yb + 2), _mm256_set1_epi8((char)0x80)), w.a);
+    bool q81 = type == T_Q4_1 || type == T_Q5_1;
+    __m256i a = k_load256(yb + (q81 ? 4 : 2));
+    __m256i p = _mm256_dpbusd_epi32(z, w.a, a);
+    if (type == T_Q4_0) p = _mm256_sub_epi32(p, _mm256_dpbusd_epi32(z, _mm256_set1_epi8(8), a));
+    if (type == T_Q5_0) p = _mm256_sub_epi32(p, _mm256_dpbusd_epi32(z, _mm256_set1_epi8(16), a));
+    return p;
+}
+
+// k_rows32_avx2 with the VNNI block dot.
+K_AVX512 K_INLINE void k_rows32_avx512(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
+                                       const uint8_t *y, size_t ys, int nr) {
+    PSV_ASSERT(n % 32 == 0);
+    const size_t xs = k_w32_size(type), as = k_a32_size(type);
+    const bool min = type == T_Q4_1 || type == T_Q5_1;
+    const int64_t nb = n / 32;
+    double acc[K_ROWS_MAX] = {0};
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        k_w32_avx2 w0 = k_w32_unpack_avx512(type, xb), w1 = k_w32_unpack_avx512(type, xb + xs);
+        k_w32_avx2 w2 = k_w32_unpack_avx512(type, xb + 2 * xs), w3 = k_w32_unpack_avx512(type, xb + 3 * xs);
+        __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs)), mx = dx;
+        if (min) mx = _mm256_cvtps_pd(k_f16x4_avx2(xb + 2, xb + xs + 2, xb + 2 * xs + 2, xb + 3 * xs + 2));
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
+            __m128i is = k_hsum4_i32_avx2(k_w32_dot_avx512(type, w0, yb), k_w32_dot_avx512(type, w1, yb + as),
+                                          k_w32_dot_avx512(type, w2, yb + 2 * as), k_w32_dot_avx512(type, w3, yb + 3 * as));
+            __m256d dy = _mm256_cvtps_pd(k_f16x4_avx2(yb, yb + as, yb + 2 * as, yb + 3 * as));
+            __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), _mm256_cvtepi32_pd(is));
+            if (min) {
+                __m256d sy = _mm256_cvtps_pd(k_f16x4_avx2(yb + 2, yb + as + 2, yb + 2 * as + 2, yb + 3 * as + 2));
+                t = _mm256_add_pd(t, _mm256_mul_pd(mx, sy));
+            }
+            double tt[4];
+            _mm256_storeu_pd(tt, k_no_fuse_pd_avx2(t));
+            acc[r] = acc[r] + tt[0] + tt[1] + tt[2] + tt[3];
+        }
+    }
+    for (; b < nb; b++) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        k_w32_avx2 w = k_w32_unpack_avx512(type, xb);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
+            int32_t isum = k_hsum_i32_avx2(k_w32_dot_avx512(type, w, yb));
+            double t = (double)k_f16_avx2(xb) * (double)k_f16_avx2(yb) * (double)isum;
+            if (min) t += (double)k_f16_avx2(xb + 2) * (double)k_f16_avx2(yb + 2);
+            acc[r] += k_no_fuse(t);
+        }
+    }
+    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+}
+
+K_DEF_ROWS(q4_0_q8_0_avx512, k_rows32_avx512, T_Q4_0, K_AVX512)
+K_DEF_ROWS(q4_1_q8_1_avx512, k_rows32_avx512, T_Q4_1, K_AVX512)
+K_DEF_ROWS(q5_0_q8_0_avx512, k_rows32_avx512, T_Q5_0, K_AVX512)
+K_DEF_ROWS(q5_1_q8_1_avx512, k_rows32_avx512, T_Q5_1, K_AVX512)
+K_DEF_ROWS(q8_0_q8_0_avx512, k_rows32_avx512, T_Q8_0, K_AVX512)
+
+// k_wk_dot_avx2 with vpdpwssd applying the scales.
+K_AVX512 K_INLINE int32_t k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, int32_t *msum, bool has_min) {
+    const uint8_t *a = yb + 4;
+    __m256i acc = _mm256_setzero_si256();
+    const __m256i off = _mm256_set1_epi8((char)w->off);
+    for (int c = 0; c < 8; c++) {
+        __m256i av = k_load256(a + 32 * c);
+        __m256i p = _mm256_maddubs_epi16(w->q[c], av);
+        if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+        acc = _mm256_dpwssd_epi32(acc, p, w->sc[c]);
+    }
+    if (has_min) *msum = k_hsum_i32_avx2(_mm256_madd_epi16(w->mins, k_load256(yb + 260)));
+    return k_hsum_i32_avx2(acc);
+}
+
+K_AVX512 K_INLINE void k_rowsk_avx512(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
+                                      const uint8_t *y, size_t ys, int nr) {
+    PSV_ASSERT(n % QK_K == 0);
+    const size_t xs = type_table[type].type_size;
+    const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    double acc[K_ROWS_MAX] = {0};
+    k_wk_avx2 w;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        k_wk_unpack_avx2(type, xb, &w);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_K_SIZE;
+            int32_t msum = 0, isum = k_wk_dot_avx512(&w, yb, &msum, has_min);
+            double dy = (double)k_ld_f32(yb), t;
+            if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);
+            else t = (double)w.d * dy * (double)isum;
+            acc[r] += k_no_fuse(t);
+        }
+    }
+    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+}
+
+K_DEF_ROWS(q2_k_q8_k_avx512, k_rowsk_avx512, T_Q2_K, K_AVX512)
+K_DEF_ROWS(q3_k_q8_k_avx512, k_rowsk_avx512, T_Q3_K, K_AVX512)
+K_DEF_ROWS(q4_k_q8_k_avx512, k_rowsk_avx512, T_Q4_K, K_AVX512)
+K_DEF_ROWS(q5_k_q8_k_avx512, k_rowsk_avx512, T_Q5_K, K_AVX512)
+K_DEF_ROWS(q6_k_q8_k_avx512, k_rowsk_avx512, T_Q6_K, K_AVX512)
+
+#endif // PSV_X86
+
+// ---- Dispatch --------------------------------------------------------------------------------
+// One table per set, filled once: the reference table, with each x86 set's kernels over it.
+
+static k_traits k_set_tables[K_SET_COUNT][T_COUNT];
+static k_set k_active_set;
+static char k_active_note[160];
+static pthread_once_t k_sets_once = PTHREAD_ONCE_INIT;
+
+#if defined(PSV_X86)
+static void k_fill_avx2(k_traits *t) {
+    static const struct { uint32_t type; k_vec_dot_fn dot; k_vec_dot_rows_fn rows; } dots[] = {
+        {T_Q4_0, k_dot_q4_0_q8_0_avx2, k_dot_rows_q4_0_q8_0_avx2}, {T_Q4_1, k_dot_q4_1_q8_1_avx2, k_dot_rows_q4_1_q8_1_avx2},
+        {T_Q5_0, k_dot_q5_0_q8_0_avx2, k_dot_rows_q5_0_q8_0_avx2}, {T_Q5_1, k_dot_q5_1_q8_1_avx2, k_dot_rows_q5_1_q8_1_avx2},
+        {T_Q8_0, k_dot_q8_0_q8_0_avx2, k_dot_rows_q8_0_q8_0_avx2}, {T_Q2_K, k_dot_q2_k_q8_k_avx2, k_dot_rows_q2_k_q8_k_avx2},
+        {T_Q3_K, k_dot_q3_k_q8_k_avx2, k_dot_rows_q3_k_q8_k_avx2}, {T_Q4_K, k_dot_q4_k_q8_k_avx2, k_dot_rows_q4_k_q8_k_avx2},
+        {T_Q5_K, k_dot_q5_k_q8_k_avx2, k_dot_rows_q5_k_q8_k_avx2}, {T_Q6_K, k_dot_q6_k_q8_k_avx2, k_dot_rows_q6_k_q8_k_avx2},
+        {T_F32, k_dot_f32_f32_avx2, NULL},                         {T_F16, k_dot_f16_f16_avx2, NULL},
+        {T_BF16, k_dot_bf16_bf16_avx2, NULL},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
+        t[dots[i].type].vec_dot = dots[i].dot;
+        t[dots[i].type].vec_dot_rows = dots[i].rows;
+    }
+    t[T_Q8_0].from_float = k_quant_q8_0_avx2;
+    t[T_Q8_1].from_float = k_quant_q8_1_avx2;
+    t[T_Q8_K].from_float = k_quant_q8_k_avx2;
+    t[T_F16].from_float = k_quant_f16_avx2;
+    t[T_BF16].from_float = k_quant_bf16_avx2;
+}
+
+static void k_fill_avx512(k_traits *t) {
+    static const struct { uint32_t type; k_vec_dot_fn dot; k_vec_dot_rows_fn rows; } dots[] = {
+        {T_Q4_0, k_dot_q4_0_q8_0_avx512, k_dot_rows_q4_0_q8_0_avx512}, {T_Q4_1, k_dot_q4_1_q8_1_avx512, k_dot_rows_q4_1_q8_1_avx512},
+        {T_Q5_0, k_dot_q5_0_q8_0_avx512, k_dot_rows_q5_0_q8_0_avx512}, {T_Q5_1, k_dot_q5_1_q8_1_avx512, k_dot_rows_q5_1_q8_1_avx512},
+        {T_Q8_0, k_dot_q8_0_q8_0_avx512, k_dot_rows_q8_0_q8_0_avx512}, {T_Q2_K, k_dot_q2_k_q8_k_avx512, k_dot_rows_q2_k_q8_k_avx512},
+        {T_Q3_K, k_dot_q3_k_q8_k_avx512, k_dot_rows_q3_k_q8_k_avx512}, {T_Q4_K, k_dot_q4_k_q8_k_avx512, k_dot_rows_q4_k_q8_k_avx512},
+        {T_Q5_K, k_dot_q5_k_q8_k_avx512, k_dot_rows_q5_k_q8_k_avx512}, {T_Q6_K, k_dot_q6_k_q8_k_avx512, k_dot_rows_q6_k_q8_k_avx512},
+    };
+    k_fill_avx2(t);
+    for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
+        t[dots[i].type].vec_dot = dots[i].dot;
+        t[dots[i].type].vec_dot_rows = dots[i].rows;
+    }
+}
+#endif
+
+static void k_sets_init(void) {
+    for (int s = 0; s < K_SET_COUNT; s++) memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
+#if defined(PSV_X86)
+    k_fill_avx2(k_set_tables[K_SET_AVX2]);
+    k_fill_avx512(k_set_tables[K_SET_AVX512]);
+#endif
+    k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
+}
+
+// The kernels of one set, whether or not this CPU can run it (tests and benchmarks check
+// k_set_supported first); NULL when the type has none.
+static const k_traits *k_traits_of_set(k_set s, uint32_t type) {
+    pthread_once(&k_sets_once, k_sets_init);
+    if ((unsigned)s >= K_SET_COUNT || type >= T_COUNT || !k_set_tables[s][type].to_float) return NULL;
+    return &k_set_tables[s][type];
+}
+
+// The kernels the engine uses: the best set this CPU supports, or the one PSV_KERNELS names
+// (read once, at the first call). Thread-safe; the tables are immutable after that first call.
+PSV_MAYBE_UNUSED static const k_traits *k_traits_get(uint32_t type) {
+    pthread_once(&k_sets_once, k_sets_init);
+    return k_traits_of_set(k_active_set, type);
+}
+
+// Name of the set k_traits_get uses ("ref", "avx2", "avx512").
+PSV_MAYBE_UNUSED static const char *k_kernel_set_name(void) {
+    pthread_once(&k_sets_once, k_sets_init);
+    return k_set_names[k_active_set];
+}
+
+// Why PSV_KERNELS was not honoured (one line, for the CLI to print as a warning), or NULL.
+PSV_MAYBE_UNUSED static const char *k_kernel_set_note(void) {
+    pthread_once(&k_sets_once, k_sets_init);
+    return k_active_note[0] ? k_active_note : NULL;
+}
+
+// s[r*s_stride] = x . (y + r*y_stride) for r < nr (any nr >= 0): the set's multi-row kernel in
+// groups of up to K_ROWS_MAX rows, or vec_dot per row when it has none. Bit-identical to vec_dot.
+PSV_MAYBE_UNUSED static inline void k_dot_rows(const k_traits *tr, int64_t n, float *s, int64_t s_stride, const void *x,
+                              const void *y, size_t y_stride, int64_t nr) {
+    const uint8_t *yb = y;
+    int64_t r = 0;
+    if (tr->vec_dot_rows)
+        for (; r < nr; r += K_ROWS_MAX) {
+            int k = nr - r < K_ROWS_MAX ? (int)(nr - r) : K_ROWS_MAX;
+            tr->vec_dot_rows(n, s + r * s_stride, s_stride, x, yb + (size_t)r * y_stride, y_stride, k);
+        }
+    for (; r < nr; r++) tr->vec_dot(n, s + r * s_stride, x, yb + (size_t)r * y_stride);
+}
+
+// `pensieve info --cpu`: the features detected and the kernel set in use (stdout); the reason a
+// PSV_KERNELS request was not honoured goes to stderr. Returns the exit status.
+PSV_MAYBE_UNUSED static int cli_cpu(void) {
+    const plat_cpu *c = plat_cpu_get();
+    printf("cpu features:");
+    const struct { const char *name; bool on; } f[] = {
+        {"sse3", c->sse3},         {"ssse3", c->ssse3},     {"avx", c->avx},
+        {"avx2", c->avx2},         {"fma", c->fma},         {"f16c", c->f16c},
+        {"avx512f", c->avx512f},   {"avx512bw", c->avx512bw}, {"avx512vl", c->avx512vl},
+        {"avx512vnni", c->avx512vnni}, {"avx512bf16", c->avx512bf16}, {"avxvnni", c->avxvnni},
+        {"sha_ni", c->sha_ni},     {"neon", c->neon},       {"dotprod", c->dotprod},
+        {"i8mm", c->i8mm},         {"fp16", c->fp16},       {"sha2", c->arm_sha2},
+    };
+    int shown = 0;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(f); i++)
+        if (f[i].on) printf(" %s", f[i].name), shown++;
+    printf("%s\n", shown ? "" : " (none)");
+    printf("kernel sets supported:");
+    for (int s = 0; s < K_SET_COUNT; s++)
+        if (k_set_supported((k_set)s, c)) printf(" %s", k_set_names[s]);
+    printf("\nkernel set: %s\n", k_kernel_set_name());
+    const char *note = k_kernel_set_note();
+    if (note) fprintf(stderr, "pensieve: warning: %s\n", note);
+    return 0;
 }
 
 
@@ -8518,14 +9426,16 @@ typedef struct {
     uint8_t *qbuf;                                      // quantized activations
     size_t qbuf_size;
     int n_threads;
-    const fwd_item *items; // the pass in progress (row t of an activation is items[t])
-    int64_t out_item;      // item whose logits the output product is computing, else -1
+    float **out_rows;       // (n_batch) logits destinations of the output product
+    int64_t *out_item_of;   // (n_batch) the item each row of the output product belongs to
+    const fwd_item *items;  // the pass in progress
+    const int64_t *row_item; // row t of the current product belongs to items[row_item[t]] (NULL: items[t])
 } fwd_scratch;
 
 static void scratch_free(fwd_scratch *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att);
-    free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf);
+    free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
     memset(s, 0, sizeof *s);
 }
 
@@ -8542,7 +9452,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     bool ok = ALLOC(x, B * m->n_embd) && ALLOC(xn, B * m->n_embd) && ALLOC(q, B * (nq + 2 * nkv)) &&
               ALLOC(k, B * nkv) && ALLOC(v, B * nkv) && ALLOC(att, B * nq) && ALLOC(ffa, B * ff) &&
               ALLOC(ffb, B * ff) && ALLOC(tmp, B * widest) && ALLOC(rope_cs, B * m->n_rot) &&
-              ALLOC(scores, (size_t)s->n_threads * n_ctx_max);
+              ALLOC(scores, (size_t)s->n_threads * n_ctx_max) && (s->out_rows = calloc(B, sizeof *s->out_rows)) &&
+              (s->out_item_of = calloc(B, sizeof *s->out_item_of));
 #undef ALLOC
     // Quantized activations: at most 4 bytes per value (F32) plus block headers; 4.5 covers all.
     int64_t widest_in = PSV_MAX(PSV_MAX(m->n_embd, nq), m->n_ff);
@@ -8567,6 +9478,7 @@ typedef struct {
     int64_t n_tok;
     float *y;
     int64_t y_stride;
+    float *const *y_rows; // when set: row t of the result goes to y_rows[t] instead of y + t*y_stride
     const k_traits *tr;
     const float *x; // quantize phase
 } mm_job;
@@ -8587,7 +9499,8 @@ static void mm_dot_task(void *arg, int ith, int nth) {
     for (int64_t o = lo; o < hi; o++) {
         const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
         for (int64_t t = 0; t < j->n_tok; t++)
-            j->tr->vec_dot(j->w->n_in, &j->y[t * j->y_stride + o], wr, j->xq + (size_t)t * j->xq_row);
+            j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
+                           j->xq + (size_t)t * j->xq_row);
     }
 }
 
@@ -8603,7 +9516,7 @@ static void test_note_ties(const fwd_scratch *s, const float *x, int64_t n_tok, 
     if (test_tie_rel <= 0 || (qtype != T_Q8_0 && qtype != T_Q8_1 && qtype != T_Q8_K)) return;
     const int64_t bs = qtype == T_Q8_K ? QK_K : 32;
     for (int64_t t = 0; t < n_tok; t++) {
-        int64_t pos = s->out_item >= 0 ? s->items[s->out_item].pos : s->items[t].pos;
+        int64_t pos = s->items[s->row_item ? s->row_item[t] : t].pos;
         if (pos >= test_first_tie) continue;
         for (int64_t b = 0; b < n_in; b += bs) {
             const float *xb = x + t * n_in + b;
@@ -8623,9 +9536,9 @@ static void test_note_ties(const fwd_scratch *s, const float *x, int64_t n_tok, 
 }
 #endif
 
-static void op_matmul(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
-                      float *y, int64_t y_stride) {
-    mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .tr = eng_traits(w->type), .x = x};
+static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
+                           float *y, int64_t y_stride, float *const *y_rows) {
+    mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .y_rows = y_rows, .tr = eng_traits(w->type), .x = x};
     uint64_t rs;
     PSV_ASSERT(type_row_size(j.tr->vec_dot_type, (uint64_t)w->n_in, &rs));
     j.xq_row = (size_t)rs;
@@ -8636,6 +9549,11 @@ static void op_matmul(const psv_model *m, fwd_scratch *s, const mtensor *w, cons
 #endif
     pool_run(m->pool, mm_quant_task, &j);
     pool_run(m->pool, mm_dot_task, &j);
+}
+
+static void op_matmul(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
+                      float *y, int64_t y_stride) {
+    op_matmul_rows(m, s, w, x, n_tok, y, y_stride, NULL);
 }
 
 static void op_add_bias(float *y, const float *b, int64_t n_tok, int64_t n, int64_t stride) {
@@ -8788,7 +9706,7 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
     const int64_t F = m->n_ff, qkv_w = nq + 2 * nkv;
     const k_traits *et = eng_traits(m->tok_embd.type);
     s->items = items;
-    s->out_item = -1;
+    s->row_item = NULL;
     for (int64_t t = 0; t < n; t++)
         et->to_float(m->tok_embd.data + (size_t)items[t].token * m->tok_embd.row_size, s->x + t * E, E);
     op_rope_table(m, items, n, s->rope_cs, items[0].kv->n_ctx);
@@ -8852,22 +9770,20 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
         op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
         for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i];
     }
-    // final norm and logits, only for the items that want them (compacted into xn)
+    // final norm and logits, only for the items that want them (compacted into xn); one product
+    // over the output matrix writes each row straight into its item's buffer
     int64_t n_out = 0;
     for (int64_t t = 0; t < n; t++)
-        if (items[t].logits) op_norm(m, s->xn + (n_out++) * E, s->x + t * E, m->out_norm, m->out_norm_b);
+        if (items[t].logits) {
+            op_norm(m, s->xn + n_out * E, s->x + t * E, m->out_norm, m->out_norm_b);
+            s->out_item_of[n_out] = t;
+            s->out_rows[n_out++] = items[t].logits;
+        }
     if (n_out == 0) return;
-    // the vocabulary is usually wider than the scratch rows, so produce logits one token at a
-    // time straight into the caller's buffers
-    int64_t k = 0;
-    for (int64_t t = 0; t < n; t++) {
-        if (!items[t].logits) continue;
-        s->out_item = t;
-        op_matmul(m, s, &m->output, s->xn + k * E, 1, items[t].logits, m->n_vocab);
-        if (m->out_b) op_add_bias(items[t].logits, m->out_b, 1, m->n_vocab, m->n_vocab);
-        k++;
-    }
-    s->out_item = -1;
+    s->row_item = s->out_item_of;
+    op_matmul_rows(m, s, &m->output, s->xn, n_out, NULL, 0, s->out_rows);
+    s->row_item = NULL;
+    for (int64_t k = 0; k < n_out && m->out_b; k++) op_add_bias(s->out_rows[k], m->out_b, 1, m->n_vocab, m->n_vocab);
 }
 
 // ----------------------------------------------------------------------------
@@ -9312,6 +10228,2681 @@ PSV_API void psv_token_decoder_free(psv_token_decoder *d) {
     free(d);
 }
 
+// ---- continuous batching (used by the server) ----
+
+// One sequence's share of a batched forward pass: tokens appended to ctx, and whether the last
+// one's logits are wanted (they land in the ctx, as after psv_eval).
+typedef struct {
+    psv_ctx *ctx;
+    const int32_t *tokens;
+    size_t n;
+    bool logits;
+} batch_seq;
+
+// One forward pass over several contexts of the same model at once: each sequence's tokens go
+// after its cached ones, all in a single pass over the weights, so n sequences cost about as
+// much memory traffic as one. Caller guarantees: total tokens <= s->n_batch, items has room for
+// them, every ctx has room for its tokens, ids are in range, and n_ctx <= s->n_ctx_max.
+static void ctx_eval_batch(psv_model *m, fwd_scratch *s, fwd_item *items, batch_seq *seqs, size_t n_seqs) {
+    int64_t n = 0;
+    for (size_t i = 0; i < n_seqs; i++) {
+        psv_ctx *c = seqs[i].ctx;
+        for (size_t t = 0; t < seqs[i].n; t++, n++) {
+            items[n].token = seqs[i].tokens[t];
+            items[n].pos = c->kv.n_past + (int64_t)t;
+            items[n].kv = &c->kv;
+            items[n].logits = seqs[i].logits && t + 1 == seqs[i].n ? c->logits : NULL;
+        }
+    }
+    PSV_ASSERT(n <= s->n_batch);
+    if (n == 0) return;
+    pthread_mutex_lock(&m->lock);
+    model_forward(m, s, items, n);
+    pthread_mutex_unlock(&m->lock);
+    for (size_t i = 0; i < n_seqs; i++) {
+        seqs[i].ctx->kv.n_past += (int64_t)seqs[i].n;
+        if (seqs[i].logits && seqs[i].n) seqs[i].ctx->have_logits = true;
+    }
+}
+
+
+// ----------------------------------------------------------------------------
+// 17. Model tools
+// `pensieve mkmodel` writes GGUF models with random weights for any supported architecture,
+// shape and tensor type, with a byte-level BPE tokenizer and a chat template, so engines can be
+// benchmarked without downloading real weights. `pensieve bench` measures prompt processing and
+// generation speed, memory bandwidth, peak memory and warm start time. Neither asserts anything
+// about speed: they report.
+
+
+// ---- shared helpers ---------------------------------------------------------------------------
+
+// splitmix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number generators", 2014): one
+// 64-bit state, full period, passes BigCrush; fast enough to produce gigabytes of weights.
+static inline uint64_t tools_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 bits.
+static inline float tools_rng_f32(uint64_t *s) { return (float)(tools_rng(s) >> 40) * (1.0f / 16777216.0f); }
+
+// FNV-1a over a string: derives a per-tensor seed from its name.
+static uint64_t tools_fnv(const char *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// Whole-string numbers for flags (the CLI helpers of section 20 come later in the file).
+static bool tools_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool tools_parse_f64(const char *s, double lo, double hi, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+// "1,2,4": at most `max` values, each in [lo, hi].
+static bool tools_parse_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int max, int *n) {
+    *n = 0;
+    if (!s || !*s) return false;
+    char tmp[32];
+    while (*s) {
+        const char *c = strchr(s, ',');
+        size_t len = c ? (size_t)(c - s) : strlen(s);
+        if (len == 0 || len >= sizeof tmp || *n == max) return false;
+        memcpy(tmp, s, len);
+        tmp[len] = 0;
+        if (!tools_parse_i64(tmp, lo, hi, &out[*n])) return false;
+        (*n)++;
+        s += len;
+        if (*s == ',' && !*++s) return false;
+    }
+    return true;
+}
+
+static bool tools_ieq(const char *a, const char *b) {
+    for (; *a && *b; a++, b++)
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return false;
+    return *a == *b;
+}
+
+// "1.23 GiB" style sizes for humans.
+static const char *tools_bytes(char out[32], double b) {
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
+    snprintf(out, 32, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
+    return out;
+}
+
+// "494.03 M", "3.84 B"
+static const char *tools_count(char out[32], double n) {
+    if (n >= 1e9) snprintf(out, 32, "%.2f B", n * 1e-9);
+    else if (n >= 1e6) snprintf(out, 32, "%.2f M", n * 1e-6);
+    else snprintf(out, 32, "%.2f K", n * 1e-3);
+    return out;
+}
+
+// ---- mkmodel: shapes and presets ----------------------------------------------------------------
+
+#define MK_N_INT 11 // integer shape fields, in mk_shape order
+
+typedef struct {
+    // the integer fields first, in the order of mk_int_flags
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim, n_rot, n_ctx, n_ctx_orig, rot_pct;
+    model_arch arch;
+    float rope_base, norm_eps;
+    bool tied;
+} mk_shape;
+
+static const struct {
+    const char *flag;
+    size_t off;
+    int64_t lo, hi;
+} mk_int_flags[MK_N_INT] = {
+    {"--embd", offsetof(mk_shape, n_embd), 1, 1 << 20},
+    {"--layers", offsetof(mk_shape, n_layer), 1, 4096}, // the engine's limit on block_count
+    {"--heads", offsetof(mk_shape, n_head), 1, 4096},
+    {"--kv-heads", offsetof(mk_shape, n_head_kv), 1, 4096},
+    {"--ffn", offsetof(mk_shape, n_ff), 1, 1 << 22},
+    {"--vocab", offsetof(mk_shape, n_vocab), 257, 1 << 24},
+    {"--head-dim", offsetof(mk_shape, head_dim), 2, 1024},
+    {"--rope-dims", offsetof(mk_shape, n_rot), 2, 1024},
+    {"--ctx", offsetof(mk_shape, n_ctx), 1, 1 << 24},
+    {"--orig-ctx", offsetof(mk_shape, n_ctx_orig), 1, 1 << 24},
+    {"--rot-pct", offsetof(mk_shape, rot_pct), 1, 100},
+};
+
+static int64_t *mk_field(mk_shape *s, int k) { return (int64_t *)((char *)s + mk_int_flags[k].off); }
+
+// Shapes of public models (their config.json). 0 in head_dim / n_rot means "derive":
+// head_dim = n_embd / n_head, n_rot = head_dim * rot_pct / 100.
+static const struct {
+    const char *name;
+    mk_shape s;
+} mk_presets[] = {
+    // microsoft/Phi-4-mini-instruct: LongRoPE (short/long factors, original context 4096),
+    // partial_rotary_factor 0.75, tied embeddings.
+    {"phi4-mini", {3072, 32, 24, 8, 8192, 200064, 0, 0, 131072, 4096, 75, ARCH_PHI3, 10000.0f, 1e-5f, true}},
+    // meta-llama/Llama-3.2-1B-Instruct (its llama3 rope scaling is left out: the engine has none).
+    {"llama-1b", {2048, 16, 32, 8, 8192, 128256, 0, 0, 131072, 0, 100, ARCH_LLAMA, 500000.0f, 1e-5f, true}},
+    // Qwen/Qwen2.5-0.5B-Instruct: q/k/v biases, tied embeddings; 896 is not a multiple of 256.
+    {"qwen2-0.5b", {896, 24, 14, 2, 4864, 151936, 0, 0, 32768, 0, 100, ARCH_QWEN2, 1000000.0f, 1e-6f, true}},
+    // Qwen/Qwen3-0.6B: head_dim 128 (not 1024/16), q/k RMS norms, tied embeddings.
+    {"qwen3-0.6b", {1024, 28, 16, 8, 3072, 151936, 128, 0, 40960, 0, 100, ARCH_QWEN3, 1000000.0f, 1e-6f, true}},
+};
+
+// Architecture defaults when no preset gives them.
+static void mk_arch_defaults(mk_shape *s) {
+    switch (s->arch) {
+    case ARCH_LLAMA: s->rope_base = 500000.0f; s->norm_eps = 1e-5f; s->rot_pct = 100; break;
+    case ARCH_PHI3: s->rope_base = 10000.0f; s->norm_eps = 1e-5f; s->rot_pct = 100; break;
+    case ARCH_QWEN2:
+    case ARCH_QWEN3: s->rope_base = 1000000.0f; s->norm_eps = 1e-6f; s->rot_pct = 100; break;
+    case ARCH_PHI2: s->rope_base = 10000.0f; s->norm_eps = 1e-5f; s->rot_pct = 40; break; // phi-2: 32 of 80
+    }
+    s->n_ctx = 4096;
+}
+
+// ---- mkmodel: tensor types ----------------------------------------------------------------------
+// --type names a single tensor type or one of the GGUF ecosystem's k-quant mixes. Unless --pure,
+// the conventional adjustments apply: the output matrix (or the token embeddings when they are
+// tied to it) is Q6_K for quantized types (Q8_0 when its rows are not whole 256-blocks); the _M
+// mixes give attn_v (or the fused attn_qkv) and ffn_down Q6_K in the layers "use_more_bits"
+// picks; the _S mixes give the first layers a step more. Rows that are not whole blocks of the
+// chosen type fall back to a 32-block type (as quantizers do for such models), then to F16.
+
+typedef enum { MK_MIX_NONE, MK_MIX_K_S, MK_MIX_K_M } mk_mix;
+
+static const struct {
+    const char *name;
+    uint32_t base;
+    mk_mix mix;
+    uint32_t file_type; // general.file_type: the ecosystem's llama_ftype numbering
+} mk_ftypes[] = {
+    {"F32", T_F32, MK_MIX_NONE, 0},      {"F16", T_F16, MK_MIX_NONE, 1},       {"BF16", T_BF16, MK_MIX_NONE, 32},
+    {"Q4_0", T_Q4_0, MK_MIX_NONE, 2},    {"Q4_1", T_Q4_1, MK_MIX_NONE, 3},     {"Q5_0", T_Q5_0, MK_MIX_NONE, 8},
+    {"Q5_1", T_Q5_1, MK_MIX_NONE, 9},    {"Q8_0", T_Q8_0, MK_MIX_NONE, 7},     {"Q2_K", T_Q2_K, MK_MIX_NONE, 10},
+    {"Q3_K", T_Q3_K, MK_MIX_NONE, 11},   {"Q4_K", T_Q4_K, MK_MIX_NONE, 14},    {"Q5_K", T_Q5_K, MK_MIX_NONE, 16},
+    {"Q6_K", T_Q6_K, MK_MIX_NONE, 18},   {"Q4_K_S", T_Q4_K, MK_MIX_K_S, 14},   {"Q4_K_M", T_Q4_K, MK_MIX_K_M, 15},
+    {"Q5_K_S", T_Q5_K, MK_MIX_K_S, 16},  {"Q5_K_M", T_Q5_K, MK_MIX_K_M, 17},
+};
+
+typedef enum { MK_ROLE_OTHER, MK_ROLE_EMBD, MK_ROLE_OUTPUT, MK_ROLE_ATTN_V, MK_ROLE_FFN_DOWN } mk_role;
+
+static bool mk_is_float(uint32_t t) { return t == T_F32 || t == T_F16 || t == T_BF16; }
+
+// The layers that get more bits in the _M mixes: the first and last eighth, and every third
+// layer in between.
+static bool mk_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// The type a 2-D tensor gets before the row-length fallback.
+static uint32_t mk_pick_type(int ft, bool pure, bool tied, mk_role role, int64_t il, int64_t n_layer, uint64_t row) {
+    uint32_t base = mk_ftypes[ft].base;
+    mk_mix mix = mk_ftypes[ft].mix;
+    if (pure || mk_is_float(base)) return base;
+    if (role == MK_ROLE_OUTPUT || (role == MK_ROLE_EMBD && tied))
+        return row % QK_K || base == T_Q8_0 ? T_Q8_0 : T_Q6_K;
+    if (mix == MK_MIX_K_M && (role == MK_ROLE_ATTN_V || role == MK_ROLE_FFN_DOWN) && mk_more_bits(il, n_layer))
+        return T_Q6_K;
+    if (mix == MK_MIX_K_S && base == T_Q4_K &&
+        ((role == MK_ROLE_FFN_DOWN && il < n_layer / 8) || (role == MK_ROLE_ATTN_V && il < 4)))
+        return T_Q5_K;
+    return base;
+}
+
+// The replacement for a type whose block does not divide the row length.
+static uint32_t mk_fallback_type(uint32_t t, uint64_t row) {
+    const type_info *ti = type_get(t);
+    if (row % ti->blck_size == 0) return t;
+    uint32_t r;
+    switch (t) {
+    case T_Q2_K: case T_Q3_K: r = T_Q4_0; break; // the ecosystem uses IQ4_NL, which pensieve lacks
+    case T_Q4_K: r = T_Q5_0; break;
+    case T_Q5_K: r = T_Q5_1; break;
+    case T_Q6_K: r = T_Q8_0; break;
+    default: r = T_F16; break;
+    }
+    return row % type_get(r)->blck_size == 0 ? r : T_F16;
+}
+
+// ---- mkmodel: tokenizer --------------------------------------------------------------------------
+// A byte-level BPE vocabulary ("gpt2"): ids 0..255 are the bytes, then tokens made by merges,
+// then the family's special tokens at the end. Each merged token joins two earlier tokens into a
+// new, unique string: a left part (a space, a letter, or an earlier merged token) and a right
+// part (a run of lowercase letters), so ordinary English text tokenizes into word pieces and
+// every merge's operands exist before it (rank order = id order).
+
+typedef struct {
+    const char *pre;             // tokenizer.ggml.pre
+    const char *const *special;  // texts, appended at the end of the vocabulary
+    const int32_t *special_type; // token_type of each (3 control, 4 user-defined)
+    int n_special;
+    int bos, eos, eot;           // indexes into special (-1: none)
+    bool add_bos;
+    const char *chat_template;
+} mk_tok_family;
+
+static const char *const mk_sp_llama3[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                                           "<|end_header_id|>", "<|eot_id|>"};
+static const int32_t mk_ty_llama3[] = {3, 3, 3, 3, 3};
+static const char *const mk_sp_phi4[] = {"<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"};
+static const int32_t mk_ty_phi4[] = {3, 3, 3, 3, 3};
+static const char *const mk_sp_chatml[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+static const int32_t mk_ty_chatml[] = {3, 3, 3, 4, 4};
+
+// Templates written for these vocabularies; each is recognised by section 10 and is plain
+// Jinja that other runtimes can execute.
+static const char mk_tmpl_llama3[] =
+    "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
+static const char mk_tmpl_phi4[] =
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}";
+static const char mk_tmpl_chatml[] =
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+// Qwen3's thinking rule in short: assistant turns before the last user query lose their
+// <think>...</think> block.
+static const char mk_tmpl_qwen3[] =
+    "{%- set ns = namespace(last_query_index=0) %}{%- for message in messages %}{%- if message['role'] == 'user' %}"
+    "{%- set ns.last_query_index = loop.index0 %}{%- endif %}{%- endfor %}{%- for message in messages %}"
+    "{%- set content = message['content'] %}{%- if message['role'] == 'assistant' and loop.index0 < "
+    "ns.last_query_index and '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+static mk_tok_family mk_family(model_arch a) {
+    switch (a) {
+    case ARCH_LLAMA: return (mk_tok_family){"llama-bpe", mk_sp_llama3, mk_ty_llama3, 5, 0, 4, 4, true, mk_tmpl_llama3};
+    case ARCH_PHI3: return (mk_tok_family){"gpt-4o", mk_sp_phi4, mk_ty_phi4, 5, 0, 0, 2, false, mk_tmpl_phi4};
+    case ARCH_QWEN2: return (mk_tok_family){"qwen2", mk_sp_chatml, mk_ty_chatml, 3, 0, 2, 2, false, mk_tmpl_chatml};
+    case ARCH_QWEN3: return (mk_tok_family){"qwen2", mk_sp_chatml, mk_ty_chatml, 5, 0, 2, 2, false, mk_tmpl_qwen3};
+    case ARCH_PHI2: break;
+    }
+    return (mk_tok_family){"gpt-2", mk_sp_chatml, mk_ty_chatml, 3, 0, 0, 2, false, mk_tmpl_chatml};
+}
+
+typedef struct {
+    int32_t n_regular; // byte tokens + merged tokens
+    buf_t raw;         // raw bytes of tokens [0, n_regular), concatenated
+    uint32_t *off;     // n_regular + 1
+    int32_t *ml, *mr;  // operands of merged token 256 + k
+    int32_t *tab;      // open addressing raw text -> id, -1 empty
+    size_t cap;
+} mk_vocab;
+
+static void mk_vocab_free(mk_vocab *v) {
+    if (!v) return;
+    buf_free(&v->raw);
+    free(v->off);
+    free(v->ml);
+    free(v->mr);
+    free(v->tab);
+    memset(v, 0, sizeof *v);
+}
+
+static const char *mk_tok_raw(const mk_vocab *v, int32_t id, size_t *len) {
+    *len = v->off[id + 1] - v->off[id];
+    return v->raw.data + v->off[id];
+}
+
+// The slot of `s` in the hash table: its id's slot, or the empty slot where it would go.
+static size_t mk_vocab_slot(const mk_vocab *v, const char *s, size_t n) {
+    size_t i = (size_t)tools_fnv(s, n) & (v->cap - 1);
+    for (;;) {
+        int32_t id = v->tab[i];
+        if (id < 0) return i;
+        size_t len;
+        const char *t = mk_tok_raw(v, id, &len);
+        if (len == n && memcmp(t, s, n) == 0) return i;
+        i = (i + 1) & (v->cap - 1);
+    }
+}
+
+static void mk_vocab_push(mk_vocab *v, const char *s, size_t n, size_t slot) {
+    int32_t id = v->n_regular++;
+    buf_append(&v->raw, s, n);
+    v->off[id + 1] = (uint32_t)v->raw.len;
+    v->tab[slot] = id;
+}
+
+// An index in [0, n) biased toward the start (density 1/(2 sqrt(x/n))): early, short tokens are
+// the operands of most merges, as in trained vocabularies.
+static size_t mk_biased(uint64_t *rng, size_t n) {
+    uint64_t u = tools_rng(rng) >> 40; // 24 bits
+    return (size_t)(((uint64_t)n * ((u * u) >> 24)) >> 24);
+}
+
+#define MK_TOKEN_MAX 16 // longest merged token, in bytes
+
+static psv_status mk_vocab_build(mk_vocab *v, int32_t n_regular, uint64_t seed, psv_error *err) {
+    memset(v, 0, sizeof *v);
+    psv_status st = PSV_OK;
+    int32_t *L = NULL, *R = NULL;
+    size_t nl = 0, nr = 0;
+    v->cap = 16;
+    while (v->cap < 2 * (size_t)n_regular) v->cap *= 2;
+    v->off = malloc(((size_t)n_regular + 1) * sizeof *v->off);
+    v->ml = malloc((size_t)n_regular * sizeof *v->ml);
+    v->mr = malloc((size_t)n_regular * sizeof *v->mr);
+    v->tab = malloc(v->cap * sizeof *v->tab);
+    L = malloc((size_t)n_regular * sizeof *L);
+    R = malloc((size_t)n_regular * sizeof *R);
+    if (!v->off || !v->ml || !v->mr || !v->tab || !L || !R) goto oom;
+    memset(v->tab, 0xff, v->cap * sizeof *v->tab);
+    v->off[0] = 0;
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        mk_vocab_push(v, &c, 1, mk_vocab_slot(v, &c, 1));
+    }
+    L[nl++] = ' ';
+    for (int c = 'A'; c <= 'Z'; c++) L[nl++] = c;
+    for (int c = 'a'; c <= 'z'; c++) L[nl++] = c, R[nr++] = c;
+    uint64_t rng = seed ^ 0x746f6b656e73ull, tries = 0;
+    char tmp[2 * MK_TOKEN_MAX];
+    while (v->n_regular < n_regular) {
+        if (++tries > 64 * (uint64_t)n_regular + 1000000) {
+            st = err_set(err, PSV_ERR_RANGE, "mkmodel: vocabulary: cannot find %d distinct tokens", n_regular);
+            goto done;
+        }
+        int32_t l = L[mk_biased(&rng, nl)], r = R[mk_biased(&rng, nr)];
+        size_t ln, rn;
+        const char *ls = mk_tok_raw(v, l, &ln), *rs = mk_tok_raw(v, r, &rn);
+        if (ln + rn > MK_TOKEN_MAX) continue;
+        memcpy(tmp, ls, ln);
+        memcpy(tmp + ln, rs, rn);
+        size_t slot = mk_vocab_slot(v, tmp, ln + rn);
+        if (v->tab[slot] >= 0) continue;
+        int32_t id = v->n_regular;
+        v->ml[id - 256] = l;
+        v->mr[id - 256] = r;
+        mk_vocab_push(v, tmp, ln + rn, slot);
+        L[nl++] = id;
+        if (tmp[0] >= 'a' && tmp[0] <= 'z') R[nr++] = id;
+    }
+    if (v->raw.oom) goto oom;
+    goto done;
+oom:
+    st = err_set(err, PSV_ERR_NOMEM, "mkmodel: out of memory building the vocabulary");
+done:
+    free(R);
+    free(L);
+    return st;
+}
+
+// Appends raw bytes spelled as GPT-2 byte characters.
+static void mk_put_mapped(buf_t *b, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t enc[4];
+        buf_append(b, enc, utf8_encode(bpe_byte_to_cp((uint8_t)s[i]), enc));
+    }
+}
+
+// Writes the tokenizer.* keys.
+static psv_status mk_write_tokenizer(gguf_writer *w, const mk_shape *s, uint64_t seed, psv_error *err) {
+    psv_status st;
+    mk_tok_family fam = mk_family(s->arch);
+    int32_t n = (int32_t)s->n_vocab, n_reg = n - fam.n_special;
+    mk_vocab v;
+    buf_t text = {0}, mtext = {0};
+    uint32_t *toff = NULL, *moff = NULL;
+    str_t *strs = NULL;
+    int32_t *types = NULL;
+    if ((st = mk_vocab_build(&v, n_reg, seed, err))) goto done;
+    int32_t n_merges = n_reg - 256;
+    toff = malloc(((size_t)n + 1) * sizeof *toff);
+    moff = malloc(((size_t)n_merges + 1) * sizeof *moff);
+    strs = malloc((size_t)n * sizeof *strs);
+    types = malloc((size_t)n * sizeof *types);
+    if (!toff || !moff || !strs || !types) goto oom;
+    toff[0] = moff[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (i < n_reg) {
+            size_t len;
+            const char *raw = mk_tok_raw(&v, i, &len);
+            mk_put_mapped(&text, raw, len);
+            types[i] = 1;
+        } else {
+            buf_puts(&text, fam.special[i - n_reg]);
+            types[i] = fam.special_type[i - n_reg];
+        }
+        toff[i + 1] = (uint32_t)text.len;
+    }
+    for (int32_t k = 0; k < n_merges; k++) {
+        size_t len;
+        const char *p = mk_tok_raw(&v, v.ml[k], &len);
+        mk_put_mapped(&mtext, p, len);
+        buf_putc(&mtext, ' ');
+        p = mk_tok_raw(&v, v.mr[k], &len);
+        mk_put_mapped(&mtext, p, len);
+        moff[k + 1] = (uint32_t)mtext.len;
+    }
+    if (text.oom || mtext.oom) goto oom;
+    gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_w_str(w, "tokenizer.ggml.pre", fam.pre);
+    for (int32_t i = 0; i < n; i++) strs[i] = (str_t){text.data + toff[i], toff[i + 1] - toff[i]};
+    gguf_w_arr_strn(w, "tokenizer.ggml.tokens", strs, (uint64_t)n);
+    gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, types, (uint64_t)n);
+    for (int32_t k = 0; k < n_merges; k++) strs[k] = (str_t){mtext.data + moff[k], moff[k + 1] - moff[k]};
+    gguf_w_arr_strn(w, "tokenizer.ggml.merges", strs, (uint64_t)n_merges);
+    gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)(n_reg + fam.bos));
+    gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)(n_reg + fam.eos));
+    if (fam.eot >= 0 && fam.eot != fam.eos) gguf_w_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)(n_reg + fam.eot));
+    if (!strcmp(fam.special[0], "<|endoftext|>")) gguf_w_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)n_reg);
+    gguf_w_bool(w, "tokenizer.ggml.add_bos_token", fam.add_bos);
+    gguf_w_bool(w, "tokenizer.ggml.add_eos_token", false);
+    gguf_w_str(w, "tokenizer.chat_template", fam.chat_template);
+    goto done;
+oom:
+    st = err_set(err, PSV_ERR_NOMEM, "mkmodel: out of memory writing the vocabulary");
+done:
+    free(types);
+    free(strs);
+    free(moff);
+    free(toff);
+    buf_free(&mtext);
+    buf_free(&text);
+    mk_vocab_free(&v);
+    return st;
+}
+
+// ---- mkmodel: weights ------------------------------------------------------------------------------
+// Matrices are written block by block through gguf_w_tensor_fn, so memory stays flat whatever
+// the model size. Quantized blocks start from a pool of real blocks (random normal values with
+// standard deviation 0.02, quantized by section 11's reference quantizers), which gives sane
+// scales; each copy then gets fresh random quant bits, so every block is distinct and still
+// valid. Float matrices get random values of magnitude 2^-7..2^-5 directly from random bits.
+// Norm weights are ~1, biases small, rope factors smooth ramps: the forward pass stays finite.
+
+#define MK_POOL_BLOCKS 256      // distinct scale sets per quantized type (a power of two)
+#define MK_CHUNK (1u << 20)     // bytes generated per sink write
+
+typedef enum { MK_MATRIX, MK_NORM, MK_BIAS, MK_ROPE_LONG, MK_ROPE_SHORT } mk_kind;
+
+typedef struct mk_state mk_state;
+
+typedef struct {
+    char name[64];
+    uint32_t type, n_dims;
+    uint64_t ne[2];
+    mk_kind kind;
+    uint64_t seed;
+    mk_state *st;
+} mk_tensor;
+
+struct mk_state {
+    uint64_t seed;
+    uint8_t *pool[T_COUNT]; // MK_POOL_BLOCKS blocks of a type, built on first use
+    uint8_t *chunk;         // MK_CHUNK bytes
+};
+
+static void mk_state_free(mk_state *st) {
+    if (!st) return;
+    for (int t = 0; t < T_COUNT; t++) free(st->pool[t]);
+    free(st->chunk);
+    memset(st, 0, sizeof *st);
+}
+
+// The bytes of a block that hold quant bits (random bits are valid there) rather than the
+// fp16/int8 scales taken from the pool; layouts as in section 11 (K_*_SIZE).
+static void mk_payload(uint32_t type, size_t *lo, size_t *hi) {
+    switch (type) {
+    case T_Q4_0: *lo = 2, *hi = 18; break;   // d | qs[16]
+    case T_Q4_1: *lo = 4, *hi = 20; break;   // d m | qs[16]
+    case T_Q5_0: *lo = 2, *hi = 22; break;   // d | qh[4] qs[16]
+    case T_Q5_1: *lo = 4, *hi = 24; break;   // d m | qh[4] qs[16]
+    case T_Q8_0: *lo = 2, *hi = 34; break;   // d | qs[32]
+    case T_Q2_K: *lo = 0, *hi = 80; break;   // scales[16] qs[64] (4-bit scale/min pairs) | d dmin
+    case T_Q3_K: *lo = 0, *hi = 96; break;   // hmask[32] qs[64] | scales[12] d
+    case T_Q4_K: *lo = 4, *hi = 144; break;  // d dmin | scales[12] qs[128] (6-bit scales/mins)
+    case T_Q5_K: *lo = 4, *hi = 176; break;  // d dmin | scales[12] qh[32] qs[128]
+    case T_Q6_K: *lo = 0, *hi = 192; break;  // ql[128] qh[64] | scales[16] d
+    default: *lo = *hi = 0; break;
+    }
+}
+
+static const uint8_t *mk_pool(mk_state *st, uint32_t type, psv_error *err) {
+    if (st->pool[type]) return st->pool[type];
+    const type_info *ti = type_get(type);
+    const k_traits *tr = k_traits_ref(type);
+    size_t nv = (size_t)MK_POOL_BLOCKS * ti->blck_size;
+    float *x = malloc(nv * sizeof *x);
+    uint8_t *p = malloc((size_t)MK_POOL_BLOCKS * ti->type_size);
+    if (!x || !p || !tr) {
+        free(x);
+        free(p);
+        err_set(err, PSV_ERR_NOMEM, "mkmodel: out of memory for %s blocks", ti->name);
+        return NULL;
+    }
+    uint64_t rng = st->seed ^ (0x706f6f6cull + type);
+    // Irwin-Hall: the sum of 4 uniforms, centred and scaled, is close to normal (sd 0.02). One
+    // draw per statement: the order of calls within an expression is unspecified, and the file
+    // must not depend on the compiler.
+    for (size_t i = 0; i < nv; i++) {
+        float u = tools_rng_f32(&rng);
+        u += tools_rng_f32(&rng);
+        u += tools_rng_f32(&rng);
+        u += tools_rng_f32(&rng);
+        x[i] = (u - 2.0f) * (0.02f * 1.7320508f);
+    }
+    tr->from_float(x, p, (int64_t)nv);
+    free(x);
+    st->pool[type] = p;
+    return p;
+}
+
+// n random blocks (or values, for float types) of `type` into dst.
+static void mk_blocks(const uint8_t *pool, uint32_t type, uint8_t *dst, size_t n, uint64_t *rng) {
+    if (type == T_F32) {
+        // sign, exponent 2^-7 or 2^-6, 23 random mantissa bits: two values per draw
+        for (size_t i = 0; i < n; i += 2) {
+            uint64_t r = tools_rng(rng);
+            for (size_t k = 0; k < 2 && i + k < n; k++, r >>= 32)
+                wr_u32(dst + 4 * (i + k), (uint32_t)(r & 0x807fffffu) | ((120u + ((uint32_t)r >> 23 & 1)) << 23));
+        }
+        return;
+    }
+    if (type == T_F16 || type == T_BF16) {
+        bool bf = type == T_BF16;
+        for (size_t i = 0; i < n; i += 4) {
+            uint64_t r = tools_rng(rng);
+            for (size_t k = 0; k < 4 && i + k < n; k++, r >>= 16) {
+                uint16_t h = bf ? (uint16_t)((r & 0x807f) | ((120u + (r >> 7 & 1)) << 7))
+                                : (uint16_t)((r & 0x83ff) | ((8u + (r >> 10 & 1)) << 10));
+                wr_u16(dst + 2 * (i + k), h);
+            }
+        }
+        return;
+    }
+    const type_info *ti = type_get(type);
+    size_t bs = ti->type_size, lo, hi;
+    mk_payload(type, &lo, &hi);
+    for (size_t b = 0; b < n; b++) {
+        uint8_t *d = dst + b * bs;
+        uint64_t r = tools_rng(rng);
+        memcpy(d, pool + (size_t)(r & (MK_POOL_BLOCKS - 1)) * bs, bs);
+        size_t j = lo;
+        for (; j + 8 <= hi; j += 8) wr_u64(d + j, tools_rng(rng));
+        if (j < hi) {
+            uint8_t t[8];
+            wr_u64(t, tools_rng(rng));
+            memcpy(d + j, t, hi - j);
+        }
+        if (type == T_Q8_0) // the reference quantizer never makes -128; SIMD sign tricks assume that
+            for (j = lo; j < hi; j++)
+                if (d[j] == 0x80) d[j] = 0x81;
+    }
+}
+
+// The value of element i of a 1-D tensor.
+static float mk_vector_value(const mk_tensor *mt, uint64_t i, uint64_t *rng) {
+    float x = mt->ne[0] > 1 ? (float)i / (float)(mt->ne[0] - 1) : 0.0f;
+    switch (mt->kind) {
+    case MK_NORM: return 1.0f + 0.1f * (tools_rng_f32(rng) - 0.5f);
+    case MK_BIAS: return 0.04f * (tools_rng_f32(rng) - 0.5f);
+    case MK_ROPE_LONG: return 1.0f + 39.0f * x * x; // LongRoPE: low frequencies stretched most
+    case MK_ROPE_SHORT: return 1.0f + 0.25f * x * x * x;
+    case MK_MATRIX: break;
+    }
+    return 0.0f;
+}
+
+static psv_status mk_fill(void *user, const gguf_tensor *t, gguf_sink *out, psv_error *err) {
+    mk_tensor *mt = user;
+    mk_state *st = mt->st;
+    uint64_t rng = mt->seed;
+    if (mt->kind != MK_MATRIX) { // F32 vectors
+        uint64_t n = t->ne[0];
+        for (uint64_t i = 0; i < n && !out->failed;) {
+            size_t k = 0;
+            for (; k < MK_CHUNK / 4 && i < n; k++, i++) wr_u32(st->chunk + 4 * k, f32_bits(mk_vector_value(mt, i, &rng)));
+            gguf_sink_write(out, st->chunk, 4 * k);
+        }
+        return PSV_OK;
+    }
+    const type_info *ti = type_get(t->type);
+    const uint8_t *pool = NULL;
+    if (!mk_is_float(t->type) && !(pool = mk_pool(st, t->type, err))) return PSV_ERR_NOMEM;
+    uint64_t n_blocks = t->size / ti->type_size, per = MK_CHUNK / ti->type_size;
+    for (uint64_t done = 0; done < n_blocks && !out->failed;) {
+        size_t k = (size_t)PSV_MIN(per, n_blocks - done);
+        mk_blocks(pool, t->type, st->chunk, k, &rng);
+        gguf_sink_write(out, st->chunk, k * ti->type_size);
+        done += k;
+    }
+    return PSV_OK;
+}
+
+// ---- mkmodel: the model ----------------------------------------------------------------------------
+
+typedef struct {
+    mk_shape s;
+    int ftype;      // index into mk_ftypes
+    const char *preset; // for general.name, or NULL
+    bool pure;
+    uint64_t seed;
+    const char *name; // general.name (NULL: derived)
+} mk_config;
+
+// A row-length fallback: `count` matrices with rows of `row` values stored as `to`, not `from`.
+typedef struct {
+    uint32_t from, to;
+    uint64_t row, count;
+} mk_fb;
+
+// What was written, for the summary.
+typedef struct {
+    uint64_t n_tensors, params, bytes;
+    uint64_t type_tensors[T_COUNT], type_bytes[T_COUNT];
+    mk_fb fb[16];
+    int n_fb;
+} mk_report;
+
+typedef struct {
+    mk_tensor *t;
+    size_t n, cap;
+    bool oom;
+} mk_list;
+
+static void mk_add(mk_list *l, mk_state *st, mk_report *rep, mk_kind kind, uint32_t type, uint64_t ne0, uint64_t ne1,
+                   const char *fmt, int64_t il) {
+    if (l->oom) return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        mk_tensor *p = realloc(l->t, cap * sizeof *p);
+        if (!p) {
+            l->oom = true;
+            return;
+        }
+        l->t = p;
+        l->cap = cap;
+    }
+    mk_tensor *t = &l->t[l->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, fmt, (int)il);
+    t->kind = kind;
+    t->n_dims = ne1 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 ? ne1 : 1;
+    uint32_t ft = kind == MK_MATRIX ? mk_fallback_type(type, ne0) : T_F32;
+    if (ft != type && kind == MK_MATRIX) {
+        int k = 0;
+        while (k < rep->n_fb && !(rep->fb[k].from == type && rep->fb[k].to == ft && rep->fb[k].row == ne0)) k++;
+        if (k < (int)PSV_ARRAY_LEN(rep->fb)) {
+            if (k == rep->n_fb) rep->fb[rep->n_fb++] = (mk_fb){type, ft, ne0, 0};
+            rep->fb[k].count++;
+        }
+    }
+    t->type = ft;
+    t->seed = st->seed ^ tools_fnv(t->name, strlen(t->name));
+    t->st = st;
+}
+
+// Every tensor of the architecture, named and shaped as GGUF loaders expect (weights are
+// [n_in, n_out]: ne[0] is the row length).
+static void mk_tensors(const mk_config *c, mk_list *l, mk_state *st, mk_report *rep) {
+    const mk_shape *s = &c->s;
+    const uint64_t E = (uint64_t)s->n_embd, F = (uint64_t)s->n_ff, V = (uint64_t)s->n_vocab, hd = (uint64_t)s->head_dim;
+    const uint64_t nq = (uint64_t)s->n_head * hd, nkv = (uint64_t)s->n_head_kv * hd;
+    const int64_t NL = s->n_layer;
+    const bool phi2 = s->arch == ARCH_PHI2, fused = s->arch == ARCH_PHI3 || phi2;
+#define TYPE(role, il, row) mk_pick_type(c->ftype, c->pure, s->tied, role, il, NL, row)
+    mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_EMBD, 0, E), E, V, "token_embd.weight", 0);
+    if (s->arch == ARCH_PHI3) {
+        mk_add(l, st, rep, MK_ROPE_LONG, T_F32, (uint64_t)s->n_rot / 2, 0, "rope_factors_long.weight", 0);
+        mk_add(l, st, rep, MK_ROPE_SHORT, T_F32, (uint64_t)s->n_rot / 2, 0, "rope_factors_short.weight", 0);
+    }
+    for (int64_t il = 0; il < NL; il++) {
+        mk_add(l, st, rep, MK_NORM, T_F32, E, 0, "blk.%d.attn_norm.weight", il);
+        if (phi2) mk_add(l, st, rep, MK_BIAS, T_F32, E, 0, "blk.%d.attn_norm.bias", il);
+        if (fused) {
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_ATTN_V, il, E), E, nq + 2 * nkv, "blk.%d.attn_qkv.weight", il);
+            if (phi2) mk_add(l, st, rep, MK_BIAS, T_F32, nq + 2 * nkv, 0, "blk.%d.attn_qkv.bias", il);
+        } else {
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, E), E, nq, "blk.%d.attn_q.weight", il);
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, E), E, nkv, "blk.%d.attn_k.weight", il);
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_ATTN_V, il, E), E, nkv, "blk.%d.attn_v.weight", il);
+            if (s->arch == ARCH_QWEN2) {
+                mk_add(l, st, rep, MK_BIAS, T_F32, nq, 0, "blk.%d.attn_q.bias", il);
+                mk_add(l, st, rep, MK_BIAS, T_F32, nkv, 0, "blk.%d.attn_k.bias", il);
+                mk_add(l, st, rep, MK_BIAS, T_F32, nkv, 0, "blk.%d.attn_v.bias", il);
+            }
+        }
+        if (s->arch == ARCH_QWEN3) {
+            mk_add(l, st, rep, MK_NORM, T_F32, hd, 0, "blk.%d.attn_q_norm.weight", il);
+            mk_add(l, st, rep, MK_NORM, T_F32, hd, 0, "blk.%d.attn_k_norm.weight", il);
+        }
+        mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, nq), nq, E, "blk.%d.attn_output.weight", il);
+        if (phi2) mk_add(l, st, rep, MK_BIAS, T_F32, E, 0, "blk.%d.attn_output.bias", il);
+        if (!phi2) mk_add(l, st, rep, MK_NORM, T_F32, E, 0, "blk.%d.ffn_norm.weight", il);
+        if (s->arch == ARCH_PHI3) { // gate and up fused, gate first
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, E), E, 2 * F, "blk.%d.ffn_up.weight", il);
+        } else if (phi2) {
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, E), E, F, "blk.%d.ffn_up.weight", il);
+            mk_add(l, st, rep, MK_BIAS, T_F32, F, 0, "blk.%d.ffn_up.bias", il);
+        } else {
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, E), E, F, "blk.%d.ffn_gate.weight", il);
+            mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OTHER, il, E), E, F, "blk.%d.ffn_up.weight", il);
+        }
+        mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_FFN_DOWN, il, F), F, E, "blk.%d.ffn_down.weight", il);
+        if (phi2) mk_add(l, st, rep, MK_BIAS, T_F32, E, 0, "blk.%d.ffn_down.bias", il);
+    }
+    mk_add(l, st, rep, MK_NORM, T_F32, E, 0, "output_norm.weight", 0);
+    if (phi2) mk_add(l, st, rep, MK_BIAS, T_F32, E, 0, "output_norm.bias", 0);
+    if (!s->tied) {
+        mk_add(l, st, rep, MK_MATRIX, TYPE(MK_ROLE_OUTPUT, 0, E), E, V, "output.weight", 0);
+        if (phi2) mk_add(l, st, rep, MK_BIAS, T_F32, V, 0, "output.bias", 0);
+    }
+#undef TYPE
+}
+
+// Checks a shape for consistency and fills in what derives from the rest. PSV_ERR_INVALID
+// with the reason when it cannot be built.
+static psv_status mk_shape_finish(mk_shape *s, psv_error *err) {
+    if (s->n_head % s->n_head_kv)
+        return err_set(err, PSV_ERR_INVALID, "mkmodel: --heads %" PRId64 " is not a multiple of --kv-heads %" PRId64,
+                       s->n_head, s->n_head_kv);
+    if (!s->head_dim) {
+        if (s->n_embd % s->n_head)
+            return err_set(err, PSV_ERR_INVALID,
+                           "mkmodel: --embd %" PRId64 " is not a multiple of --heads %" PRId64 " (or give --head-dim)",
+                           s->n_embd, s->n_head);
+        s->head_dim = s->n_embd / s->n_head;
+    }
+    if (s->head_dim % 2 || s->head_dim < 2 || s->head_dim > 1024)
+        return err_set(err, PSV_ERR_INVALID, "mkmodel: head dimension %" PRId64 " must be even, 2..1024", s->head_dim);
+    if (!s->n_rot) s->n_rot = (s->head_dim * s->rot_pct / 100) & ~(int64_t)1;
+    if (s->n_rot % 2 || s->n_rot < 2 || s->n_rot > s->head_dim)
+        return err_set(err, PSV_ERR_INVALID, "mkmodel: --rope-dims %" PRId64 " must be even, 2..head dimension %" PRId64,
+                       s->n_rot, s->head_dim);
+    if (s->arch == ARCH_PHI3) {
+        if (!s->n_ctx_orig) s->n_ctx_orig = s->n_ctx;
+        if (s->n_ctx_orig > s->n_ctx)
+            return err_set(err, PSV_ERR_INVALID, "mkmodel: --orig-ctx %" PRId64 " exceeds --ctx %" PRId64, s->n_ctx_orig,
+                           s->n_ctx);
+    } else if (s->n_ctx_orig) {
+        return err_set(err, PSV_ERR_INVALID, "mkmodel: --orig-ctx applies to phi3 only (LongRoPE)");
+    }
+    int n_special = mk_family(s->arch).n_special;
+    if (s->n_vocab < 256 + n_special + 1)
+        return err_set(err, PSV_ERR_INVALID, "mkmodel: --vocab %" PRId64 " is too small (at least %d: 256 bytes, %d special)",
+                       s->n_vocab, 256 + n_special + 1, n_special);
+    return PSV_OK;
+}
+
+// Writes the model to `path`. rep receives what was written.
+static psv_status mk_write(const mk_config *c, const char *path, mk_report *rep, psv_error *err) {
+    const mk_shape *s = &c->s;
+    const char *a = model_arch_names[s->arch];
+    psv_status st;
+    mk_state state = {.seed = c->seed};
+    mk_list l = {0};
+    memset(rep, 0, sizeof *rep);
+    gguf_writer *w = gguf_writer_new();
+    if (!w || !(state.chunk = malloc(MK_CHUNK))) {
+        st = err_set(err, PSV_ERR_NOMEM, "mkmodel: out of memory");
+        goto done;
+    }
+    char key[128], name[128];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
+    gguf_w_str(w, "general.architecture", a);
+    // Not the architecture's name: runtimes recognise Phi-3 by "phi3" in general.name and then
+    // strip spaces after special tokens, which Phi-4-mini (named "Phi 4 Mini Instruct") does not get.
+    if (c->name) snprintf(name, sizeof name, "%s", c->name);
+    else snprintf(name, sizeof name, "pensieve mkmodel %s%s%s", c->preset ? c->preset : "", c->preset ? " " : "",
+                  mk_ftypes[c->ftype].name);
+    gguf_w_str(w, "general.name", name);
+    gguf_w_u32(w, "general.file_type", mk_ftypes[c->ftype].file_type);
+    gguf_w_u32(w, "general.quantization_version", 2);
+    gguf_w_u32(w, KEY("context_length"), (uint32_t)s->n_ctx);
+    gguf_w_u32(w, KEY("embedding_length"), (uint32_t)s->n_embd);
+    gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)s->n_ff);
+    gguf_w_u32(w, KEY("block_count"), (uint32_t)s->n_layer);
+    gguf_w_u32(w, KEY("attention.head_count"), (uint32_t)s->n_head);
+    gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
+    if (s->head_dim * s->n_head != s->n_embd) {
+        gguf_w_u32(w, KEY("attention.key_length"), (uint32_t)s->head_dim);
+        gguf_w_u32(w, KEY("attention.value_length"), (uint32_t)s->head_dim);
+    }
+    gguf_w_u32(w, KEY("rope.dimension_count"), (uint32_t)s->n_rot);
+    gguf_w_f32(w, KEY("rope.freq_base"), s->rope_base);
+    if (s->arch == ARCH_PHI2) gguf_w_f32(w, KEY("attention.layer_norm_epsilon"), s->norm_eps);
+    else gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), s->norm_eps);
+    if (s->arch == ARCH_PHI3) {
+        // LongRoPE's attention scale: sqrt(1 + ln(ctx / original ctx) / ln(original ctx)).
+        double f = s->n_ctx > s->n_ctx_orig
+                       ? psv_sqrt(1.0 + psv_log((double)s->n_ctx / (double)s->n_ctx_orig) / psv_log((double)s->n_ctx_orig))
+                       : 1.0;
+        gguf_w_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)s->n_ctx_orig);
+        gguf_w_f32(w, KEY("rope.scaling.attn_factor"), (float)f);
+        gguf_w_u32(w, KEY("attention.sliding_window"), 262144); // as Phi-4-mini: wider than any context
+    }
+#undef KEY
+    if ((st = mk_write_tokenizer(w, s, c->seed, err))) goto done;
+    mk_tensors(c, &l, &state, rep);
+    if (l.oom) {
+        st = err_set(err, PSV_ERR_NOMEM, "mkmodel: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        mk_tensor *t = &l.t[i];
+        gguf_w_tensor_fn(w, t->name, t->type, t->n_dims, t->ne, mk_fill, t);
+        uint64_t row = 0, size = 0;
+        type_row_size(t->type, t->ne[0], &row);
+        size = row * t->ne[1];
+        rep->n_tensors++;
+        rep->params += t->ne[0] * t->ne[1];
+        rep->bytes += size;
+        rep->type_tensors[t->type]++;
+        rep->type_bytes[t->type] += size;
+    }
+    st = gguf_writer_save(w, path, err);
+done:
+    gguf_writer_free(w);
+    free(l.t);
+    mk_state_free(&state);
+    return st;
+}
+
+static const char mk_usage[] =
+    "usage: pensieve mkmodel -o OUT.gguf (--preset NAME | --arch A --embd N --layers N --heads N\n"
+    "                        [--kv-heads N] --ffn N --vocab N) [options]\n"
+    "Writes a GGUF model with random weights: every tensor the architecture needs, a byte-level\n"
+    "BPE tokenizer (256 byte tokens, merges, special tokens) and a chat template.\n"
+    "  --preset NAME     phi4-mini, llama-1b, qwen2-0.5b, qwen3-0.6b (shape flags override it)\n"
+    "  --arch A          llama, phi3, qwen2, qwen3, phi2\n"
+    "  --type T          F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K\n"
+    "                    or a mix: Q4_K_S Q4_K_M Q5_K_S Q5_K_M (default Q4_K_M)\n"
+    "  --pure            every matrix in --type (no Q6_K output, no mix rules)\n"
+    "  --head-dim N      per-head dimension (default embd / heads)\n"
+    "  --rope-dims N     rotary dimensions per head (default all; phi2 40 %, phi4-mini 75 %)\n"
+    "  --rot-pct P       rotary share of the head dimension, in percent\n"
+    "  --ctx N           training context length (default 4096)\n"
+    "  --orig-ctx N      phi3: LongRoPE original context (the long factors apply beyond it)\n"
+    "  --rope-base F     rotary frequency base\n"
+    "  --tied/--untied   share token_embd with the output matrix (presets: tied)\n"
+    "  --seed S          random seed (default 1): the same seed gives the same file\n"
+    "  --name NAME       general.name\n"
+    "  -q, --quiet       print nothing on success\n"
+    "Rows whose length is not a multiple of the type's block size use another type (printed).\n";
+
+PSV_MAYBE_UNUSED static int cli_mkmodel(int argc, char **argv) {
+    const char *out = NULL, *preset = NULL, *type = "Q4_K_M", *name = NULL, *arch = NULL;
+    int64_t ival[MK_N_INT], seed = 1;
+    double rope_base = 0;
+    int tied = -1;
+    bool pure = false, quiet = false;
+    for (int k = 0; k < MK_N_INT; k++) ival[k] = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(mk_usage, stdout);
+            return 0;
+        }
+        if (!strcmp(f, "--tied") || !strcmp(f, "--untied")) {
+            tied = f[2] == 't';
+            continue;
+        }
+        if (!strcmp(f, "--pure")) {
+            pure = true;
+            continue;
+        }
+        if (!strcmp(f, "-q") || !strcmp(f, "--quiet")) {
+            quiet = true;
+            continue;
+        }
+        int k = 0;
+        while (k < MK_N_INT && strcmp(f, mk_int_flags[k].flag)) k++;
+        bool ok = v != NULL;
+        if (k < MK_N_INT) ok = tools_parse_i64(v, mk_int_flags[k].lo, mk_int_flags[k].hi, &ival[k]);
+        else if (!strcmp(f, "-o") || !strcmp(f, "--output")) out = v;
+        else if (!strcmp(f, "--preset")) preset = v;
+        else if (!strcmp(f, "--type")) type = v;
+        else if (!strcmp(f, "--arch")) arch = v;
+        else if (!strcmp(f, "--name")) name = v;
+        else if (!strcmp(f, "--seed")) ok = tools_parse_i64(v, 0, INT64_MAX, &seed);
+        else if (!strcmp(f, "--rope-base")) ok = tools_parse_f64(v, 1.0001, 1e12, &rope_base);
+        else {
+            fprintf(stderr, "pensieve mkmodel: unknown option '%s' (see --help)\n", f);
+            return 2;
+        }
+        if (!ok) {
+            if (k < MK_N_INT && v)
+                fprintf(stderr, "pensieve mkmodel: %s must be an integer in %" PRId64 "..%" PRId64 " (got '%s')\n", f,
+                        mk_int_flags[k].lo, mk_int_flags[k].hi, v);
+            else fprintf(stderr, "pensieve mkmodel: bad or missing value for %s\n", f);
+            return 2;
+        }
+        i++;
+    }
+    if (!out) {
+        fprintf(stderr, "pensieve mkmodel: -o OUT.gguf is required (see --help)\n");
+        return 2;
+    }
+    mk_config c;
+    memset(&c, 0, sizeof c);
+    c.ftype = -1;
+    for (size_t k = 0; k < PSV_ARRAY_LEN(mk_ftypes); k++)
+        if (tools_ieq(type, mk_ftypes[k].name)) c.ftype = (int)k;
+    if (c.ftype < 0) {
+        fprintf(stderr, "pensieve mkmodel: unknown --type '%s' (expected F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                        "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_K_S, Q4_K_M, Q5_K_S or Q5_K_M)\n", type);
+        return 2;
+    }
+    if (preset) {
+        size_t k = 0;
+        while (k < PSV_ARRAY_LEN(mk_presets) && strcmp(preset, mk_presets[k].name)) k++;
+        if (k == PSV_ARRAY_LEN(mk_presets)) {
+            fprintf(stderr, "pensieve mkmodel: unknown --preset '%s' (expected phi4-mini, llama-1b, qwen2-0.5b or "
+                            "qwen3-0.6b)\n", preset);
+            return 2;
+        }
+        c.s = mk_presets[k].s;
+    }
+    if (arch) {
+        size_t k = 0;
+        while (k < PSV_ARRAY_LEN(model_arch_names) && strcmp(arch, model_arch_names[k])) k++;
+        if (k == PSV_ARRAY_LEN(model_arch_names)) {
+            fprintf(stderr, "pensieve mkmodel: unknown --arch '%s' (expected llama, phi3, qwen2, qwen3 or phi2)\n", arch);
+            return 2;
+        }
+        if (preset && (model_arch)k != c.s.arch) {
+            fprintf(stderr, "pensieve mkmodel: --arch %s contradicts --preset %s\n", arch, preset);
+            return 2;
+        }
+        if (!preset) {
+            c.s.arch = (model_arch)k;
+            mk_arch_defaults(&c.s);
+        }
+    } else if (!preset) {
+        fprintf(stderr, "pensieve mkmodel: give --preset NAME or --arch and the shape (see --help)\n");
+        return 2;
+    }
+    if (!preset) {
+        static const int need[] = {0, 1, 2, 4, 5}; // embd, layers, heads, ffn, vocab
+        for (size_t k = 0; k < PSV_ARRAY_LEN(need); k++)
+            if (ival[need[k]] < 0) {
+                fprintf(stderr, "pensieve mkmodel: %s is required without --preset\n", mk_int_flags[need[k]].flag);
+                return 2;
+            }
+        if (ival[3] < 0) ival[3] = ival[2];
+    }
+    // Presets leave head_dim (except qwen3's) and n_rot to mk_shape_finish, so overriding the
+    // shape re-derives them.
+    for (int k = 0; k < MK_N_INT; k++)
+        if (ival[k] >= 0) *mk_field(&c.s, k) = ival[k];
+    if (rope_base > 0) c.s.rope_base = (float)rope_base;
+    if (tied >= 0) c.s.tied = tied;
+    c.pure = pure;
+    c.preset = preset;
+    c.seed = (uint64_t)seed;
+    c.name = name;
+    psv_error err = {0};
+    if (mk_shape_finish(&c.s, &err)) {
+        fprintf(stderr, "pensieve %s\n", err.message);
+        return 2;
+    }
+    double t0 = plat_now();
+    mk_report rep;
+    if (mk_write(&c, out, &rep, &err)) {
+        fprintf(stderr, "pensieve mkmodel: %s\n", err.message);
+        return 1;
+    }
+    if (quiet) return 0;
+    const mk_shape *s = &c.s;
+    char b1[32];
+    printf("mkmodel: %s: %s, %" PRId64 " embd, %" PRId64 " layers, %" PRId64 "/%" PRId64 " heads (head dim %" PRId64
+           ", rotary %" PRId64 "), ffn %" PRId64 ", vocab %" PRId64 ", %s embeddings, ctx %" PRId64,
+           out, model_arch_names[s->arch], s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->head_dim, s->n_rot, s->n_ff,
+           s->n_vocab, s->tied ? "tied" : "separate output", s->n_ctx);
+    if (s->arch == ARCH_PHI3) printf(" (original %" PRId64 ")", s->n_ctx_orig);
+    printf("\nmkmodel: type %s%s:", mk_ftypes[c.ftype].name, c.pure ? " (pure)" : "");
+    int n_types = 0;
+    for (int t = 0; t < T_COUNT; t++)
+        if (rep.type_tensors[t])
+            printf("%s %s %" PRIu64 " tensor%s %s", n_types++ ? "," : "", type_get((uint32_t)t)->name,
+                   rep.type_tensors[t], rep.type_tensors[t] == 1 ? "" : "s", tools_bytes(b1, (double)rep.type_bytes[t]));
+    printf("\n");
+    for (int k = 0; k < rep.n_fb; k++)
+        printf("mkmodel: %" PRIu64 " matrices with rows of %" PRIu64 " (not a multiple of the %s block of %u) stored as %s\n",
+               rep.fb[k].count, rep.fb[k].row, type_get(rep.fb[k].from)->name, type_get(rep.fb[k].from)->blck_size,
+               type_get(rep.fb[k].to)->name);
+    char b2[32];
+    printf("mkmodel: wrote %" PRIu64 " tensors, %s parameters, %s of weights in %.2f s (seed %" PRIu64 ")\n",
+           rep.n_tensors, tools_count(b2, (double)rep.params), tools_bytes(b1, (double)rep.bytes), plat_now() - t0, c.seed);
+    return 0;
+}
+
+// ---- bench ---------------------------------------------------------------------------------------
+// Like llama-bench: "ppN" evaluates N prompt tokens in one batch, "tgN" generates N tokens one
+// at a time from an empty cache; each is repeated after an untimed warm-up and reported as
+// tokens/s mean ± sample standard deviation. Tokens are random ids (speed does not depend on
+// them). Also: warm start (open → first token of a 16-token prompt, file already in the page
+// cache), peak resident memory against model + KV cache, and with --membw the machine's read
+// bandwidth and generation as a share of the bandwidth roofline.
+
+#define BENCH_MAX_LIST 16
+#define BENCH_WARM_TOKENS 16
+#define BENCH_MEMBW_SIZE ((size_t)512 << 20) // 16x a large L3: streams from DRAM
+#define BENCH_MEMBW_RUNS 5
+
+// The kernel set the engine's products actually run on. Section 12 names the set it chose
+// (k_kernel_set_name), but the engine reaches kernels through eng_traits (section 14), which may
+// still be the reference table: compare the two.
+static const char *bench_kernel_set(void) {
+    const k_traits *e = eng_traits(T_Q4_0), *s = k_traits_get(T_Q4_0), *r = k_traits_ref(T_Q4_0);
+    if (e && s && e->vec_dot == s->vec_dot) return k_kernel_set_name();
+    if (e && r && e->vec_dot == r->vec_dot) return "ref";
+    return "unknown";
+}
+
+static void bench_cpu_features(char *out, size_t cap) {
+    const plat_cpu *c = plat_cpu_get();
+    const struct { bool on; const char *name; } f[] = {
+        {c->avx2, "avx2"}, {c->fma, "fma"}, {c->f16c, "f16c"}, {c->avx512f, "avx512f"}, {c->avx512bw, "avx512bw"},
+        {c->avx512vnni, "avx512vnni"}, {c->avx512bf16, "avx512bf16"}, {c->avxvnni, "avxvnni"}, {c->neon, "neon"},
+        {c->dotprod, "dotprod"}, {c->i8mm, "i8mm"}, {c->fp16, "fp16"},
+    };
+    size_t k = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(f); i++)
+        if (f[i].on && k < cap) k += (size_t)snprintf(out + k, cap - k, "%s%s", k ? " " : "", f[i].name);
+    if (!k) snprintf(out, cap, "baseline");
+}
+
+// Peak resident set (VmHWM) in bytes, or -1 where /proc/self/status has none.
+static int64_t bench_peak_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    int64_t kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) {
+            long long v;
+            if (sscanf(line + 6, "%lld", &v) == 1) kb = v;
+        }
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+// Reads the whole file so the warm start finds it in the page cache.
+static psv_status bench_prefault(const char *path, uint64_t *size, psv_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(err, PSV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char tmp[1 << 16];
+    size_t k;
+    *size = 0;
+    while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) *size += k;
+    bool bad = ferror(f);
+    fclose(f);
+    return bad ? err_set(err, PSV_ERR_IO, "%s: read error", path) : PSV_OK;
+}
+
+// ---- memory bandwidth: every thread streams through its share of a buffer, summing it ----
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+    uint64_t sum;
+} bench_bw_job;
+
+#if defined(PSV_X86)
+__attribute__((target("avx2"))) static uint64_t bench_sum_avx2(const uint8_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    return t[0] + t[1] + t[2] + t[3];
+}
+#endif
+
+static uint64_t bench_sum_scalar(const uint8_t *p, size_t n) {
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i + 64 <= n; i += 64)
+        for (int k = 0; k < 8; k++) {
+            uint64_t v;
+            memcpy(&v, p + i + 8 * k, 8);
+            s[k] += v;
+        }
+    return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+static void *bench_bw_thread(void *arg) {
+    bench_bw_job *j = arg;
+#if defined(PSV_X86)
+    if (plat_cpu_get()->avx2) {
+        j->sum = bench_sum_avx2(j->p, j->n);
+        return NULL;
+    }
+#endif
+    j->sum = bench_sum_scalar(j->p, j->n);
+    return NULL;
+}
+
+// Best read bandwidth in bytes/s over BENCH_MEMBW_RUNS passes with n_threads threads.
+static psv_status bench_membw(int n_threads, double *out, psv_error *err) {
+    psv_status st = PSV_OK;
+    size_t size = BENCH_MEMBW_SIZE;
+    uint8_t *buf = aligned_alloc(4096, size);
+    bench_bw_job *jobs = calloc((size_t)n_threads, sizeof *jobs);
+    pthread_t *th = calloc((size_t)n_threads, sizeof *th);
+    if (!buf || !jobs || !th) {
+        st = err_set(err, PSV_ERR_NOMEM, "bench: out of memory for the %zu MiB bandwidth buffer", size >> 20);
+        goto done;
+    }
+    memset(buf, 1, size); // commit every page before timing
+    double best = 0;
+    uint64_t check = 0;
+    for (int r = 0; r < BENCH_MEMBW_RUNS; r++) {
+        size_t share = size / (size_t)n_threads & ~(size_t)4095;
+        double t0 = plat_now();
+        int started = 0;
+        for (int i = 0; i < n_threads; i++) {
+            jobs[i] = (bench_bw_job){buf + (size_t)i * share, i == n_threads - 1 ? size - (size_t)i * share : share, 0};
+            if (i > 0 && pthread_create(&th[i], NULL, bench_bw_thread, &jobs[i]) != 0) break;
+            started = i + 1;
+        }
+        bench_bw_thread(&jobs[0]);
+        for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
+        double dt = plat_now() - t0;
+        if (started < n_threads) {
+            st = err_set(err, PSV_ERR_IO, "bench: cannot create %d threads", n_threads);
+            goto done;
+        }
+        for (int i = 0; i < n_threads; i++) check += jobs[i].sum;
+        if (dt > 0 && (double)size / dt > best) best = (double)size / dt;
+    }
+    PSV_ASSERT(check != 0); // every byte is 1: the sums were really computed
+    *out = best;
+done:
+    free(th);
+    free(jobs);
+    free(buf);
+    return st;
+}
+
+// Measures bandwidth in a child process, so the buffer never counts toward this process's peak
+// memory (VmHWM only grows). Falls back to measuring in place where fork fails. Call it while the
+// process has one thread: the child allocates and starts threads, which is safe after fork only
+// when no other thread could have held a lock.
+static psv_status bench_membw_isolated(int n_threads, double *out, psv_error *err) {
+    int fd[2];
+    fflush(NULL);
+    if (pipe(fd) == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            double v = 0;
+            psv_error e = {0};
+            uint8_t msg[8 + sizeof e.message];
+            psv_status st = bench_membw(n_threads, &v, &e);
+            wr_u64(msg, st ? 0 : f64_bits(v));
+            memcpy(msg + 8, e.message, sizeof e.message);
+            ssize_t wn = write(fd[1], msg, sizeof msg);
+            PSV_UNUSED(wn);
+            _exit(st ? 1 : 0); // the child must not run the parent's atexit handlers or flush its stdio
+        }
+        close(fd[1]);
+        if (pid > 0) {
+            uint8_t msg[8 + sizeof err->message];
+            size_t got = 0;
+            ssize_t k;
+            while (got < sizeof msg && (k = read(fd[0], msg + got, sizeof msg - got)) > 0) got += (size_t)k;
+            close(fd[0]);
+            int status = 0;
+            waitpid(pid, &status, 0);
+            if (got == sizeof msg && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+                uint64_t bits = 0;
+                for (int i = 7; i >= 0; i--) bits = bits << 8 | msg[i];
+                *out = f64_from_bits(bits);
+                return PSV_OK;
+            }
+            if (got == sizeof msg) {
+                msg[sizeof msg - 1] = 0;
+                return err_set(err, PSV_ERR_IO, "%s", (const char *)msg + 8);
+            }
+            return err_set(err, PSV_ERR_IO, "bench: the bandwidth probe process failed");
+        }
+        close(fd[0]);
+    }
+    return bench_membw(n_threads, out, err);
+}
+
+// ---- the benchmark ----
+
+typedef struct {
+    char name[24];
+    bool gen;
+    int64_t n, threads;
+    int reps;
+    double *secs;          // reps
+    double tps_mean, tps_sd;
+    double bytes_per_token; // tg: weights + mean KV read per generated token
+} bench_test;
+
+typedef struct {
+    const char *path;
+    int64_t p[BENCH_MAX_LIST], n[BENCH_MAX_LIST], t[BENCH_MAX_LIST];
+    int np, nn, nt, reps;
+    bool json, membw, warmup;
+    psv_kv_type kv_type;
+} bench_opts;
+
+// Facts about the model, from its first open.
+typedef struct {
+    char arch[16];
+    uint64_t file_bytes, model_bytes, params, weight_bytes_per_token, kv_bytes, kv_bytes_per_pos;
+    int64_t n_vocab, n_ctx;
+    double warm_open, warm_prompt;
+    int64_t warm_threads;
+} bench_model;
+
+static void bench_stats(bench_test *t) {
+    double sum = 0, ss = 0;
+    for (int r = 0; r < t->reps; r++) sum += (double)t->n / t->secs[r];
+    t->tps_mean = sum / t->reps;
+    for (int r = 0; r < t->reps; r++) {
+        double d = (double)t->n / t->secs[r] - t->tps_mean;
+        ss += d * d;
+    }
+    t->tps_sd = t->reps > 1 ? psv_sqrt(ss / (t->reps - 1)) : 0.0;
+}
+
+static void bench_model_facts(const psv_model *m, const psv_ctx *c, bench_model *bm) {
+    snprintf(bm->arch, sizeof bm->arch, "%s", psv_model_arch(m));
+    bm->model_bytes = bm->params = 0;
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+        const gguf_tensor *t = &m->gguf->tensors[i];
+        bm->model_bytes += t->size;
+        bm->params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    // Generating a token reads every matrix once, but only one row of untied token embeddings.
+    uint64_t w = m->weight_bytes;
+    if (m->output.data != m->tok_embd.data) w -= m->tok_embd.row_size * (uint64_t)(m->tok_embd.n_out - 1);
+    bm->weight_bytes_per_token = w;
+    bm->kv_bytes_per_pos = 2 * (uint64_t)m->n_layer * (uint64_t)(m->n_head_kv * m->head_dim) * kv_elem_size(c->kv.type);
+    bm->n_ctx = c->kv.n_ctx;
+    bm->kv_bytes = bm->kv_bytes_per_pos * (uint64_t)bm->n_ctx;
+    bm->n_vocab = m->n_vocab;
+}
+
+static int32_t bench_argmax(const float *l, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return (int32_t)best;
+}
+
+static void bench_print_row(const bench_model *bm, const bench_test *t, const char *kernels, double bw) {
+    char b1[32], b2[32], r[24] = "", tps[48];
+    if (t->gen && bw > 0) snprintf(r, sizeof r, "%.1f %%", 100.0 * t->tps_mean * t->bytes_per_token / bw);
+    snprintf(tps, sizeof tps, "%.2f ± %.2f", t->tps_mean, t->tps_sd);
+    printf("| %-6s | %10s | %9s | %-7s | %7" PRId64 " | %6s | %19s | %8s |\n", bm->arch,
+           tools_bytes(b1, (double)bm->model_bytes), tools_count(b2, (double)bm->params), kernels, t->threads, t->name,
+           tps, r);
+    fflush(stdout);
+}
+
+static void bench_json(const bench_opts *o, const bench_model *bm, const bench_test *tests, int n_tests,
+                       const char *kernels, double bw, int bw_threads, int64_t peak) {
+    buf_t b = {0};
+    json_writer w;
+    char cpu[256];
+    bench_cpu_features(cpu, sizeof cpu);
+    json_w_init(&w, &b);
+    json_w_obj_begin(&w);
+    json_w_key(&w, "model");
+    if (o->path) json_w_cstr(&w, o->path);
+    else json_w_null(&w);
+    if (o->path) {
+        json_w_key(&w, "arch"), json_w_cstr(&w, bm->arch);
+        json_w_key(&w, "file_bytes"), json_w_int(&w, (int64_t)bm->file_bytes);
+        json_w_key(&w, "model_bytes"), json_w_int(&w, (int64_t)bm->model_bytes);
+        json_w_key(&w, "params"), json_w_int(&w, (int64_t)bm->params);
+        json_w_key(&w, "n_vocab"), json_w_int(&w, bm->n_vocab);
+        json_w_key(&w, "weight_bytes_per_token"), json_w_int(&w, (int64_t)bm->weight_bytes_per_token);
+        json_w_key(&w, "n_ctx"), json_w_int(&w, bm->n_ctx);
+        json_w_key(&w, "kv_type"), json_w_cstr(&w, o->kv_type == PSV_KV_F16 ? "f16" : "f32");
+        json_w_key(&w, "kv_bytes"), json_w_int(&w, (int64_t)bm->kv_bytes);
+    }
+    json_w_key(&w, "kernels"), json_w_cstr(&w, kernels);
+    json_w_key(&w, "cpu"), json_w_cstr(&w, cpu);
+    json_w_key(&w, "n_cpus"), json_w_int(&w, plat_n_cpus());
+    if (o->path) {
+        json_w_key(&w, "reps"), json_w_int(&w, o->reps);
+        json_w_key(&w, "warmup"), json_w_bool(&w, o->warmup);
+        json_w_key(&w, "warm_start");
+        json_w_obj_begin(&w);
+        json_w_key(&w, "seconds"), json_w_double(&w, bm->warm_open + bm->warm_prompt);
+        json_w_key(&w, "open_seconds"), json_w_double(&w, bm->warm_open);
+        json_w_key(&w, "prompt_seconds"), json_w_double(&w, bm->warm_prompt);
+        json_w_key(&w, "prompt_tokens"), json_w_int(&w, BENCH_WARM_TOKENS);
+        json_w_key(&w, "threads"), json_w_int(&w, bm->warm_threads);
+        json_w_obj_end(&w);
+        json_w_key(&w, "peak_rss_bytes");
+        if (peak >= 0) json_w_int(&w, peak);
+        else json_w_null(&w);
+        json_w_key(&w, "peak_over_model_kv");
+        if (peak >= 0) json_w_double(&w, (double)peak / (double)(bm->model_bytes + bm->kv_bytes) - 1.0);
+        else json_w_null(&w);
+    }
+    json_w_key(&w, "membw");
+    if (bw > 0) {
+        json_w_obj_begin(&w);
+        json_w_key(&w, "bytes_per_second"), json_w_double(&w, bw);
+        json_w_key(&w, "threads"), json_w_int(&w, bw_threads);
+        json_w_key(&w, "buffer_bytes"), json_w_int(&w, (int64_t)BENCH_MEMBW_SIZE);
+        json_w_key(&w, "runs"), json_w_int(&w, BENCH_MEMBW_RUNS);
+        json_w_obj_end(&w);
+    } else {
+        json_w_null(&w);
+    }
+    json_w_key(&w, "tests");
+    json_w_arr_begin(&w);
+    for (int i = 0; i < n_tests; i++) {
+        const bench_test *t = &tests[i];
+        json_w_obj_begin(&w);
+        json_w_key(&w, "name"), json_w_cstr(&w, t->name);
+        json_w_key(&w, "kind"), json_w_cstr(&w, t->gen ? "tg" : "pp");
+        json_w_key(&w, "threads"), json_w_int(&w, t->threads);
+        json_w_key(&w, "n_prompt"), json_w_int(&w, t->gen ? 0 : t->n);
+        json_w_key(&w, "n_gen"), json_w_int(&w, t->gen ? t->n : 0);
+        json_w_key(&w, "reps"), json_w_int(&w, t->reps);
+        json_w_key(&w, "samples_s");
+        json_w_arr_begin(&w);
+        for (int r = 0; r < t->reps; r++) json_w_double(&w, t->secs[r]);
+        json_w_arr_end(&w);
+        json_w_key(&w, "tps_mean"), json_w_double(&w, t->tps_mean);
+        json_w_key(&w, "tps_stddev"), json_w_double(&w, t->tps_sd);
+        if (t->gen) {
+            json_w_key(&w, "bytes_per_token"), json_w_double(&w, t->bytes_per_token);
+            json_w_key(&w, "roofline");
+            if (bw > 0) json_w_double(&w, t->tps_mean * t->bytes_per_token / bw);
+            else json_w_null(&w);
+        }
+        json_w_obj_end(&w);
+    }
+    json_w_arr_end(&w);
+    json_w_obj_end(&w);
+    buf_putc(&b, '\n');
+    if (!b.oom) fwrite(b.data, 1, b.len, stdout);
+    else fprintf(stderr, "pensieve bench: out of memory writing JSON\n");
+    buf_free(&b);
+}
+
+static const char bench_usage[] =
+    "usage: pensieve bench -m MODEL [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json] [--membw]\n"
+    "                      [--kv-type f32|f16] [--no-warmup]\n"
+    "       pensieve bench --membw [-t THREADS] [--json]\n"
+    "Measures, like llama-bench: ppN = N prompt tokens in one batch, tgN = N tokens generated one\n"
+    "at a time; tokens/s as mean ± stddev over REPS runs (default 5) after an untimed warm-up.\n"
+    "-p, -n and -t take comma-separated lists (e.g. -t 1,2); 0 skips pp or tg. Also reported:\n"
+    "model size and parameters, the kernel set, warm start (open -> first token of a 16-token\n"
+    "prompt, file in the page cache), peak resident memory against model + KV cache.\n"
+    "  --membw   measure memory read bandwidth (all -t threads streaming a 512 MiB buffer, best\n"
+    "            of 5) and report tg as a share of the roofline: tokens/s x bytes read per token\n"
+    "            (weights + KV cache) / bandwidth\n"
+    "  --json    one JSON object instead of the table\n";
+
+PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
+    bench_opts o = {.np = 1, .nn = 1, .reps = 5, .warmup = true, .kv_type = PSV_KV_F32};
+    o.p[0] = 512;
+    o.n[0] = 128;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true, takes = true;
+        int64_t r;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(bench_usage, stdout);
+            return 0;
+        } else if (!strcmp(f, "-m") || !strcmp(f, "--model")) ok = v != NULL, o.path = v;
+        else if (!strcmp(f, "-p") || !strcmp(f, "--n-prompt")) ok = tools_parse_list(v, 0, 65536, o.p, BENCH_MAX_LIST, &o.np);
+        else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) ok = tools_parse_list(v, 0, 65536, o.n, BENCH_MAX_LIST, &o.nn);
+        else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) ok = tools_parse_list(v, 1, 1024, o.t, BENCH_MAX_LIST, &o.nt);
+        else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = tools_parse_i64(v, 1, 1000, &r), o.reps = (int)r;
+        else if (!strcmp(f, "--kv-type")) {
+            ok = v && (!strcmp(v, "f32") || !strcmp(v, "f16"));
+            o.kv_type = v && !strcmp(v, "f16") ? PSV_KV_F16 : PSV_KV_F32;
+        } else if (!strcmp(f, "--json")) o.json = true, takes = false;
+        else if (!strcmp(f, "--membw")) o.membw = true, takes = false;
+        else if (!strcmp(f, "--no-warmup")) o.warmup = false, takes = false;
+        else {
+            fprintf(stderr, "pensieve bench: unknown option '%s' (see --help)\n", f);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "pensieve bench: bad or missing value for %s%s%s%s\n", f, v ? " ('" : "", v ? v : "",
+                    v ? "')" : "");
+            return 2;
+        }
+        if (takes) i++;
+    }
+    if (!o.path && !o.membw) {
+        fprintf(stderr, "pensieve bench: -m MODEL is required (or --membw alone; see --help)\n");
+        return 2;
+    }
+    if (o.nt == 0) o.t[o.nt++] = plat_n_cpus() > 64 ? 64 : plat_n_cpus();
+    int64_t max_t = 0, max_p = 0, max_n = 0;
+    for (int i = 0; i < o.nt; i++) max_t = PSV_MAX(max_t, o.t[i]);
+    for (int i = 0; i < o.np; i++) max_p = PSV_MAX(max_p, o.p[i]);
+    for (int i = 0; i < o.nn; i++) max_n = PSV_MAX(max_n, o.n[i]);
+
+    int rc = 1;
+    psv_error err = {0};
+    const char *kernels = bench_kernel_set();
+    if (k_kernel_set_note()) fprintf(stderr, "pensieve bench: %s\n", k_kernel_set_note());
+    bench_model bm;
+    memset(&bm, 0, sizeof bm);
+    bench_test *tests = NULL;
+    double *secs = NULL, bw = 0;
+    int32_t *toks = NULL;
+    int n_tests = 0;
+    psv_model *m = NULL;
+    psv_ctx *c = NULL;
+    // Bandwidth first, in a child process, so its buffer neither competes with the model for
+    // memory nor counts in the peak.
+    if (o.membw && bench_membw_isolated((int)max_t, &bw, &err)) goto fail;
+    if (!o.path) {
+        if (o.json) bench_json(&o, &bm, NULL, 0, kernels, bw, (int)max_t, -1);
+        else printf("memory bandwidth: %.2f GB/s read (%" PRId64 " threads, %zu MiB buffer, best of %d)\n", bw * 1e-9,
+                    max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
+        return 0;
+    }
+    int max_tests = o.nt * (o.np + o.nn);
+    tests = calloc((size_t)max_tests + 1, sizeof *tests);
+    secs = calloc((size_t)max_tests * (size_t)o.reps + 1, sizeof *secs);
+    int64_t n_toks = PSV_MAX(PSV_MAX(max_p, max_n), BENCH_WARM_TOKENS);
+    toks = malloc((size_t)n_toks * sizeof *toks);
+    if (!tests || !secs || !toks) {
+        err_set(&err, PSV_ERR_NOMEM, "bench: out of memory");
+        goto fail;
+    }
+    if (bench_prefault(o.path, &bm.file_bytes, &err)) goto fail;
+    psv_ctx_params cp = psv_ctx_default_params();
+    cp.n_ctx = (uint32_t)n_toks;
+    cp.n_batch = (uint32_t)PSV_MAX(max_p, BENCH_WARM_TOKENS);
+    cp.kv_type = o.kv_type;
+    bool header = false;
+    for (int ti = 0; ti < o.nt; ti++) {
+        psv_model_params mp = psv_model_default_params();
+        mp.n_threads = (int)o.t[ti];
+        double t0 = plat_now();
+        if (psv_model_open(o.path, &mp, &m, &err) || psv_ctx_new(m, &cp, &c, &err)) goto fail;
+        double t1 = plat_now();
+        if (ti == 0) {
+            bench_model_facts(m, c, &bm);
+            uint64_t rng = 0x7761726dull;
+            for (int64_t i = 0; i < n_toks; i++) toks[i] = (int32_t)(tools_rng(&rng) % (uint64_t)m->n_vocab);
+        }
+        if (!bm.warm_threads && o.t[ti] == max_t) {
+            // Warm start, with the most threads: the time to open, set up a context and have the
+            // first token of a prompt.
+            if (psv_eval(c, toks, BENCH_WARM_TOKENS, &err)) goto fail;
+            int32_t first = bench_argmax(psv_ctx_logits(c), m->n_vocab);
+            PSV_UNUSED(first);
+            bm.warm_open = t1 - t0;
+            bm.warm_prompt = plat_now() - t1;
+            bm.warm_threads = o.t[ti];
+        }
+        if (!o.json && !header) {
+            char cpu[256];
+            bench_cpu_features(cpu, sizeof cpu);
+            printf("pensieve bench: %s (%s, %d CPUs: %s)\n", o.path, bm.arch, plat_n_cpus(), cpu);
+            printf("| arch   |       size |    params | kernels | threads |   test |                t/s | roofline |\n"
+                   "| ------ | ---------: | --------: | ------- | ------: | -----: | -----------------: | -------: |\n");
+            header = true;
+        }
+        for (int k = 0; k < o.np + o.nn; k++) {
+            bool gen = k >= o.np;
+            int64_t n = gen ? o.n[k - o.np] : o.p[k];
+            if (n == 0) continue;
+            bench_test *t = &tests[n_tests];
+            snprintf(t->name, sizeof t->name, "%s%" PRId64, gen ? "tg" : "pp", n);
+            t->gen = gen;
+            t->n = n;
+            t->threads = o.t[ti];
+            t->reps = o.reps;
+            t->secs = secs + (size_t)n_tests * (size_t)o.reps;
+            for (int r = -1; r < o.reps; r++) {
+                if (r < 0 && !o.warmup) continue;
+                if (psv_ctx_truncate(c, 0, &err)) goto fail;
+                double s0 = plat_now();
+                if (!gen) {
+                    if (psv_eval(c, toks, (size_t)n, &err)) goto fail;
+                } else {
+                    // the warm-up generates one token, like llama-bench's
+                    for (int64_t j = 0; j < (r < 0 ? 1 : n); j++)
+                        if (psv_eval(c, &toks[j], 1, &err)) goto fail;
+                }
+                if (r >= 0) t->secs[r] = PSV_MAX(plat_now() - s0, 1e-9);
+            }
+            bench_stats(t);
+            // mean KV read per step: positions 1..n are attended over, (n + 1) / 2 on average
+            t->bytes_per_token = (double)bm.weight_bytes_per_token + (double)bm.kv_bytes_per_pos * (double)(n + 1) / 2.0;
+            n_tests++;
+            if (!o.json) bench_print_row(&bm, t, kernels, bw);
+        }
+        psv_ctx_free(c);
+        c = NULL;
+        psv_model_close(m);
+        m = NULL;
+    }
+    int64_t peak = bench_peak_rss();
+    if (o.json) {
+        bench_json(&o, &bm, tests, n_tests, kernels, bw, (int)max_t, peak);
+    } else {
+        char b1[32], b2[32], b3[32];
+        printf("\nwarm start: %.3f s to the first token of a %d-token prompt (open %.3f s, prompt %.3f s, %" PRId64
+               " thread%s)\n", bm.warm_open + bm.warm_prompt, BENCH_WARM_TOKENS, bm.warm_open, bm.warm_prompt,
+               bm.warm_threads, bm.warm_threads == 1 ? "" : "s");
+        if (peak >= 0) {
+            double base = (double)(bm.model_bytes + bm.kv_bytes);
+            printf("peak memory: %s resident = model %s + KV cache %s (n_ctx %" PRId64 ", %s) %+.1f %%\n",
+                   tools_bytes(b1, (double)peak), tools_bytes(b2, (double)bm.model_bytes), tools_bytes(b3, (double)bm.kv_bytes),
+                   bm.n_ctx, o.kv_type == PSV_KV_F16 ? "f16" : "f32", 100.0 * ((double)peak / base - 1.0));
+        } else {
+            printf("peak memory: not available on this system\n");
+        }
+        printf("bytes read per generated token: %s of weights + KV cache\n",
+               tools_bytes(b1, (double)bm.weight_bytes_per_token));
+        if (o.membw)
+            printf("memory bandwidth: %.2f GB/s read (%" PRId64 " threads, %zu MiB buffer, best of %d); roofline = "
+                   "tg t/s x bytes per token / bandwidth\n", bw * 1e-9, max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "pensieve bench: %s\n", err.message);
+done:
+    psv_ctx_free(c);
+    psv_model_close(m);
+    free(toks);
+    free(secs);
+    free(tests);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// 18. Model files
+// Where models live (the cache directory), the built-in registry of known models, resolving
+// `--model PATH|NAME` to a file, and the `pull`, `list`, `verify` and `rm` subcommands.
+// Downloading is done by tools/pensieve-pull (libcurl), which #includes this file for the
+// registry, the cache-directory rules, the file-name, lock and sidecar conventions and SHA-256:
+// one source of truth, while pensieve itself only runs the tool and needs nothing but libc.
+//
+// Cache layout, all in one flat directory:
+//   FILE               a complete model, only ever put there by rename() after verification
+//   FILE.sha256        its verified digest, one `sha256sum` line ("HEX  FILE")
+//   FILE.partial       an interrupted download, resumed by the next pull
+//   FILE.partial.meta  the validator (ETag or Last-Modified) the partial bytes came with
+//   FILE.lock          held (fcntl) by the pull writing FILE; removed by its holder
+
+
+// The model served when none is named (`./pensieve` with no arguments).
+#ifndef PSV_MODELS_DEFAULT
+#define PSV_MODELS_DEFAULT "phi-4-mini"
+#endif
+// Where registry files are fetched from unless --mirror or PENSIEVE_MIRROR names another host
+// that serves the same paths (BASE/OWNER/REPO/resolve/REVISION/FILE).
+#ifndef PSV_MODELS_HUB
+#define PSV_MODELS_HUB "https://huggingface.co"
+#endif
+// Longest path handled here. Paths are built in fixed buffers so every truncation is an error.
+#define MODELS_PATH_MAX 4096
+
+// A model the registry knows. Files are pinned to a repository commit, so the bytes behind a URL
+// never change and a digest, once published, stays right.
+typedef struct {
+    const char *name;        // what users type: `pensieve pull phi-4-mini`
+    const char *title;       // the upstream model name
+    const char *params;      // parameter count, for people
+    const char *repo;        // Hugging Face repository, OWNER/NAME
+    const char *revision;    // the commit the file is pinned to (40 hex digits)
+    const char *file;        // file name in the repository and in the cache directory
+    uint64_t size;           // bytes, exact
+    const char *sha256;      // lower-case hex SHA-256 of the file (its Git LFS oid), "" when unknown
+    const char *arch;        // general.architecture in the file (what psv_model_arch reports)
+    const char *chat_format; // the built-in chat format its template is recognised as
+    const char *quant;       // quantization mix
+} models_entry;
+
+// Sizes and digests are the Git LFS details of each file at the pinned revision (the "SHA256"
+// shown on the file's Hugging Face page, which is also what the hub sends as X-Linked-Etag),
+// cross-checked against independent published pins of the same file. Never invent a digest: an
+// entry whose digest is not known has "" and pensieve-pull then relies on the server's digest.
+static const models_entry models_registry[] = {
+    {"phi-4-mini", "Phi-4-mini-instruct", "3.8B", "bartowski/microsoft_Phi-4-mini-instruct-GGUF",
+     "915429cb42fe8eba71bd1d3117a7d63070892268", "microsoft_Phi-4-mini-instruct-Q4_K_M.gguf", 2491874688u,
+     "01999f17c39cc3074afae5e9c539bc82d45f2dd7faa3917c66cbef76fce8c0c2", "phi3", "phi4-mini", "Q4_K_M"},
+    {"phi-3.5-mini", "Phi-3.5-mini-instruct", "3.8B", "bartowski/Phi-3.5-mini-instruct-GGUF",
+     "b1693692c4758ac83f0d0e65aff9b4f945f29941", "Phi-3.5-mini-instruct-Q4_K_M.gguf", 2393232672u,
+     "e4165e3a71af97f1b4820da61079826d8752a2088e313af0c7d346796c38eff5", "phi3", "phi3", "Q4_K_M"},
+    {"phi-4", "phi-4", "14.7B", "bartowski/phi-4-GGUF", "17e314f32ffbf1594c644b29985cc1e8cbe28ca1",
+     "phi-4-Q4_K_M.gguf", 9053114816u, "009aba717c09d4a35890c7d35eb59d54e1dba884c7c526e7197d9c13ab5911d9",
+     "phi3", "phi4", "Q4_K_M"},
+    {"llama-3.2-1b", "Llama-3.2-1B-Instruct", "1.2B", "bartowski/Llama-3.2-1B-Instruct-GGUF",
+     "d52af3776f99ddf220e5ffd3f93b2a4e4df105be", "Llama-3.2-1B-Instruct-Q4_K_M.gguf", 807694464u,
+     "6f85a640a97cf2bf5b8e764087b1e83da0fdb51d7c9fab7d0fece9385611df83", "llama", "llama3", "Q4_K_M"},
+    {"llama-3.2-3b", "Llama-3.2-3B-Instruct", "3.2B", "bartowski/Llama-3.2-3B-Instruct-GGUF",
+     "c346bfc2029e79ba6d7edf026cf01fe44242db0d", "Llama-3.2-3B-Instruct-Q4_K_M.gguf", 2019377696u,
+     "6c1a2b41161032677be168d354123594c0e6e67d2b9227c84f296ad037c728ff", "llama", "llama3", "Q4_K_M"},
+    {"qwen2.5-0.5b", "Qwen2.5-0.5B-Instruct", "0.5B", "bartowski/Qwen2.5-0.5B-Instruct-GGUF",
+     "b26a58accf53b1a19fbc555d52fdb224bec473f5", "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf", 397808192u,
+     "6eb923e7d26e9cea28811e1a8e852009b21242fb157b26149d3b188f3a8c8653", "qwen2", "chatml", "Q4_K_M"},
+    {"qwen2.5-1.5b", "Qwen2.5-1.5B-Instruct", "1.5B", "Qwen/Qwen2.5-1.5B-Instruct-GGUF",
+     "91cad51170dc346986eccefdc2dd33a9da36ead9", "qwen2.5-1.5b-instruct-q4_k_m.gguf", 1117320736u,
+     "6a1a2eb6d15622bf3c96857206351ba97e1af16c30d7a74ee38970e434e9407e", "qwen2", "chatml", "Q4_K_M"},
+    {"qwen3-1.7b", "Qwen3-1.7B", "1.7B", "unsloth/Qwen3-1.7B-GGUF", "d7f544eead698dbd1f15126ef60b45a1e1933222",
+     "Qwen3-1.7B-Q4_K_M.gguf", 1107409472u, "b139949c5bd74937ad8ed8c8cf3d9ffb1e99c866c823204dc42c0d91fa181897",
+     "qwen3", "qwen3", "Q4_K_M"},
+};
+
+static bool models_ascii_ieq(const char *a, const char *b) {
+    for (; *a && *b; a++, b++) {
+        int ca = (unsigned char)*a, cb = (unsigned char)*b;
+        if (ca >= 'A' && ca <= 'Z') ca += 32;
+        if (cb >= 'A' && cb <= 'Z') cb += 32;
+        if (ca != cb) return false;
+    }
+    return *a == *b;
+}
+
+// The registry entry called name (ASCII case-insensitive), or NULL.
+static const models_entry *models_find(const char *name) {
+    if (!name) return NULL;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(models_registry); i++)
+        if (models_ascii_ieq(models_registry[i].name, name)) return &models_registry[i];
+    return NULL;
+}
+
+// The registry entry whose file is called file (exact), or NULL.
+static const models_entry *models_find_file(const char *file) {
+    if (!file) return NULL;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(models_registry); i++)
+        if (!strcmp(models_registry[i].file, file)) return &models_registry[i];
+    return NULL;
+}
+
+// "name1, name2, ..." of every registry entry, for messages.
+static void models_names(buf_t *b) {
+    for (size_t i = 0; i < PSV_ARRAY_LEN(models_registry); i++)
+        buf_printf(b, "%s%s", i ? ", " : "", models_registry[i].name);
+}
+
+// Sizes as people read them on the hub: decimal units, three significant digits.
+static void models_human_size(uint64_t n, char out[32]) {
+    if (n >= 1000000000u) snprintf(out, 32, "%.2f GB", (double)n / 1e9);
+    else if (n >= 1000000u) snprintf(out, 32, "%.1f MB", (double)n / 1e6);
+    else if (n >= 1000u) snprintf(out, 32, "%.1f kB", (double)n / 1e3);
+    else snprintf(out, 32, "%u B", (unsigned)n);
+}
+
+// dir + "/" + file + suffix into out; false (out unchanged past its first byte) when it does not fit.
+static bool models_join(char *out, size_t cap, const char *dir, const char *file, const char *suffix) {
+    int n = snprintf(out, cap, "%s%s%s%s", dir ? dir : "", dir && *dir ? "/" : "", file, suffix ? suffix : "");
+    return n >= 0 && (size_t)n < cap;
+}
+
+static bool models_is_hex(int c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+// Parses exactly 64 hex digits (either case) from s[0..n) into lower-case hex. false otherwise.
+static bool models_parse_hex64(const char *s, size_t n, char out[65]) {
+    if (!s || n != 64) return false;
+    for (size_t i = 0; i < 64; i++) {
+        if (!models_is_hex((unsigned char)s[i])) return false;
+        char c = s[i];
+        out[i] = (char)(c >= 'A' && c <= 'F' ? c + 32 : c);
+    }
+    out[64] = 0;
+    return true;
+}
+
+// The SHA-256 an entity tag carries, when it is one: a strong tag "HEX" (RFC 9110 §8.8.3) or a
+// bare 64-hex value, the form in which the Hugging Face hub exposes a Git LFS file's SHA-256 in
+// X-Linked-Etag and ETag. A weak tag (W/"...") promises no byte identity, so it never counts.
+PSV_MAYBE_UNUSED static bool models_etag_digest(const char *v, size_t n, char out[65]) {
+    while (n > 0 && (*v == ' ' || *v == '\t')) v++, n--;
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t' || v[n - 1] == '\r' || v[n - 1] == '\n')) n--;
+    if (n >= 2 && v[0] == '"' && v[n - 1] == '"') v++, n -= 2;
+    return models_parse_hex64(v, n, out);
+}
+
+// Parses a decimal uint64 from s[*i..n), advancing *i; false on no digits or overflow.
+static bool models_parse_u64(const char *s, size_t n, size_t *i, uint64_t *out) {
+    uint64_t v = 0;
+    size_t start = *i;
+    while (*i < n && s[*i] >= '0' && s[*i] <= '9') {
+        if (!ck_mul_u64(v, 10, &v) || !ck_add_u64(v, (uint64_t)(s[*i] - '0'), &v)) return false;
+        (*i)++;
+    }
+    *out = v;
+    return *i > start;
+}
+
+// Content-Range (RFC 9110 §14.4): "bytes FIRST-LAST/COMPLETE" with COMPLETE a number or "*", or
+// the unsatisfied form "bytes */COMPLETE" sent with 416. Unknown parts are UINT64_MAX: *first and
+// *last for the unsatisfied form, *complete for "*". false on anything malformed, including
+// LAST < FIRST or LAST >= COMPLETE.
+PSV_MAYBE_UNUSED static bool models_parse_content_range(const char *v, size_t n, uint64_t *first, uint64_t *last,
+                                                        uint64_t *complete) {
+    size_t i = 0;
+    while (i < n && (v[i] == ' ' || v[i] == '\t')) i++;
+    while (n > i && (v[n - 1] == ' ' || v[n - 1] == '\t' || v[n - 1] == '\r' || v[n - 1] == '\n')) n--;
+    if (n - i < 6 || memcmp(v + i, "bytes", 5) != 0 || v[i + 5] != ' ') return false;
+    i += 6;
+    while (i < n && v[i] == ' ') i++;
+    if (i < n && v[i] == '*') {
+        *first = *last = UINT64_MAX;
+        i++;
+    } else {
+        if (!models_parse_u64(v, n, &i, first) || i >= n || v[i] != '-') return false;
+        i++;
+        if (!models_parse_u64(v, n, &i, last) || *last < *first) return false;
+    }
+    if (i >= n || v[i] != '/') return false;
+    i++;
+    if (i < n && v[i] == '*' && i + 1 == n) {
+        if (*first == UINT64_MAX) return false; // "bytes */*" says nothing
+        *complete = UINT64_MAX;
+        return true;
+    }
+    if (!models_parse_u64(v, n, &i, complete) || i != n) return false;
+    return *first == UINT64_MAX || *last < *complete;
+}
+
+// A name that can live in the cache directory as is: 1..200 bytes of [A-Za-z0-9._+-], not
+// starting with '.', so it can never climb out of the directory or hide as a dotfile.
+static bool models_safe_filename(const char *name) {
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > 200 || name[0] == '.') return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-' || c == '+'))
+            return false;
+    }
+    return true;
+}
+
+// The file name a URL downloads to: its last path segment, without query or fragment, which
+// must be a safe file name (no percent-decoding: an encoded name is refused, not guessed at).
+PSV_MAYBE_UNUSED static bool models_url_filename(const char *url, char *out, size_t cap) {
+    const char *p = strstr(url, "://");
+    if (!p) return false;
+    p += 3;
+    size_t end = strcspn(p, "?#");
+    const char *path = memchr(p, '/', end);
+    if (!path) return false;
+    const char *seg = path, *stop = p + end;
+    for (const char *q = path; q < stop; q++)
+        if (*q == '/') seg = q + 1;
+    size_t n = (size_t)(stop - seg);
+    if (n == 0 || n >= cap) return false;
+    memcpy(out, seg, n);
+    out[n] = 0;
+    return models_safe_filename(out);
+}
+
+// The download URL of a registry entry: BASE/REPO/resolve/REVISION/FILE (the hub's file route).
+// base is a mirror with the same layout, or NULL for PSV_MODELS_HUB; trailing slashes are dropped.
+static psv_status models_url(const models_entry *e, const char *base, char *out, size_t cap, psv_error *err) {
+    if (!base || !*base) base = PSV_MODELS_HUB;
+    size_t bn = strlen(base);
+    while (bn > 0 && base[bn - 1] == '/') bn--;
+    int n = snprintf(out, cap, "%.*s/%s/resolve/%s/%s", (int)bn, base, e->repo, e->revision, e->file);
+    if (n < 0 || (size_t)n >= cap)
+        return err_set(err, PSV_ERR_RANGE, "models: %s: URL longer than %zu bytes", e->name, cap - 1);
+    return PSV_OK;
+}
+
+// The mirror from the environment (PENSIEVE_MIRROR), or NULL.
+static const char *models_mirror_env(void) {
+    const char *m = getenv("PENSIEVE_MIRROR");
+    return m && *m ? m : NULL;
+}
+
+// The cache directory from the three variables that decide it, in order: $PENSIEVE_HOME, then
+// $XDG_CACHE_HOME/pensieve, then $HOME/.cache/pensieve. Empty values count as unset, and so does a
+// relative XDG_CACHE_HOME (the XDG Base Directory spec: "If an implementation encounters a
+// relative path in any of these variables it should consider the path invalid and ignore it").
+// Pure, so tests can drive it; models_cache_dir reads the real environment.
+static psv_status models_cache_dir_from(const char *pensieve_home, const char *xdg_cache_home, const char *home,
+                                        char *out, size_t cap, psv_error *err) {
+    int n;
+    if (pensieve_home && *pensieve_home) n = snprintf(out, cap, "%s", pensieve_home);
+    else if (xdg_cache_home && xdg_cache_home[0] == '/') n = snprintf(out, cap, "%s/pensieve", xdg_cache_home);
+    else if (home && *home) n = snprintf(out, cap, "%s/.cache/pensieve", home);
+    else
+        return err_set(err, PSV_ERR_INVALID,
+                       "models: cache directory: none of PENSIEVE_HOME, XDG_CACHE_HOME or HOME is set "
+                       "(set PENSIEVE_HOME to the directory for models)");
+    if (n < 0 || (size_t)n >= cap)
+        return err_set(err, PSV_ERR_RANGE, "models: cache directory: path longer than %zu bytes", cap - 1);
+    while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+    return PSV_OK;
+}
+
+static psv_status models_cache_dir(char *out, size_t cap, psv_error *err) {
+    return models_cache_dir_from(getenv("PENSIEVE_HOME"), getenv("XDG_CACHE_HOME"), getenv("HOME"), out, cap, err);
+}
+
+// mkdir -p with mode 0700 for the directories it creates (the XDG spec's mode for cache
+// directories: models can be private). Existing directories are left as they are.
+PSV_MAYBE_UNUSED static psv_status models_mkdir_p(const char *dir, psv_error *err) {
+    char path[MODELS_PATH_MAX];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof path) return err_set(err, PSV_ERR_RANGE, "models: directory path too long or empty");
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != 0) continue;
+        char c = path[i];
+        path[i] = 0;
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return err_set(err, PSV_ERR_IO, "models: cannot create directory %s: %s", path, strerror(errno));
+        path[i] = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return err_set(err, PSV_ERR_IO, "models: %s: not a directory", dir);
+    return PSV_OK;
+}
+
+// fsync a directory so that renames and unlinks in it are durable (POSIX leaves this to the
+// directory's own fsync; ext4 and XFS need it).
+PSV_MAYBE_UNUSED static psv_status models_fsync_dir(const char *dir, psv_error *err) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, PSV_ERR_IO, "models: cannot open directory %s: %s", dir, strerror(errno));
+    psv_status st = PSV_OK;
+    if (fsync(fd) != 0 && errno != EINVAL) // some filesystems cannot fsync directories: nothing to do
+        st = err_set(err, PSV_ERR_IO, "models: fsync %s: %s", dir, strerror(errno));
+    close(fd);
+    return st;
+}
+
+// Reads the sidecar of the model file at path (path + ".sha256", a sha256sum line whose digest
+// comes first) into hex. PSV_ERR_IO when there is none, PSV_ERR_FORMAT when it is malformed.
+static psv_status models_sidecar_read(const char *path, char hex[65], psv_error *err) {
+    char sc[MODELS_PATH_MAX], line[512];
+    if (!models_join(sc, sizeof sc, NULL, path, ".sha256"))
+        return err_set(err, PSV_ERR_RANGE, "models: %s: path too long", path);
+    int fd = open(sc, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, PSV_ERR_IO, "models: %s: cannot open: %s", sc, strerror(errno));
+    ssize_t k = read(fd, line, sizeof line - 1);
+    close(fd);
+    if (k < 0) return err_set(err, PSV_ERR_IO, "models: %s: read error: %s", sc, strerror(errno));
+    line[k] = 0;
+    size_t n = (size_t)k;
+    // "HEX", "HEX\n", or "HEX  NAME\n" / "HEX *NAME\n" (sha256sum's text and binary modes)
+    bool end_ok = n == 64 || (n > 64 && (line[64] == '\n' || line[64] == ' '));
+    if (!end_ok || !models_parse_hex64(line, 64, hex))
+        return err_set(err, PSV_ERR_FORMAT, "models: %s: not a SHA-256 sidecar (expected 64 hex digits first)", sc);
+    return PSV_OK;
+}
+
+// Writes dir/file.sha256 = "HEX  file\n" through a temporary file, fsync and rename, so the
+// sidecar is either the old one or the new one, never half of either.
+PSV_MAYBE_UNUSED static psv_status models_sidecar_write(const char *dir, const char *file, const char hex[65],
+                                                        psv_error *err) {
+    char sc[MODELS_PATH_MAX], tmp[MODELS_PATH_MAX], line[320];
+    if (!models_join(sc, sizeof sc, dir, file, ".sha256") || !models_join(tmp, sizeof tmp, dir, file, ".sha256.tmp"))
+        return err_set(err, PSV_ERR_RANGE, "models: %s: path too long", file);
+    int n = snprintf(line, sizeof line, "%s  %s\n", hex, file);
+    if (n < 0 || (size_t)n >= sizeof line) return err_set(err, PSV_ERR_RANGE, "models: %s: name too long", file);
+    psv_status st = PSV_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return err_set(err, PSV_ERR_IO, "models: cannot create %s: %s", tmp, strerror(errno));
+    if (write(fd, line, (size_t)n) != n || fsync(fd) != 0) {
+        st = err_set(err, PSV_ERR_IO, "models: cannot write %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    if (rename(tmp, sc) != 0) {
+        st = err_set(err, PSV_ERR_IO, "models: cannot rename %s to %s: %s", tmp, sc, strerror(errno));
+        goto done;
+    }
+    st = models_fsync_dir(dir, err);
+done:
+    close(fd);
+    if (st != PSV_OK) unlink(tmp);
+    return st;
+}
+
+// The per-file lock that keeps two pulls of one file from writing it at once. fcntl locks are
+// POSIX and die with their process, so a killed pull never leaves the file locked. The holder
+// unlinks the lock file before releasing it; a waiter that then wins the lock on the unlinked
+// inode sees that the path no longer names it and starts over, so two processes can never both
+// believe they hold it. wait=false returns PSV_ERR_RANGE at once when another process holds it,
+// with its pid in *holder. log (may be NULL) gets one line, starting with who, when waiting.
+static psv_status models_lock(const char *dir, const char *file, bool wait, FILE *log, const char *who, int *fd_out,
+                              long *holder, psv_error *err) {
+    char path[MODELS_PATH_MAX];
+    *fd_out = -1;
+    if (holder) *holder = 0;
+    if (!models_join(path, sizeof path, dir, file, ".lock"))
+        return err_set(err, PSV_ERR_RANGE, "models: %s: path too long", file);
+    bool said = false;
+    for (;;) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0) return err_set(err, PSV_ERR_IO, "models: cannot open %s: %s", path, strerror(errno));
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+        if (fcntl(fd, F_SETLK, &fl) != 0) {
+            if (errno != EACCES && errno != EAGAIN) {
+                int e = errno;
+                close(fd);
+                return err_set(err, PSV_ERR_IO, "models: cannot lock %s: %s", path, strerror(e));
+            }
+            struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+            long pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? (long)q.l_pid : 0;
+            if (holder) *holder = pid;
+            if (!wait) {
+                close(fd);
+                return err_set(err, PSV_ERR_RANGE, "models: %s is being downloaded by another process (pid %ld)",
+                               file, pid);
+            }
+            if (log && !said) {
+                fprintf(log, "%s: waiting: another process (pid %ld) is downloading %s\n", who ? who : "pensieve",
+                        pid, file);
+                said = true;
+            }
+            while (fcntl(fd, F_SETLKW, &fl) != 0) {
+                if (errno != EINTR) {
+                    int e = errno;
+                    close(fd);
+                    return err_set(err, PSV_ERR_IO, "models: cannot lock %s: %s", path, strerror(e));
+                }
+            }
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            *fd_out = fd;
+            return PSV_OK;
+        }
+        close(fd); // we locked a lock file its holder had already removed: take the new one
+    }
+}
+
+// Releases a lock from models_lock: removes the lock file while still holding it (see above).
+static void models_unlock(const char *dir, const char *file, int fd) {
+    if (fd < 0) return;
+    char path[MODELS_PATH_MAX];
+    if (models_join(path, sizeof path, dir, file, ".lock")) unlink(path);
+    close(fd);
+}
+
+// What `list` reports for a cached file, from its sidecar, its size and the registry; no hashing.
+typedef enum {
+    MODELS_VERIFIED,   // a sidecar, agreeing with the registry's digest and size where known
+    MODELS_UNVERIFIED, // no sidecar: put there by hand (`pensieve verify` checks and records it)
+    MODELS_MISMATCH,   // sidecar unreadable or disagreeing with the registry, or wrong size
+} models_state;
+
+static const char *models_state_name(models_state s) {
+    switch (s) {
+    case MODELS_VERIFIED: return "verified";
+    case MODELS_UNVERIFIED: return "unverified";
+    case MODELS_MISMATCH: return "MISMATCH";
+    }
+    return "?";
+}
+
+// e may be NULL (a file the registry does not know). size is the file's size.
+static models_state models_file_state(const char *path, uint64_t size, const models_entry *e) {
+    char hex[65];
+    psv_error err = {0};
+    psv_status st = models_sidecar_read(path, hex, &err);
+    if (st == PSV_ERR_IO) return MODELS_UNVERIFIED;
+    if (st != PSV_OK) return MODELS_MISMATCH;
+    if (e && e->sha256[0] && strcmp(hex, e->sha256) != 0) return MODELS_MISMATCH;
+    if (e && e->size && size != e->size) return MODELS_MISMATCH;
+    return MODELS_VERIFIED;
+}
+
+// The result of resolving `--model PATH|NAME`.
+typedef struct {
+    char path[MODELS_PATH_MAX];  // the file to open (for a missing registry model: where it belongs)
+    const models_entry *entry;   // the registry entry (also for a path to a registry file), else NULL
+    bool missing;                // entry is set and its file is not in the cache yet
+    models_state state;          // sidecar state of path when it exists
+} models_resolved;
+
+// Appends s as one POSIX shell word: in single quotes, each ' written as '\'' (the only
+// character single quotes cannot hold), so printed commands can be pasted as they are.
+static void models_shell_quote(buf_t *b, const char *s) {
+    buf_putc(b, '\'');
+    for (; *s; s++) {
+        if (*s == '\'') buf_puts(b, "'\\''");
+        else buf_putc(b, *s);
+    }
+    buf_putc(b, '\'');
+}
+
+// The plain curl command that downloads registry entry e to path (resuming with -C -).
+static void models_curl_command(buf_t *b, const models_entry *e, const char *path, const char *mirror) {
+    char url[1024];
+    if (models_url(e, mirror, url, sizeof url, NULL) != PSV_OK) snprintf(url, sizeof url, "(URL too long)");
+    buf_puts(b, "curl -fL -C - --create-dirs -o ");
+    models_shell_quote(b, path);
+    buf_putc(b, ' ');
+    models_shell_quote(b, url);
+}
+
+// Instructions to fetch a registry model by hand, several lines, each ending in '\n': the
+// pensieve-pull command and a plain curl line with the URL, then the expected digest.
+static void models_fetch_help(const models_entry *e, const char *path, const char *mirror, buf_t *out) {
+    char size[32];
+    models_human_size(e->size, size);
+    buf_printf(out, "fetch %s (%s, %s) with:\n  pensieve pull %s\n", e->name, e->title, size, e->name);
+    buf_puts(out, "or without pensieve-pull:\n  ");
+    models_curl_command(out, e, path, mirror);
+    buf_putc(out, '\n');
+    if (e->sha256[0]) {
+        buf_puts(out, "  and check that `sha256sum ");
+        models_shell_quote(out, path);
+        buf_printf(out, "` prints %s\n", e->sha256);
+    }
+}
+
+// Resolves `--model PATH|NAME`. name_or_path NULL or "" means $PENSIEVE_MODEL, else the default
+// model (PSV_MODELS_DEFAULT). A registry name resolves to its file in the cache directory; any
+// other value is a path (a bare file name is also looked for in the cache directory, where URL
+// pulls put their files). Errors: an unknown name lists the known ones (PSV_ERR_INVALID); a
+// registry model not downloaded yet is PSV_ERR_IO with out->missing set and out->path where it
+// belongs, and the message names the command that fetches it; a missing path is PSV_ERR_IO.
+static psv_status models_resolve_ex(const char *name_or_path, models_resolved *out, psv_error *err) {
+    memset(out, 0, sizeof *out);
+    const char *arg = name_or_path;
+    if (!arg || !*arg) arg = getenv("PENSIEVE_MODEL");
+    if (!arg || !*arg) arg = PSV_MODELS_DEFAULT;
+    char dir[MODELS_PATH_MAX];
+    struct stat st;
+    const models_entry *e = strchr(arg, '/') ? NULL : models_find(arg);
+    if (e) {
+        psv_status s = models_cache_dir(dir, sizeof dir, err);
+        if (s != PSV_OK) return s;
+        if (!models_join(out->path, sizeof out->path, dir, e->file, NULL))
+            return err_set(err, PSV_ERR_RANGE, "models: %s: cache path too long", e->name);
+        out->entry = e;
+        if (stat(out->path, &st) == 0 && S_ISREG(st.st_mode)) {
+            out->state = models_file_state(out->path, (uint64_t)st.st_size, e);
+            return PSV_OK;
+        }
+        out->missing = true;
+        // One line naming both ways to fetch it, when it fits in the error record (it does for
+        // ordinary paths), else the command alone; models_fetch_help has the multi-line form.
+        buf_t b = {0};
+        buf_printf(&b, "models: %s is not downloaded yet; fetch it with `pensieve pull %s`, or: ", e->name, e->name);
+        models_curl_command(&b, e, out->path, models_mirror_env());
+        if (e->sha256[0]) buf_printf(&b, " (its SHA-256 must be %s)", e->sha256);
+        psv_status r;
+        if (!b.oom && b.len < sizeof err->message)
+            r = err_set(err, PSV_ERR_IO, "%s", b.data);
+        else
+            r = err_set(err, PSV_ERR_IO, "models: %s is not downloaded yet (%s); fetch it with `pensieve pull %s`",
+                        e->name, out->path, e->name);
+        buf_free(&b);
+        return r;
+    }
+    if (strlen(arg) >= sizeof out->path) return err_set(err, PSV_ERR_RANGE, "models: model path too long");
+    snprintf(out->path, sizeof out->path, "%s", arg);
+    bool found = stat(arg, &st) == 0;
+    if (!found && !strchr(arg, '/') && models_cache_dir(dir, sizeof dir, NULL) == PSV_OK &&
+        models_join(out->path, sizeof out->path, dir, arg, NULL) && stat(out->path, &st) == 0)
+        found = true;
+    if (!found) {
+        snprintf(out->path, sizeof out->path, "%s", arg);
+        size_t n = strlen(arg);
+        bool looks_like_name = !strchr(arg, '/') && !(n > 5 && !strcmp(arg + n - 5, ".gguf"));
+        if (looks_like_name) {
+            buf_t b = {0};
+            models_names(&b);
+            psv_status r = err_set(err, PSV_ERR_INVALID,
+                                   "models: '%s' is neither a known model (%s) nor an existing file", arg,
+                                   b.oom ? "?" : b.data);
+            buf_free(&b);
+            return r;
+        }
+        return err_set(err, PSV_ERR_IO, "models: %s: no such file", arg);
+    }
+    if (!S_ISREG(st.st_mode)) return err_set(err, PSV_ERR_IO, "models: %s: not a regular file", out->path);
+    const char *base = strrchr(out->path, '/');
+    out->entry = models_find_file(base ? base + 1 : out->path);
+    out->state = models_file_state(out->path, (uint64_t)st.st_size, out->entry);
+    return PSV_OK;
+}
+
+// models_resolve_ex for callers that only want the path: path_out gets the file to open.
+PSV_MAYBE_UNUSED static psv_status models_resolve(const char *name_or_path, char *path_out, size_t cap,
+                                                  psv_error *err) {
+    models_resolved r;
+    psv_status st = models_resolve_ex(name_or_path, &r, err);
+    if (st != PSV_OK) return st;
+    if (strlen(r.path) >= cap) return err_set(err, PSV_ERR_RANGE, "models: %s: path longer than %zu bytes", r.path, cap - 1);
+    memcpy(path_out, r.path, strlen(r.path) + 1);
+    return PSV_OK;
+}
+
+static bool models_executable(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+// Finds pensieve-pull: $PENSIEVE_PULL when set, else next to this program (/proc/self/exe's
+// directory, its tools/ subdirectory, or ../tools/ as in a build tree), else on $PATH. Returns
+// false when there is none. The search order is what `pensieve pull --help` describes.
+static bool models_find_pull_tool(char *out, size_t cap) {
+    const char *env = getenv("PENSIEVE_PULL");
+    if (env && *env) {
+        if (strlen(env) >= cap) return false;
+        snprintf(out, cap, "%s", env);
+        return models_executable(out);
+    }
+    char exe[MODELS_PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1); // Linux; elsewhere PATH alone
+    if (k > 0) {
+        exe[k] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            static const char *const rel[] = {"pensieve-pull", "tools/pensieve-pull", "../tools/pensieve-pull"};
+            for (size_t i = 0; i < PSV_ARRAY_LEN(rel); i++)
+                if (models_join(out, cap, exe, rel[i], NULL) && models_executable(out)) return true;
+        }
+    }
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        if (n > 0 && n < MODELS_PATH_MAX) {
+            char d[MODELS_PATH_MAX];
+            memcpy(d, path, n);
+            d[n] = 0;
+            if (models_join(out, cap, d, "pensieve-pull", NULL) && models_executable(out)) return true;
+        }
+        path += n;
+        if (*path == ':') path++;
+    }
+    return false;
+}
+
+// Runs tool with argv (argv[0] is what the tool sees as its name; NULL-terminated) and waits for
+// it. Its output goes straight to ours, so its progress bar shows. Returns its exit status, 128+N
+// when killed by signal N, or -1 (errno set) when it could not be started.
+static int models_run_tool(const char *tool, char *const argv[]) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        execv(tool, argv);
+        fprintf(stderr, "pensieve: cannot run %s: %s\n", tool, strerror(errno));
+        _exit(127);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return -1;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return -1;
+}
+
+// What to tell someone who has no pensieve-pull.
+static void models_no_tool_help(FILE *f) {
+    fprintf(f, "the download tool pensieve-pull was not found (looked at $PENSIEVE_PULL, next to this program, "
+               "in its tools/ directory and on PATH).\n"
+               "Build it from the source tree with `make` (it needs libcurl's development files: "
+               "`sudo apt-get install libcurl4-openssl-dev` on Debian/Ubuntu, libcurl-devel on Fedora), "
+               "or put it on PATH.\n");
+}
+
+// For the server's zero-config start: resolves like models_resolve_ex and, when the model is a
+// registry model that is not downloaded yet and allow_pull is set, runs pensieve-pull for it
+// (progress on the terminal), then resolves again. mirror (or NULL: PENSIEVE_MIRROR, then the hub)
+// is passed on. log (may be NULL) gets what is being done and, on failure, the commands to fetch
+// the model by hand; err gets one line for the caller's exit message.
+PSV_MAYBE_UNUSED static psv_status models_ensure(const char *name_or_path, const char *mirror, bool allow_pull,
+                                                 FILE *log, models_resolved *out, psv_error *err) {
+    psv_error first = {0};
+    psv_status st = models_resolve_ex(name_or_path, out, &first);
+    if (st == PSV_OK) return PSV_OK;
+    if (!out->missing) return err_set(err, st, "%s", first.message);
+    const models_entry *e = out->entry;
+    char tool[MODELS_PATH_MAX];
+    buf_t help = {0};
+    if (!mirror || !*mirror) mirror = models_mirror_env();
+    models_fetch_help(e, out->path, mirror, &help);
+    if (!allow_pull) {
+        if (log) fprintf(log, "pensieve: %s is not downloaded yet; %s", e->name, help.oom ? "\n" : help.data);
+        st = err_set(err, PSV_ERR_IO, "models: %s is not downloaded yet (%s)", e->name, out->path);
+        goto done;
+    }
+    if (!models_find_pull_tool(tool, sizeof tool)) {
+        if (log) {
+            fprintf(log, "pensieve: %s is not downloaded yet and ", e->name);
+            models_no_tool_help(log);
+            fprintf(log, "%s", help.oom ? "" : help.data);
+        }
+        st = err_set(err, PSV_ERR_IO, "models: %s is not downloaded yet and pensieve-pull was not found", e->name);
+        goto done;
+    }
+    char size[32];
+    models_human_size(e->size, size);
+    if (log) fprintf(log, "pensieve: %s (%s) is not downloaded yet: fetching it with %s\n", e->name, size, tool);
+    char *argv[6] = {"pensieve-pull", (char *)e->name, NULL, NULL, NULL, NULL};
+    if (mirror) argv[2] = "--mirror", argv[3] = (char *)mirror;
+    int rc = models_run_tool(tool, argv);
+    if (rc != 0) {
+        if (log) fprintf(log, "pensieve: could not download %s; to try again later, %s", e->name, help.oom ? "\n" : help.data);
+        if (rc < 0) st = err_set(err, PSV_ERR_IO, "models: cannot run %s: %s", tool, strerror(errno));
+        else st = err_set(err, PSV_ERR_IO, "models: downloading %s failed (pensieve-pull exit status %d)", e->name, rc);
+        goto done;
+    }
+    st = models_resolve_ex(name_or_path, out, err);
+done:
+    buf_free(&help);
+    return st;
+}
+
+// The registry as a table. dir (may be NULL) marks the models already in that directory.
+PSV_MAYBE_UNUSED static void models_registry_print(FILE *f, const char *dir) {
+    fprintf(f, "%-14s %-6s %-9s %-7s %-6s %-10s %s\n", "NAME", "PARAMS", "SIZE", "QUANT", "ARCH", "CHAT", "SOURCE");
+    for (size_t i = 0; i < PSV_ARRAY_LEN(models_registry); i++) {
+        const models_entry *e = &models_registry[i];
+        char size[32], path[MODELS_PATH_MAX], name[64];
+        models_human_size(e->size, size);
+        struct stat st;
+        bool have = dir && models_join(path, sizeof path, dir, e->file, NULL) && stat(path, &st) == 0;
+        snprintf(name, sizeof name, "%s%s", e->name, !strcmp(e->name, PSV_MODELS_DEFAULT) ? "*" : "");
+        fprintf(f, "%-14s %-6s %-9s %-7s %-6s %-10s %s/%s%s\n", name, e->params, size, e->quant, e->arch,
+                e->chat_format, e->repo, e->file, have ? "  [downloaded]" : "");
+    }
+    fprintf(f, "* the default model. Each file is pinned to a repository commit and checked against its SHA-256.\n");
+}
+
+static bool models_has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n > k && !strcmp(s + n - k, suffix);
+}
+
+static void models_list_usage(FILE *f) {
+    fprintf(f, "usage: pensieve list [--all]\n"
+               "Lists the models in the cache directory ($PENSIEVE_HOME, else $XDG_CACHE_HOME/pensieve, else\n"
+               "~/.cache/pensieve) with their size and verification state:\n"
+               "  verified    the digest recorded at download (FILE.sha256) matches the registry\n"
+               "  unverified  no recorded digest: `pensieve verify NAME` checks the file and records it\n"
+               "  MISMATCH    the recorded digest or the size disagrees with the registry: pull it again\n"
+               "  partial     an interrupted download: `pensieve pull NAME` resumes it\n"
+               "States come from the recorded digests; `pensieve verify` re-reads the files.\n"
+               "  --all   also list the registry's models that are not downloaded\n");
+}
+
+// `pensieve list [--all]`: the cache directory's models, their size and state.
+PSV_MAYBE_UNUSED static int cli_list(int argc, char **argv) {
+    bool all = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            models_list_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--all")) {
+            all = true;
+        } else {
+            fprintf(stderr, "pensieve list: unknown argument '%s' (try --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    char dir[MODELS_PATH_MAX];
+    psv_error err = {0};
+    if (models_cache_dir(dir, sizeof dir, &err) != PSV_OK) {
+        fprintf(stderr, "pensieve list: %s\n", err.message);
+        return 1;
+    }
+    // Collect names first so the table comes out sorted whatever order readdir gives.
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    DIR *d = opendir(dir);
+    if (!d && errno != ENOENT) {
+        fprintf(stderr, "pensieve list: cannot read %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    for (struct dirent *de; d && (de = readdir(d));) {
+        const char *nm = de->d_name;
+        if (!models_safe_filename(nm) || !(models_has_suffix(nm, ".gguf") || models_has_suffix(nm, ".gguf.partial")))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            char **p = realloc(names, nc * sizeof *p);
+            if (!p) {
+                rc = 1;
+                break;
+            }
+            names = p;
+            cap = nc;
+        }
+        if (!(names[n] = str_dup(str_c(nm)))) {
+            rc = 1;
+            break;
+        }
+        n++;
+    }
+    if (d) closedir(d);
+    if (rc) {
+        fprintf(stderr, "pensieve list: out of memory\n");
+        goto done;
+    }
+    for (size_t i = 1; i < n; i++) // insertion sort: a cache holds a handful of files
+        for (size_t j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char *t = names[j];
+            names[j] = names[j - 1];
+            names[j - 1] = t;
+        }
+    printf("models in %s:\n", dir);
+    printf("%-14s %-44s %-10s %s\n", "NAME", "FILE", "SIZE", "STATE");
+    size_t rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[MODELS_PATH_MAX], size[32], state[160], file[256];
+        struct stat st;
+        if (!models_join(path, sizeof path, dir, names[i], NULL) || lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        bool partial = models_has_suffix(names[i], ".partial");
+        snprintf(file, sizeof file, "%.*s", (int)(strlen(names[i]) - (partial ? 8 : 0)), names[i]);
+        const models_entry *e = models_find_file(file);
+        models_human_size((uint64_t)st.st_size, size);
+        if (partial) {
+            char total[32];
+            if (e) models_human_size(e->size, total);
+            snprintf(state, sizeof state, "partial%s%s%s: `pensieve pull %s` resumes it", e ? " (of " : "",
+                     e ? total : "", e ? ")" : "", e ? e->name : "URL");
+        } else {
+            snprintf(state, sizeof state, "%s", models_state_name(models_file_state(path, (uint64_t)st.st_size, e)));
+        }
+        printf("%-14s %-44s %-10s %s\n", e ? e->name : "-", names[i], size, state);
+        rows++;
+    }
+    if (all) {
+        for (size_t i = 0; i < PSV_ARRAY_LEN(models_registry); i++) {
+            const models_entry *e = &models_registry[i];
+            bool have = false;
+            for (size_t j = 0; j < n && !have; j++) have = !strcmp(names[j], e->file);
+            if (have) continue;
+            char size[32];
+            models_human_size(e->size, size);
+            printf("%-14s %-44s %-10s %s\n", e->name, e->file, size, "not downloaded");
+            rows++;
+        }
+    }
+    if (rows == 0) printf("(none: `pensieve pull %s` downloads the default model)\n", PSV_MODELS_DEFAULT);
+done:
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return rc;
+}
+
+// For verify and rm: the cache file an argument names. A registry name gives its file; a bare
+// file name gives that file in the cache directory. *e gets the registry entry, if any.
+static bool models_cache_file_arg(const char *arg, const char **file, const models_entry **e) {
+    *e = models_find(arg);
+    if (*e) {
+        *file = (*e)->file;
+        return true;
+    }
+    if (!models_safe_filename(arg)) return false;
+    *file = arg;
+    *e = models_find_file(arg);
+    return true;
+}
+
+// Re-hashes one file and compares with every reference it has: its sidecar and, when it is a
+// registry file, the registry's digest and size. Records a sidecar when there was none and the
+// registry's digest matched. Returns 0 when verified, 1 otherwise; messages on stdout/stderr.
+static int models_verify_one(const char *arg) {
+    char dir[MODELS_PATH_MAX], path[MODELS_PATH_MAX];
+    const char *file = NULL;
+    const models_entry *e = NULL;
+    psv_error err = {0};
+    struct stat st;
+    if (!strchr(arg, '/') && models_cache_file_arg(arg, &file, &e)) {
+        if (models_cache_dir(dir, sizeof dir, &err) != PSV_OK) goto fail;
+        if (!models_join(path, sizeof path, dir, file, NULL)) {
+            err_set(&err, PSV_ERR_RANGE, "%s: path too long", arg);
+            goto fail;
+        }
+        if (stat(path, &st) != 0 && !e && stat(arg, &st) == 0) snprintf(path, sizeof path, "%s", arg); // ./FILE
+    } else {
+        if (strlen(arg) >= sizeof path) {
+            err_set(&err, PSV_ERR_RANGE, "%s: path too long", arg);
+            goto fail;
+        }
+        snprintf(path, sizeof path, "%s", arg);
+        const char *base = strrchr(path, '/');
+        e = models_find_file(base ? base + 1 : path);
+    }
+    if (stat(path, &st) != 0) {
+        err_set(&err, PSV_ERR_IO, "%s: not found (%s)%s", arg, path,
+                e ? "; `pensieve pull` downloads it" : "");
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        err_set(&err, PSV_ERR_IO, "%s: not a regular file", path);
+        goto fail;
+    }
+    char side[65], actual[65];
+    psv_error serr = {0};
+    psv_status sst = models_sidecar_read(path, side, &serr);
+    if (sst != PSV_OK && sst != PSV_ERR_IO) fprintf(stderr, "pensieve verify: warning: %s\n", serr.message);
+    bool has_side = sst == PSV_OK, has_reg = e && e->sha256[0];
+    if (e && e->size && (uint64_t)st.st_size != e->size) {
+        err_set(&err, PSV_ERR_FORMAT, "%s: MISMATCH: %" PRIu64 " bytes, but %s is %" PRIu64 " bytes (registry)", path,
+                (uint64_t)st.st_size, e->name, e->size);
+        goto fail;
+    }
+    uint8_t digest[32];
+    if (psv_sha256_file(path, digest, &err) != PSV_OK) goto fail;
+    sha256_hex(digest, actual);
+    if (!has_side && !has_reg) {
+        err_set(&err, PSV_ERR_INVALID,
+                "%s: sha256 %s, but there is nothing to compare it with (no %s.sha256 sidecar, and the registry does "
+                "not know this file)",
+                path, actual, path);
+        goto fail;
+    }
+    bool bad = false;
+    if (has_side && strcmp(side, actual) != 0) {
+        fprintf(stderr, "pensieve verify: %s: MISMATCH with its sidecar %s.sha256\n  expected %s (sidecar)\n  actual   %s\n",
+                path, path, side, actual);
+        bad = true;
+    }
+    if (has_reg && strcmp(e->sha256, actual) != 0) {
+        fprintf(stderr, "pensieve verify: %s: MISMATCH with the registry's %s\n  expected %s (registry)\n  actual   %s\n",
+                path, e->name, e->sha256, actual);
+        bad = true;
+    }
+    if (bad) return 1;
+    const char *what = has_side && has_reg ? "the sidecar and the registry" : has_side ? "the sidecar" : "the registry";
+    printf("%s: OK (sha256 %s matches %s)\n", path, actual, what);
+    if (!has_side && sst == PSV_ERR_IO) {
+        char pdir[MODELS_PATH_MAX];
+        snprintf(pdir, sizeof pdir, "%s", path);
+        char *slash = strrchr(pdir, '/');
+        const char *fname = slash ? slash + 1 : path;
+        if (slash) *slash = 0;
+        psv_error werr = {0};
+        if (models_sidecar_write(slash ? (pdir[0] ? pdir : "/") : ".", fname, actual, &werr) == PSV_OK)
+            printf("%s: recorded in %s.sha256\n", path, path);
+        else
+            fprintf(stderr, "pensieve verify: warning: could not record the digest: %s\n", werr.message);
+    }
+    return 0;
+fail:
+    fprintf(stderr, "pensieve verify: %s\n", err.message);
+    return 1;
+}
+
+// `pensieve verify NAME|PATH...`: re-hash and compare with the sidecar and the registry.
+PSV_MAYBE_UNUSED static int cli_verify(int argc, char **argv) {
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: pensieve verify NAME|PATH...\n"
+                   "Re-reads each model file, computes its SHA-256 and compares it with the digest recorded\n"
+                   "when it was downloaded (FILE.sha256 next to it) and, for the registry's models, with the\n"
+                   "registry's digest and size. NAME is a registry name or a file in the cache directory.\n"
+                   "A file without a sidecar that matches the registry gets one. Exit status 0 when every\n"
+                   "file is verified, 1 otherwise.\n");
+            return 0;
+        }
+        if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "pensieve verify: unknown option '%s' (try --help)\n", argv[i]);
+            return 2;
+        }
+        n++;
+    }
+    if (n == 0) {
+        fprintf(stderr, "pensieve verify: name a model or a file (try --help)\n");
+        return 2;
+    }
+    int rc = 0;
+    for (int i = 1; i < argc; i++) rc |= models_verify_one(argv[i]);
+    return rc;
+}
+
+// `pensieve rm NAME|FILE...`: deletes a model and everything that goes with it from the cache
+// directory. Only names inside the cache directory are accepted, never paths.
+PSV_MAYBE_UNUSED static int cli_rm(int argc, char **argv) {
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: pensieve rm NAME|FILE...\n"
+                   "Deletes models from the cache directory: the file, its recorded digest and any partial\n"
+                   "download. NAME is a registry name (see `pensieve list --all`), FILE a file name in the\n"
+                   "cache directory. Refuses while a pull of the file is running.\n");
+            return 0;
+        }
+        if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "pensieve rm: unknown option '%s' (try --help)\n", argv[i]);
+            return 2;
+        }
+        n++;
+    }
+    if (n == 0) {
+        fprintf(stderr, "pensieve rm: name a model (try --help)\n");
+        return 2;
+    }
+    char dir[MODELS_PATH_MAX];
+    psv_error err = {0};
+    if (models_cache_dir(dir, sizeof dir, &err) != PSV_OK) {
+        fprintf(stderr, "pensieve rm: %s\n", err.message);
+        return 1;
+    }
+    int rc = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *file;
+        const models_entry *e;
+        if (!models_cache_file_arg(argv[i], &file, &e)) {
+            fprintf(stderr, "pensieve rm: '%s' is not a model name or a file name in %s\n", argv[i], dir);
+            rc = 1;
+            continue;
+        }
+        int lock = -1;
+        long holder = 0;
+        psv_error lerr = {0};
+        if (models_lock(dir, file, false, NULL, NULL, &lock, &holder, &lerr) != PSV_OK) {
+            fprintf(stderr, "pensieve rm: %s: not removed: %s\n", file, lerr.message);
+            rc = 1;
+            continue;
+        }
+        static const char *const suffixes[] = {"", ".sha256", ".partial", ".partial.meta", ".sha256.tmp"};
+        uint64_t freed = 0;
+        int removed = 0;
+        for (size_t k = 0; k < PSV_ARRAY_LEN(suffixes); k++) {
+            char path[MODELS_PATH_MAX];
+            struct stat st;
+            if (!models_join(path, sizeof path, dir, file, suffixes[k]) || lstat(path, &st) != 0) continue;
+            if (unlink(path) != 0) {
+                fprintf(stderr, "pensieve rm: cannot remove %s: %s\n", path, strerror(errno));
+                rc = 1;
+                continue;
+            }
+            freed += (uint64_t)st.st_size;
+            removed++;
+        }
+        models_unlock(dir, file, lock);
+        if (removed == 0) {
+            fprintf(stderr, "pensieve rm: %s: not in %s\n", argv[i], dir);
+            rc = 1;
+        } else {
+            char size[32];
+            models_human_size(freed, size);
+            printf("removed %s (%s)\n", file, size);
+            models_fsync_dir(dir, NULL);
+        }
+    }
+    return rc;
+}
+
+// `pensieve pull NAME|URL [options]`: runs pensieve-pull with the same arguments.
+PSV_MAYBE_UNUSED static int cli_pull(int argc, char **argv) {
+    char tool[MODELS_PATH_MAX];
+    bool found = models_find_pull_tool(tool, sizeof tool);
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: pensieve pull NAME|URL [--dir DIR] [--sha256 HEX] [--mirror BASEURL] [--list] [...]\n"
+               "Downloads a model into the cache directory with pensieve-pull, which resumes interrupted\n"
+               "downloads and verifies every file's SHA-256. `pensieve pull --list` shows the registry;\n"
+               "`pensieve-pull --help` documents every option.\n"
+               "pensieve-pull is looked for at $PENSIEVE_PULL, next to this program, in its tools/\n"
+               "directory, and on PATH: %s%s\n",
+               found ? "found " : "not found", found ? tool : "");
+        return 0;
+    }
+    if (!found) {
+        fprintf(stderr, "pensieve pull: ");
+        models_no_tool_help(stderr);
+        const models_entry *e = argc >= 2 ? models_find(argv[1]) : NULL;
+        char dir[MODELS_PATH_MAX], path[MODELS_PATH_MAX];
+        if (e && models_cache_dir(dir, sizeof dir, NULL) == PSV_OK && models_join(path, sizeof path, dir, e->file, NULL)) {
+            buf_t b = {0};
+            models_fetch_help(e, path, models_mirror_env(), &b);
+            if (!b.oom) fprintf(stderr, "Or %s", b.data);
+            buf_free(&b);
+        }
+        return 1;
+    }
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args) {
+        fprintf(stderr, "pensieve pull: out of memory\n");
+        return 1;
+    }
+    args[0] = "pensieve-pull";
+    for (int i = 1; i < argc; i++) args[i] = argv[i];
+    int rc = models_run_tool(tool, args);
+    free(args);
+    if (rc < 0) {
+        fprintf(stderr, "pensieve pull: cannot run %s: %s\n", tool, strerror(errno));
+        return 1;
+    }
+    return rc;
+}
+
 // ----------------------------------------------------------------------------
 // 19. HTTP server
 // An HTTP/1.1 server (RFC 9110, RFC 9112) speaking Anthropic's Messages API and OpenAI's chat
@@ -9370,7 +12961,8 @@ typedef struct {
     const char *cors_origin;
     bool log_json;
     const char *model_path;
-    const char *model_name; // what /v1/models reports
+    const char *model_name;  // what /v1/models reports
+    const char *model_quant; // for the ready line, when known from the registry
 } srv_conf;
 
 typedef struct {
@@ -9386,10 +12978,17 @@ typedef struct {
     int listen_fd;
     int wake[2]; // self-pipe: signals wake the accept loop
     pthread_mutex_t mu;
-    pthread_cond_t slot_cv, conn_cv;
+    pthread_cond_t conn_cv;
     srv_slot *slots;
+    struct gen_job **active; // (parallel) the job on each slot, or NULL
+    struct gen_job *pending; // FIFO of jobs waiting for a slot
+    pthread_cond_t sched_cv;
+    pthread_t sched;
+    bool sched_started;
+    fwd_scratch sched_scratch;
+    fwd_item *sched_items;
     int n_waiting, n_conns, n_busy;
-    volatile sig_atomic_t stopping;
+    _Atomic int stopping; // set by the signal handler, read by every thread (C11 atomic: lock-free, signal-safe)
     uint64_t id_state;
     // metrics (under mu)
     uint64_t m_requests, m_errors, m_tokens_in, m_tokens_out, m_cache_hits, m_cached_tokens;
@@ -9423,6 +13022,8 @@ typedef struct {
     server_t *srv;
     bool broken; // the peer went away (a write failed)
     char req_id[40];
+    int status;  // of the response being sent, for the access log
+    char peer[64];
 } http_conn;
 
 static str_t http_header_get(const http_req *r, const char *name) {
@@ -9509,6 +13110,7 @@ static void http_common_headers(http_conn *c, buf_t *h) {
 }
 
 static bool http_respond(http_conn *c, int status, const char *ctype, const char *body, size_t n, bool keep_alive) {
+    c->status = status;
     buf_t h = {0};
     buf_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n", status, http_reason(status), ctype, n);
     http_common_headers(c, &h);
@@ -9775,33 +13377,59 @@ static int http_read_request(http_conn *c, http_req *r, bool first) {
     return 0;
 }
 
-// ---- slots, queueing and generation ----
+// ---- slots, scheduling and generation ----
+// One scheduler thread owns generation: every step it gathers one token from each generating
+// slot and a chunk of prompt from each slot still reading its prompt into a single forward pass
+// (continuous batching), samples, and appends the text to each job's outbox. Connection threads
+// only move outbox text to their sockets, send pings, and notice clients that went away.
 
 typedef enum { STOP_END_TURN, STOP_MAX_TOKENS, STOP_SEQUENCE, STOP_CANCELLED, STOP_ERROR } gen_stop;
 
 typedef struct gen_job gen_job;
 struct gen_job {
+    // request (read-only once submitted)
     const int32_t *prompt;
     size_t n_prompt;
     int64_t max_tokens;
     psv_sampler_params sp;
     char **stops; // stop sequences, matched on the generated text
     size_t n_stops;
-    // callbacks: text produced (false: the client is gone), keep-alive tick
-    bool (*on_text)(gen_job *j, const char *text, size_t n);
-    bool (*on_tick)(gen_job *j);
+    bool (*on_text)(gen_job *j, const char *text, size_t n); // connection thread: false = client gone
+    bool (*on_tick)(gen_job *j);                             // connection thread: keep-alive
     void *ud;
-    // results
+    http_conn *conn;
+    // results (written by the scheduler before done)
     gen_stop stop;
     int stop_index;
     int64_t n_out;
     size_t n_cached;
     char err[600];
     int err_status;
-    // stop-sequence matcher state: text not yet released (may begin a stop sequence)
-    buf_t hold;
-    double last_tick;
+    // scheduler state
+    int slot;
+    psv_sampler *smp;
+    psv_token_decoder *dec;
+    size_t n_done; // prompt tokens in the cache
+    int32_t last;  // sampled token still to be evaluated
+    bool generating;
+    double t_submit, t_admit, t_prompt;
+    buf_t hold; // text held back because it may begin a stop sequence
+    gen_job *next;
+    // shared with the connection thread, under mu
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    buf_t outbox;
+    bool done, cancel;
 };
+
+static bool gen_emit(gen_job *j, const char *text, size_t n) {
+    pthread_mutex_lock(&j->mu);
+    buf_append(&j->outbox, text, n);
+    bool ok = !j->cancel && !j->outbox.oom;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return ok;
+}
 
 // Longest suffix of s (length n) that is a proper prefix of some stop sequence.
 static size_t gen_hold_len(const gen_job *j, const char *s, size_t n) {
@@ -9817,12 +13445,12 @@ static size_t gen_hold_len(const gen_job *j, const char *s, size_t n) {
     return best;
 }
 
-// Feed generated text through the stop matcher. Returns false when generation should end
-// (a stop sequence completed, or the client is gone).
+// Feed generated text through the stop matcher: release what cannot start a stop sequence,
+// hold the rest. Returns false when generation should end (a stop sequence completed, or the
+// client is gone).
 static bool gen_feed(gen_job *j, const char *text, size_t n) {
     buf_append(&j->hold, text, n);
     if (j->hold.oom) return false;
-    // earliest complete stop sequence in the held text
     size_t cut = SIZE_MAX;
     int which = -1;
     for (size_t k = 0; k < j->n_stops; k++) {
@@ -9835,7 +13463,7 @@ static bool gen_feed(gen_job *j, const char *text, size_t n) {
             }
     }
     if (which >= 0) {
-        if (cut > 0 && !j->on_text(j, j->hold.data, cut)) j->stop = STOP_CANCELLED;
+        if (cut > 0 && !gen_emit(j, j->hold.data, cut)) j->stop = STOP_CANCELLED;
         else {
             j->stop = STOP_SEQUENCE;
             j->stop_index = which;
@@ -9843,15 +13471,14 @@ static bool gen_feed(gen_job *j, const char *text, size_t n) {
         j->hold.len = 0;
         return false;
     }
-    size_t keep = gen_hold_len(j, j->hold.data, j->hold.len);
-    size_t emit = j->hold.len - keep;
+    size_t emit = j->hold.len - gen_hold_len(j, j->hold.data, j->hold.len);
     if (emit > 0) {
-        if (!j->on_text(j, j->hold.data, emit)) {
+        if (!gen_emit(j, j->hold.data, emit)) {
             j->stop = STOP_CANCELLED;
             return false;
         }
-        memmove(j->hold.data, j->hold.data + emit, keep);
-        j->hold.len = keep;
+        memmove(j->hold.data, j->hold.data + emit, j->hold.len - emit);
+        j->hold.len -= emit;
     }
     return true;
 }
@@ -9860,54 +13487,6 @@ static size_t srv_common_prefix(const srv_slot *s, const int32_t *p, size_t n) {
     size_t k = 0;
     while (k < s->n_hist && k < n && s->hist[k] == p[k]) k++;
     return k;
-}
-
-// Wait for a free slot (the one whose cache shares the longest prefix with the prompt), or fail
-// with 529/503 when the queue is full or the wait exceeds the timeout.
-static srv_slot *srv_acquire(server_t *s, gen_job *j) {
-    pthread_mutex_lock(&s->mu);
-    if (s->n_busy == s->conf.parallel && s->n_waiting >= s->conf.max_queue) {
-        pthread_mutex_unlock(&s->mu);
-        j->err_status = 529;
-        snprintf(j->err, sizeof j->err, "server overloaded: all %d slots busy and %d requests queued (--max-queue)",
-                 s->conf.parallel, s->n_waiting);
-        return NULL;
-    }
-    s->n_waiting++;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += s->conf.timeout;
-    srv_slot *best = NULL;
-    while (!best) {
-        size_t best_pre = 0;
-        for (int i = 0; i < s->conf.parallel; i++) {
-            srv_slot *sl = &s->slots[i];
-            if (sl->busy) continue;
-            size_t pre = srv_common_prefix(sl, j->prompt, j->n_prompt);
-            if (!best || pre > best_pre) best = sl, best_pre = pre;
-        }
-        if (best || s->stopping) break;
-        if (pthread_cond_timedwait(&s->slot_cv, &s->mu, &until) == ETIMEDOUT) break;
-    }
-    s->n_waiting--;
-    if (best) {
-        best->busy = true;
-        s->n_busy++;
-    } else {
-        j->err_status = s->stopping ? 503 : 529;
-        snprintf(j->err, sizeof j->err, s->stopping ? "server shutting down" : "no slot became free within %d s (--timeout)",
-                 s->conf.timeout);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return best;
-}
-
-static void srv_release(server_t *s, srv_slot *sl) {
-    pthread_mutex_lock(&s->mu);
-    sl->busy = false;
-    s->n_busy--;
-    pthread_cond_signal(&s->slot_cv);
-    pthread_mutex_unlock(&s->mu);
 }
 
 static bool slot_hist_push(srv_slot *sl, const int32_t *t, size_t n) {
@@ -9923,17 +13502,206 @@ static bool slot_hist_push(srv_slot *sl, const int32_t *t, size_t n) {
     return true;
 }
 
-// Run one generation on a slot: reuse the cached prefix, evaluate the rest of the prompt in
-// chunks (ticking between them so streams can send pings), then sample until a stop.
+// End a job (scheduler thread, s->mu held): release text still held (unless a stop sequence
+// ended it), free its slot and wake its connection thread.
+static void sched_finish(server_t *s, gen_job *j, gen_stop stop) {
+    if (j->stop != STOP_SEQUENCE && j->stop != STOP_CANCELLED) j->stop = stop;
+    if ((j->stop == STOP_END_TURN || j->stop == STOP_MAX_TOKENS) && j->dec) {
+        size_t len;
+        const char *rest = psv_token_decoder_flush(j->dec, &len);
+        if (len) gen_feed(j, rest, len);
+        if (j->stop != STOP_SEQUENCE && j->hold.len) gen_emit(j, j->hold.data, j->hold.len);
+        j->hold.len = 0;
+    }
+    psv_token_decoder_free(j->dec);
+    psv_sampler_free(j->smp);
+    j->dec = NULL;
+    j->smp = NULL;
+    double now = plat_now();
+    if (j->slot >= 0) {
+        s->active[j->slot] = NULL;
+        s->n_busy--;
+        if (j->stop == STOP_ERROR) { // the cache may be half-written
+            s->slots[j->slot].n_hist = 0;
+            psv_ctx_truncate(s->slots[j->slot].ctx, 0, NULL);
+        }
+        s->m_tokens_in += j->n_prompt;
+        s->m_tokens_out += (uint64_t)j->n_out;
+        s->m_cached_tokens += j->n_cached;
+        if (j->n_cached > 0) s->m_cache_hits++;
+        if (j->t_prompt > 0) {
+            s->m_prompt_seconds += j->t_prompt - j->t_admit;
+            s->m_gen_seconds += now - j->t_prompt;
+        }
+    }
+    pthread_mutex_lock(&j->mu);
+    j->done = true;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+// Put a pending job on the free slot whose cache shares the longest prefix with its prompt
+// (s->mu held). Returns false when no slot is free.
+static bool sched_admit(server_t *s, gen_job *j) {
+    int best = -1;
+    size_t best_pre = 0;
+    for (int i = 0; i < s->conf.parallel; i++) {
+        if (s->active[i]) continue;
+        size_t pre = srv_common_prefix(&s->slots[i], j->prompt, j->n_prompt);
+        if (best < 0 || pre > best_pre) best = i, best_pre = pre;
+    }
+    if (best < 0) return false;
+    srv_slot *sl = &s->slots[best];
+    if (best_pre == j->n_prompt) best_pre--; // evaluate at least one token for fresh logits
+    psv_ctx_truncate(sl->ctx, (uint32_t)best_pre, NULL);
+    sl->n_hist = best_pre;
+    j->slot = best;
+    j->n_done = j->n_cached = best_pre;
+    j->t_admit = plat_now();
+    s->active[best] = j;
+    s->n_busy++;
+    psv_error err = {0};
+    if (psv_sampler_new(&j->sp, psv_model_n_vocab(s->model), &j->smp, &err) != PSV_OK ||
+        psv_token_decoder_new(s->model, &j->dec, &err) != PSV_OK) {
+        j->err_status = 400;
+        snprintf(j->err, sizeof j->err, "%s", err.message);
+        sched_finish(s, j, STOP_ERROR);
+        return true;
+    }
+    for (size_t i = 0; i < j->n_prompt; i++) psv_sampler_accept(j->smp, j->prompt[i]);
+    return true;
+}
+
+// Sample the next token of a job whose logits are fresh (scheduler thread, s->mu not held).
+// Returns the stop reason, or -1 to go on.
+static int sched_sample(server_t *s, gen_job *j) {
+    srv_slot *sl = &s->slots[j->slot];
+    int32_t tok = psv_sampler_sample(j->smp, psv_ctx_logits(sl->ctx));
+    if (psv_token_is_eog(s->model, tok)) return STOP_END_TURN;
+    psv_sampler_accept(j->smp, tok);
+    j->n_out++;
+    size_t len;
+    const char *piece = psv_token_decoder_push(j->dec, tok, &len);
+    if (!gen_feed(j, piece, len)) return j->stop;
+    if (j->n_out >= j->max_tokens) return STOP_MAX_TOKENS;
+    j->last = tok;
+    return -1;
+}
+
+static void *sched_main(void *arg) {
+    server_t *s = arg;
+    int P = s->conf.parallel;
+    batch_seq *seqs = calloc((size_t)P, sizeof *seqs);
+    gen_job **in_step = calloc((size_t)P, sizeof *in_step);
+    PSV_ASSERT(seqs && in_step);
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        // time out jobs that waited too long; on shutdown, end everything
+        double now = plat_now();
+        for (gen_job **pp = &s->pending; *pp;) {
+            gen_job *j = *pp;
+            bool expire = s->stopping || now - j->t_submit > s->conf.timeout;
+            if (!expire) {
+                pp = &j->next;
+                continue;
+            }
+            *pp = j->next;
+            s->n_waiting--;
+            j->err_status = s->stopping ? 503 : 529;
+            snprintf(j->err, sizeof j->err, s->stopping ? "the server is shutting down" : "no slot became free within %d s (--timeout)",
+                     s->conf.timeout);
+            sched_finish(s, j, STOP_ERROR);
+        }
+        while (s->pending && sched_admit(s, s->pending)) {
+            s->pending = s->pending->next;
+            s->n_waiting--;
+        }
+        // cancelled or shutting down: end active jobs (streams then send their final events)
+        int n_active = 0;
+        for (int i = 0; i < P; i++) {
+            gen_job *j = s->active[i];
+            if (!j) continue;
+            pthread_mutex_lock(&j->mu);
+            bool cancel = j->cancel;
+            pthread_mutex_unlock(&j->mu);
+            if (cancel || s->stopping) {
+                j->stop = STOP_CANCELLED;
+                sched_finish(s, j, STOP_CANCELLED);
+            } else {
+                n_active++;
+            }
+        }
+        if (n_active == 0) {
+            if (s->stopping && !s->pending) break;
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            pthread_cond_timedwait(&s->sched_cv, &s->mu, &until);
+            continue;
+        }
+        // one step: a token for each generating job, prompt chunks for the others
+        int64_t cap = s->sched_scratch.n_batch;
+        size_t ns = 0;
+        int n_prompting = 0;
+        for (int i = 0; i < P; i++)
+            if (s->active[i] && !s->active[i]->generating) n_prompting++;
+        for (int i = 0; i < P; i++) {
+            gen_job *j = s->active[i];
+            if (!j || !j->generating || cap == 0) continue;
+            seqs[ns] = (batch_seq){s->slots[i].ctx, &j->last, 1, true};
+            in_step[ns++] = j;
+            cap--;
+        }
+        int64_t share = n_prompting ? PSV_MAX(cap / n_prompting, 1) : 0;
+        for (int i = 0; i < P; i++) {
+            gen_job *j = s->active[i];
+            if (!j || j->generating || cap == 0) continue;
+            size_t k = PSV_MIN(j->n_prompt - j->n_done, (size_t)PSV_MIN(share, cap));
+            seqs[ns] = (batch_seq){s->slots[i].ctx, j->prompt + j->n_done, k, j->n_done + k == j->n_prompt};
+            in_step[ns++] = j;
+            cap -= (int64_t)k;
+        }
+        pthread_mutex_unlock(&s->mu);
+        ctx_eval_batch(s->model, &s->sched_scratch, s->sched_items, seqs, ns);
+        int results[256];
+        for (size_t q = 0; q < ns; q++) {
+            gen_job *j = in_step[q];
+            srv_slot *sl = &s->slots[j->slot];
+            results[q] = -1;
+            if (!slot_hist_push(sl, seqs[q].tokens, seqs[q].n)) {
+                snprintf(j->err, sizeof j->err, "out of memory");
+                j->err_status = 500;
+                results[q] = STOP_ERROR;
+                continue;
+            }
+            if (!j->generating) {
+                j->n_done += seqs[q].n;
+                if (j->n_done < j->n_prompt) continue;
+                j->generating = true;
+                j->t_prompt = plat_now();
+            }
+            results[q] = sched_sample(s, j);
+        }
+        pthread_mutex_lock(&s->mu);
+        for (size_t q = 0; q < ns; q++)
+            if (results[q] >= 0) sched_finish(s, in_step[q], (gen_stop)results[q]);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(seqs);
+    free(in_step);
+    return NULL;
+}
+
+// Submit a job and relay its text to the client until it ends. Runs on the connection thread.
 static void srv_generate(server_t *s, gen_job *j) {
     j->stop = STOP_ERROR;
     j->stop_index = -1;
-    uint32_t n_ctx = s->conf.ctx;
-    if ((uint64_t)j->n_prompt + (uint64_t)j->max_tokens > n_ctx) {
+    j->slot = -1;
+    if ((uint64_t)j->n_prompt + (uint64_t)j->max_tokens > s->conf.ctx) {
         j->err_status = 400;
         snprintf(j->err, sizeof j->err,
                  "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
-                 j->n_prompt, j->max_tokens, (uint64_t)j->n_prompt + (uint64_t)j->max_tokens, n_ctx);
+                 j->n_prompt, j->max_tokens, (uint64_t)j->n_prompt + (uint64_t)j->max_tokens, s->conf.ctx);
         return;
     }
     if (j->n_prompt == 0) {
@@ -9941,98 +13709,74 @@ static void srv_generate(server_t *s, gen_job *j) {
         snprintf(j->err, sizeof j->err, "the prompt is empty");
         return;
     }
-    srv_slot *sl = srv_acquire(s, j);
-    if (!sl) return;
-    psv_error err = {0};
-    psv_sampler *smp = NULL;
-    psv_token_decoder *dec = NULL;
-    double t0 = plat_now();
-    // keep at least one prompt token to evaluate so there are fresh logits
-    size_t reuse = srv_common_prefix(sl, j->prompt, j->n_prompt);
-    if (reuse == j->n_prompt) reuse--;
-    if (psv_ctx_truncate(sl->ctx, (uint32_t)reuse, &err) != PSV_OK) reuse = 0, psv_ctx_truncate(sl->ctx, 0, NULL);
-    sl->n_hist = reuse;
-    j->n_cached = reuse;
-    j->last_tick = plat_now();
-    bool ok = true;
-    for (size_t done = reuse; ok && done < j->n_prompt;) {
-        size_t k = PSV_MIN((size_t)64, j->n_prompt - done);
-        ok = psv_eval(sl->ctx, j->prompt + done, k, &err) == PSV_OK && slot_hist_push(sl, j->prompt + done, k);
-        done += k;
-        if (ok && j->on_tick && plat_now() - j->last_tick > 5.0) {
-            j->last_tick = plat_now();
-            if (!j->on_tick(j)) {
-                j->stop = STOP_CANCELLED;
-                ok = false;
-            }
-        }
-        if (s->stopping) j->stop = STOP_CANCELLED, ok = false;
-    }
-    double t1 = plat_now();
-    if (ok) ok = psv_sampler_new(&j->sp, psv_model_n_vocab(s->model), &smp, &err) == PSV_OK &&
-                 psv_token_decoder_new(s->model, &dec, &err) == PSV_OK;
-    if (ok) {
-        for (size_t i = 0; i < j->n_prompt; i++) psv_sampler_accept(smp, j->prompt[i]);
-        j->stop = STOP_MAX_TOKENS;
-        bool go = true;
-        while (go && j->n_out < j->max_tokens) {
-            if (s->stopping) {
-                j->stop = STOP_CANCELLED;
-                break;
-            }
-            int32_t tok = psv_sampler_sample(smp, psv_ctx_logits(sl->ctx));
-            if (psv_token_is_eog(s->model, tok)) {
-                j->stop = STOP_END_TURN;
-                break;
-            }
-            psv_sampler_accept(smp, tok);
-            j->n_out++;
-            size_t len;
-            const char *piece = psv_token_decoder_push(dec, tok, &len);
-            go = gen_feed(j, piece, len);
-            if (!go) break;
-            if (j->n_out == j->max_tokens) break;
-            if (psv_eval(sl->ctx, &tok, 1, &err) != PSV_OK || !slot_hist_push(sl, &tok, 1)) {
-                j->stop = STOP_ERROR;
-                snprintf(j->err, sizeof j->err, "%s", err.message);
-                j->err_status = 500;
-                break;
-            }
-            if (j->on_tick && plat_now() - j->last_tick > 10.0) {
-                j->last_tick = plat_now();
-                if (!j->on_tick(j)) {
-                    j->stop = STOP_CANCELLED;
-                    break;
-                }
-            }
-        }
-        if (j->stop == STOP_END_TURN || j->stop == STOP_MAX_TOKENS) {
-            size_t len;
-            const char *rest = psv_token_decoder_flush(dec, &len);
-            if (len) gen_feed(j, rest, len);
-            if (j->stop != STOP_SEQUENCE && j->hold.len) {
-                if (!j->on_text(j, j->hold.data, j->hold.len)) j->stop = STOP_CANCELLED;
-                j->hold.len = 0;
-            }
-        }
-    } else if (j->stop != STOP_CANCELLED) {
-        j->err_status = 500;
-        snprintf(j->err, sizeof j->err, "%s", err.message[0] ? err.message : "generation failed");
-        sl->n_hist = 0;
-        psv_ctx_truncate(sl->ctx, 0, NULL);
-    }
-    double t2 = plat_now();
-    psv_token_decoder_free(dec);
-    psv_sampler_free(smp);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
     pthread_mutex_lock(&s->mu);
-    s->m_tokens_in += j->n_prompt;
-    s->m_tokens_out += (uint64_t)j->n_out;
-    s->m_cached_tokens += reuse;
-    if (reuse > 0) s->m_cache_hits++;
-    s->m_prompt_seconds += t1 - t0;
-    s->m_gen_seconds += t2 - t1;
+    bool full = s->n_busy == s->conf.parallel && s->n_waiting >= s->conf.max_queue;
+    if (full || s->stopping) {
+        j->err_status = s->stopping ? 503 : 529;
+        snprintf(j->err, sizeof j->err, s->stopping ? "the server is shutting down"
+                                                    : "server overloaded: all %d slots busy and %d requests queued (--max-queue)",
+                 s->conf.parallel, s->n_waiting);
+        pthread_mutex_unlock(&s->mu);
+        goto out;
+    }
+    j->t_submit = plat_now();
+    gen_job **tail = &s->pending;
+    while (*tail) tail = &(*tail)->next;
+    *tail = j;
+    s->n_waiting++;
+    pthread_cond_signal(&s->sched_cv);
     pthread_mutex_unlock(&s->mu);
-    srv_release(s, sl);
+
+    double last_sent = plat_now();
+    buf_t chunk = {0};
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        if (!j->done && j->outbox.len == 0) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            pthread_cond_timedwait(&j->cv, &j->mu, &until);
+        }
+        bool done = j->done;
+        buf_t t = chunk;
+        chunk = j->outbox;
+        j->outbox = t;
+        j->outbox.len = 0;
+        pthread_mutex_unlock(&j->mu);
+        bool alive = true;
+        if (chunk.len) {
+            alive = j->on_text(j, chunk.data, chunk.len);
+            last_sent = plat_now();
+            chunk.len = 0;
+        }
+        if (done) break;
+        if (alive && plat_now() - last_sent > 10.0 && j->on_tick) {
+            alive = j->on_tick(j);
+            last_sent = plat_now();
+        }
+        if (alive && j->conn) { // a client that closed its end while waiting for the whole answer
+            char b;
+            ssize_t k = recv(j->conn->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (k == 0) alive = false, j->conn->broken = true;
+        }
+        if (!alive) {
+            pthread_mutex_lock(&j->mu);
+            j->cancel = true;
+            pthread_mutex_unlock(&j->mu);
+            pthread_mutex_lock(&s->mu);
+            pthread_cond_signal(&s->sched_cv);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    buf_free(&chunk);
+out:
+    buf_free(&j->outbox);
+    if (j->t_submit > 0) {
+        pthread_cond_destroy(&j->cv);
+        pthread_mutex_destroy(&j->mu);
+    }
 }
 
 // ---- request decoding shared by the APIs ----
@@ -10401,6 +14145,7 @@ static bool handle_anthropic(http_conn *c, const http_req *r, const json_value *
     j.on_text = anth_on_text;
     j.on_tick = anth_on_tick;
     j.ud = &o;
+    j.conn = c;
     char id[48];
     srv_make_id(s, "msg_", id, sizeof id);
     if ((uint64_t)n_ids + (uint64_t)j.max_tokens > s->conf.ctx) {
@@ -10411,6 +14156,7 @@ static bool handle_anthropic(http_conn *c, const http_req *r, const json_value *
     }
     if (o.stream) {
         buf_t h = {0};
+        c->status = 200;
         buf_puts(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
         http_common_headers(c, &h);
         buf_puts(&h, "Connection: close\r\n\r\n");
@@ -10717,6 +14463,7 @@ static bool handle_openai(http_conn *c, const http_req *r, const json_value *roo
     j.on_text = oai_on_text;
     j.on_tick = oai_on_tick;
     j.ud = &o;
+    j.conn = c;
     if ((uint64_t)n_ids + (uint64_t)j.max_tokens > s->conf.ctx) {
         snprintf(err, sizeof err, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
                  n_ids, j.max_tokens, (uint64_t)n_ids + (uint64_t)j.max_tokens, s->conf.ctx);
@@ -10724,6 +14471,7 @@ static bool handle_openai(http_conn *c, const http_req *r, const json_value *roo
     }
     if (o.stream) {
         buf_t h = {0};
+        c->status = 200;
         buf_puts(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
         http_common_headers(c, &h);
         buf_puts(&h, "Connection: close\r\n\r\n");
@@ -10905,6 +14653,73 @@ static bool handle_metrics(http_conn *c, const http_req *r) {
     return ok;
 }
 
+// The chat page served at GET /: plain HTML and JavaScript, no external resources (works
+// offline). It streams answers from /v1/messages and keeps the conversation in the page.
+static const char srv_chat_page[] =
+    "<!doctype html>\n"
+    "<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+    "<title>pensieve</title>\n"
+    "<style>\n"
+    "body{font:15px/1.45 system-ui,sans-serif;margin:0;display:flex;flex-direction:column;height:100vh;background:#fafaf7;color:#222}\n"
+    "header{padding:.6em 1em;border-bottom:1px solid #ddd;display:flex;gap:1em;align-items:center}\n"
+    "header h1{font-size:1.1em;margin:0}#model{color:#777;font-size:.9em}\n"
+    "#log{flex:1;overflow-y:auto;padding:1em;max-width:60em;width:100%;box-sizing:border-box;margin:0 auto}\n"
+    ".msg{white-space:pre-wrap;margin:.6em 0;padding:.6em .8em;border-radius:8px}\n"
+    ".user{background:#e8eefc;margin-left:15%}.assistant{background:#fff;border:1px solid #e2e2e2;margin-right:15%}\n"
+    ".error{background:#fde8e8;color:#900}\n"
+    "form{display:flex;gap:.5em;padding:.8em;border-top:1px solid #ddd;max-width:60em;width:100%;box-sizing:border-box;margin:0 auto}\n"
+    "textarea{flex:1;font:inherit;padding:.5em;resize:vertical;min-height:2.6em}\n"
+    "button{font:inherit;padding:0 1.2em}\n"
+    "#key{width:9em}\n"
+    "</style></head><body>\n"
+    "<header><h1>pensieve</h1><span id=\"model\"></span><span style=\"flex:1\"></span>\n"
+    "<input id=\"key\" type=\"password\" placeholder=\"API key (if set)\" autocomplete=\"off\"><button id=\"clear\" type=\"button\">New chat</button></header>\n"
+    "<div id=\"log\"></div>\n"
+    "<form id=\"form\"><textarea id=\"input\" rows=\"2\" placeholder=\"Send a message (Enter to send, Shift+Enter for a new line)\"></textarea>\n"
+    "<button id=\"send\" type=\"submit\">Send</button></form>\n"
+    "<script>\n"
+    "\"use strict\";\n"
+    "const log = document.getElementById(\"log\"), input = document.getElementById(\"input\"), form = document.getElementById(\"form\");\n"
+    "const keyBox = document.getElementById(\"key\"), sendBtn = document.getElementById(\"send\");\n"
+    "let history = [];\n"
+    "keyBox.value = localStorage.getItem(\"pensieve-key\") || \"\";\n"
+    "keyBox.onchange = () => localStorage.setItem(\"pensieve-key\", keyBox.value);\n"
+    "const headers = () => { const h = {\"content-type\": \"application/json\", \"anthropic-version\": \"2023-06-01\"}; if (keyBox.value) h[\"x-api-key\"] = keyBox.value; return h; };\n"
+    "fetch(\"/v1/models\", {headers: headers()}).then(r => r.json()).then(j => { if (j.data) document.getElementById(\"model\").textContent = j.data[0].id; }).catch(() => {});\n"
+    "function add(role, text) { const d = document.createElement(\"div\"); d.className = \"msg \" + role; d.textContent = text; log.appendChild(d); log.scrollTop = log.scrollHeight; return d; }\n"
+    "document.getElementById(\"clear\").onclick = () => { history = []; log.textContent = \"\"; };\n"
+    "input.addEventListener(\"keydown\", e => { if (e.key === \"Enter\" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); } });\n"
+    "form.onsubmit = async e => {\n"
+    "  e.preventDefault();\n"
+    "  const text = input.value.trim(); if (!text || sendBtn.disabled) return;\n"
+    "  input.value = \"\"; add(\"user\", text); history.push({role: \"user\", content: text});\n"
+    "  const out = add(\"assistant\", \"\"); out.dataset.state = \"streaming\"; sendBtn.disabled = true;\n"
+    "  let answer = \"\";\n"
+    "  try {\n"
+    "    const r = await fetch(\"/v1/messages\", {method: \"POST\", headers: headers(),\n"
+    "      body: JSON.stringify({model: \"pensieve\", max_tokens: 512, stream: true, messages: history})});\n"
+    "    if (!r.ok) { const j = await r.json().catch(() => null); throw new Error(j && j.error ? j.error.message : \"HTTP \" + r.status); }\n"
+    "    const reader = r.body.getReader(), dec = new TextDecoder(); let buf = \"\";\n"
+    "    for (;;) {\n"
+    "      const {value, done} = await reader.read(); if (done) break;\n"
+    "      buf += dec.decode(value, {stream: true});\n"
+    "      let i;\n"
+    "      while ((i = buf.indexOf(\"\\n\\n\")) >= 0) {\n"
+    "        const ev = buf.slice(0, i); buf = buf.slice(i + 2);\n"
+    "        const line = ev.split(\"\\n\").find(l => l.startsWith(\"data: \")); if (!line) continue;\n"
+    "        const d = JSON.parse(line.slice(6));\n"
+    "        if (d.type === \"content_block_delta\") { answer += d.delta.text; out.textContent = answer; log.scrollTop = log.scrollHeight; }\n"
+    "        else if (d.type === \"error\") throw new Error(d.error.message);\n"
+    "      }\n"
+    "    }\n"
+    "    history.push({role: \"assistant\", content: answer});\n"
+    "    out.dataset.state = \"done\";\n"
+    "  } catch (err) { out.className = \"msg error\"; out.textContent = answer + \"\\n[\" + err.message + \"]\"; out.dataset.state = \"error\"; history.pop(); }\n"
+    "  sendBtn.disabled = false; input.focus();\n"
+    "};\n"
+    "</script></body></html>\n"
+    "\n";
+
 // Constant-time comparison of the presented key with the configured one (no early exit on the
 // first differing byte; lengths compared last).
 static bool srv_key_ok(const char *want, str_t got) {
@@ -10932,6 +14747,9 @@ static bool srv_route(http_conn *c, http_req *r) {
         buf_free(&h);
         return ok && r->keep_alive;
     }
+    if ((str_eq_c(r->path, "/") || str_eq_c(r->path, "/index.html")) && !strcmp(r->method, "GET"))
+        return http_respond(c, 200, "text/html; charset=utf-8", srv_chat_page, sizeof srv_chat_page - 1, r->keep_alive) &&
+               r->keep_alive;
     if (str_eq_c(r->path, "/health")) {
         const char *b = "{\"status\":\"ok\"}";
         return http_respond(c, 200, "application/json", b, strlen(b), r->keep_alive) && r->keep_alive;
@@ -10967,6 +14785,45 @@ static bool srv_route(http_conn *c, http_req *r) {
     return ok && r->keep_alive;
 }
 
+// One access-log line per request on stderr: text, or a JSON object with --log-format json.
+static void srv_log_request(http_conn *c, const http_req *r, double seconds) {
+    buf_t b = {0};
+    char ts[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (c->srv->conf.log_json) {
+        json_writer w;
+        json_w_init(&w, &b);
+        json_w_obj_begin(&w);
+        json_w_key(&w, "time");
+        json_w_cstr(&w, ts);
+        json_w_key(&w, "request_id");
+        json_w_cstr(&w, c->req_id);
+        json_w_key(&w, "peer");
+        json_w_cstr(&w, c->peer);
+        json_w_key(&w, "method");
+        json_w_cstr(&w, r->method);
+        json_w_key(&w, "path");
+        json_w_str(&w, r->path.p, PSV_MIN(r->path.n, 512));
+        json_w_key(&w, "status");
+        json_w_int(&w, c->status);
+        json_w_key(&w, "seconds");
+        json_w_double(&w, (double)(int64_t)(seconds * 1000) / 1000.0);
+        json_w_obj_end(&w);
+        buf_putc(&b, '\n');
+    } else {
+        buf_printf(&b, "%s %s %s %s %.*s %d %.3fs\n", ts, c->req_id, c->peer, r->method, (int)PSV_MIN(r->path.n, 200),
+                   r->path.p, c->status, seconds);
+    }
+    // the path is client text: never let it forge extra log lines
+    for (size_t i = 0; i + 1 < b.len; i++)
+        if ((unsigned char)b.data[i] < 0x20) b.data[i] = '?';
+    if (!b.oom) fwrite(b.data, 1, b.len, stderr);
+    buf_free(&b);
+}
+
 static void *srv_conn_main(void *arg) {
     http_conn *c = arg;
     server_t *s = c->srv;
@@ -10984,7 +14841,10 @@ static void *srv_conn_main(void *arg) {
                                                                     : "malformed request");
             break;
         }
+        double t0 = plat_now();
+        c->status = 0;
         bool again = srv_route(c, r);
+        srv_log_request(c, r, plat_now() - t0);
         http_consume(c, r->consumed);
         if (!again) break;
     }
@@ -11051,8 +14911,8 @@ static int srv_run(srv_conf *conf) {
     s->listen_fd = -1;
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->slot_cv, NULL);
     pthread_cond_init(&s->conn_cv, NULL);
+    pthread_cond_init(&s->sched_cv, NULL);
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     int ur = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (ur >= 0) {
@@ -11073,16 +14933,28 @@ static int srv_run(srv_conf *conf) {
     }
     if (!conf->ctx) s->conf.ctx = (uint32_t)PSV_MIN(psv_model_n_ctx_train(s->model), 4096);
     s->slots = calloc((size_t)s->conf.parallel, sizeof *s->slots);
-    if (!s->slots) goto done;
+    s->active = calloc((size_t)s->conf.parallel, sizeof *s->active);
+    if (!s->slots || !s->active) goto done;
     for (int i = 0; i < s->conf.parallel; i++) {
         psv_ctx_params cp = psv_ctx_default_params();
         cp.n_ctx = s->conf.ctx;
-        cp.n_batch = 64;
+        cp.n_batch = 1; // the scheduler's scratch does the work; a slot only keeps its cache
         if (psv_ctx_new(s->model, &cp, &s->slots[i].ctx, &err) != PSV_OK) {
             fprintf(stderr, "pensieve: slot %d: %s\n", i, err.message);
             goto done;
         }
     }
+    int64_t nb = PSV_MIN((int64_t)PSV_MAX(s->conf.parallel, 128), (int64_t)s->conf.ctx);
+    if (scratch_init(&s->sched_scratch, s->model, nb, s->conf.ctx, &err) != PSV_OK ||
+        !(s->sched_items = calloc((size_t)nb, sizeof *s->sched_items))) {
+        fprintf(stderr, "pensieve: %s\n", err.message[0] ? err.message : "out of memory");
+        goto done;
+    }
+    if (pthread_create(&s->sched, NULL, sched_main, s) != 0) {
+        fprintf(stderr, "pensieve: cannot start the scheduler thread\n");
+        goto done;
+    }
+    s->sched_started = true;
     s->listen_fd = srv_listen(conf->host, conf->port, lerr, sizeof lerr);
     if (s->listen_fd < 0) {
         fprintf(stderr, "pensieve: %s\n", lerr);
@@ -11102,7 +14974,7 @@ static int srv_run(srv_conf *conf) {
     const char *fmt = psv_model_chat_format(s->model, &warning);
     if (warning) fprintf(stderr, "pensieve: %s\n", warning);
     printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u, %d slots (ready in %.1f s)\n",
-           conf->model_name, psv_model_arch(s->model), fmt ? fmt : "none", strchr(conf->host, ':') ? "[" : "", conf->host,
+           conf->model_name, conf->model_quant ? conf->model_quant : psv_model_arch(s->model), fmt ? fmt : "none", strchr(conf->host, ':') ? "[" : "", conf->host,
            strchr(conf->host, ':') ? "]" : "", conf->port, psv_model_n_threads(s->model), s->conf.ctx, s->conf.parallel,
            plat_now() - t0);
     fflush(stdout);
@@ -11111,7 +14983,9 @@ static int srv_run(srv_conf *conf) {
         int pr = poll(pf, 2, 1000);
         if (pr <= 0) continue;
         if (pf[1].revents) break;
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof peer;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&peer, &plen, SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE) usleep(100000); // out of descriptors: back off, keep serving
             continue;
@@ -11135,6 +15009,12 @@ static int srv_run(srv_conf *conf) {
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&at, 1u << 20);
+        if (c) {
+            char host[INET6_ADDRSTRLEN] = "?";
+            if (peer.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, host, sizeof host);
+            else if (peer.ss_family == AF_INET6) inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, host, sizeof host);
+            snprintf(c->peer, sizeof c->peer, "%s", host);
+        }
         if (!c || (c->fd = fd, c->srv = s, pthread_create(&th, &at, srv_conn_main, c) != 0)) {
             close(fd);
             free(c);
@@ -11150,7 +15030,7 @@ static int srv_run(srv_conf *conf) {
     close(s->listen_fd);
     s->listen_fd = -1;
     pthread_mutex_lock(&s->mu);
-    pthread_cond_broadcast(&s->slot_cv);
+    pthread_cond_broadcast(&s->sched_cv);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 5;
@@ -11162,6 +15042,16 @@ static int srv_run(srv_conf *conf) {
     rc = 0;
     if (left) _exit(0); // threads still hold the model: leave without freeing it under them
 done:
+    if (s->sched_started) {
+        s->stopping = 1;
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_broadcast(&s->sched_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->sched, NULL);
+    }
+    scratch_free(&s->sched_scratch);
+    free(s->sched_items);
+    free(s->active);
     srv_global = NULL;
     if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->wake[0] >= 0) close(s->wake[0]), close(s->wake[1]);
@@ -11194,6 +15084,7 @@ static int cli_serve(int argc, char **argv) {
     c.cors_origin = srv_env("PENSIEVE_CORS_ORIGIN", NULL);
     c.model_path = srv_env("PENSIEVE_MODEL", NULL);
     const char *log_format = srv_env("PENSIEVE_LOG_FORMAT", "text");
+    const char *mirror = NULL;
     for (int i = 1; i < argc; i += 2) { // every option takes a value
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -11202,7 +15093,9 @@ static int cli_serve(int argc, char **argv) {
                    "Serves a model over HTTP: Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens),\n"
                    "OpenAI API (POST /v1/chat/completions, /v1/completions), GET /v1/models, /health, /metrics.\n"
                    "\n"
-                   "  -m, --model PATH       GGUF model to serve            (env PENSIEVE_MODEL)\n"
+                   "  -m, --model PATH|NAME  GGUF file, or a known model name (pensieve pull --list);\n"
+                   "                         default phi-4-mini, downloaded on first run (env PENSIEVE_MODEL)\n"
+                   "  --mirror BASEURL       where to download models from (env PENSIEVE_MIRROR)\n"
                    "  --host HOST            address to listen on [127.0.0.1] (env PENSIEVE_HOST)\n"
                    "  --port N               port [%d]                     (env PENSIEVE_PORT)\n"
                    "  -t, --threads N        threads for inference [all CPUs] (env PENSIEVE_THREADS)\n"
@@ -11229,6 +15122,7 @@ static int cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) ok = cli_parse_i64(v, 1, 1 << 20, &timeout);
         else if (!strcmp(a, "--cors-origin")) c.cors_origin = v;
         else if (!strcmp(a, "--log-format")) log_format = v;
+        else if (!strcmp(a, "--mirror")) mirror = v;
         else {
             fprintf(stderr, "pensieve serve: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -11247,11 +15141,19 @@ static int cli_serve(int argc, char **argv) {
         fprintf(stderr, "pensieve serve: --cors-origin '*' cannot be combined with an API key; name the origin\n");
         return 2;
     }
-    if (!c.model_path) {
-        fprintf(stderr, "pensieve: no model given. Use --model PATH (or PENSIEVE_MODEL); downloading the default model "
-                        "is not available in this build yet\n");
+    // --model PATH|NAME, else $PENSIEVE_MODEL, else the default model in the cache directory,
+    // downloaded with pensieve-pull when missing (or exit with the exact command to fetch it)
+    models_resolved mr;
+    psv_error merr = {0};
+    if (models_ensure(c.model_path, mirror, true, stderr, &mr, &merr) != PSV_OK) {
+        fprintf(stderr, "pensieve: %s\n", merr.message);
         return 1;
     }
+    if (mr.state == MODELS_MISMATCH)
+        fprintf(stderr, "pensieve: warning: %s does not match its recorded SHA-256 (run pensieve verify)\n", mr.path);
+    static char model_path[4096];
+    snprintf(model_path, sizeof model_path, "%s", mr.path);
+    c.model_path = model_path;
     c.log_json = !strcmp(log_format, "json");
     c.port = (int)port;
     c.threads = (int)threads;
@@ -11259,13 +15161,17 @@ static int cli_serve(int argc, char **argv) {
     c.parallel = (int)parallel;
     c.max_queue = (int)max_queue;
     c.timeout = (int)timeout;
-    const char *base = strrchr(c.model_path, '/');
-    base = base ? base + 1 : c.model_path;
     static char name[256];
-    snprintf(name, sizeof name, "%s", base);
-    size_t nl = strlen(name);
-    if (nl > 5 && !strcmp(name + nl - 5, ".gguf")) name[nl - 5] = 0;
+    if (mr.entry) {
+        snprintf(name, sizeof name, "%s", mr.entry->name);
+    } else {
+        const char *base = strrchr(c.model_path, '/');
+        snprintf(name, sizeof name, "%.*s", (int)sizeof name - 1, base ? base + 1 : c.model_path);
+        size_t nl = strlen(name);
+        if (nl > 5 && !strcmp(name + nl - 5, ".gguf")) name[nl - 5] = 0;
+    }
     c.model_name = name;
+    c.model_quant = mr.entry ? mr.entry->quant : NULL;
     return srv_run(&c);
 bad_env:
     fprintf(stderr, "pensieve: bad value in environment variable: '%s'\n", e);
@@ -11662,7 +15568,13 @@ static void cli_usage(FILE *f) {
             "  template   apply a chat template: template (-m MODEL | --template NAME) --messages F\n"
             "  info       describe a GGUF file: metadata and tensors\n"
             "  sha256     print SHA-256 digests like sha256sum: sha256 FILE...\n"
-            "  serve      HTTP server, Anthropic Messages + OpenAI APIs (the default): serve -m MODEL\n"
+            "  serve      HTTP server, Anthropic Messages + OpenAI APIs (the default): serve [-m MODEL]\n"
+            "  pull       download a model: pull NAME (pull --list shows the known ones)\n"
+            "  list       cached models with size and verification state\n"
+            "  verify     re-hash a model against its recorded SHA-256: verify NAME|PATH\n"
+            "  rm         remove a cached model: rm NAME\n"
+            "  bench      measure prompt and generation speed: bench -m MODEL [-p 512] [-n 128] [-t 1,2]\n"
+            "  mkmodel    write a random-weight GGUF for testing: mkmodel -o OUT --preset phi4-mini\n"
             "  version    print the version\n",
             PSV_VERSION);
 }
@@ -11679,7 +15591,9 @@ int main(int argc, char **argv) {
     } cmds[] = {
         {"run", cli_run},           {"logits", cli_logits},       {"tokenize", cli_tokenize},
         {"detokenize", cli_detokenize}, {"template", cli_template}, {"info", cli_info},
-        {"sha256", cli_sha256},     {"serve", cli_serve},
+        {"sha256", cli_sha256},     {"serve", cli_serve},         {"pull", cli_pull},
+        {"list", cli_list},         {"verify", cli_verify},       {"rm", cli_rm},
+        {"mkmodel", cli_mkmodel},   {"bench", cli_bench},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(cmds); i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -42,7 +42,7 @@ class Server:
     def __init__(self, *extra):
         self.port = free_port()
         self.proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(self.port), "--host", "127.0.0.1",
-                                      "--ctx", "512", "--parallel", "2"] + list(extra),
+                                      "--ctx", "512", "--parallel", "4"] + list(extra),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.ready = self.proc.stdout.readline()
         deadline = time.time() + 20
@@ -247,13 +247,24 @@ def test_http(s):
     check(two.count(b"HTTP/1.1 200") == 2 and two.index(b"status") < two.index(b"object"), "pipelined requests in order")
 
 
+def proc_counts(pid):
+    """(open file descriptors, threads) of a process, from /proc (Linux)."""
+    try:
+        return len(os.listdir("/proc/%d/fd" % pid)), len(os.listdir("/proc/%d/task" % pid))
+    except OSError:
+        return None
+
+
 def test_concurrency(s):
+    """16 concurrent streams, 4 of which hang up mid-stream: the other 12 complete, the slots are
+    freed, /metrics agrees, and no descriptors or threads are left behind."""
+    before = proc_counts(s.proc.pid)
     results = {}
 
     def stream(i, drop):
         try:
-            c = socket.create_connection(("127.0.0.1", s.port), timeout=120)
-            body = json.dumps(msg("Story number %d:" % i, max_tokens=16, temperature=0.7, stream=True)).encode()
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=180)
+            body = json.dumps(msg("Story number %d:" % i, max_tokens=24, temperature=0.8, stream=True)).encode()
             c.sendall(b"POST /v1/messages HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             got = b""
             while True:
@@ -268,18 +279,26 @@ def test_concurrency(s):
         except OSError as e:
             results[i] = str(e).encode()
 
-    th = [threading.Thread(target=stream, args=(i, i % 4 == 3)) for i in range(8)]
+    th = [threading.Thread(target=stream, args=(i, i % 4 == 3)) for i in range(16)]
     for t in th:
         t.start()
     for t in th:
-        t.join(180)
-    complete = [i for i in range(8) if i % 4 != 3]
-    check(all(b"event: message_stop" in results.get(i, b"") for i in complete), "every kept stream completed")
-    time.sleep(1.0)
+        t.join(240)
+    kept = [i for i in range(16) if i % 4 != 3]
+    done = [i for i in kept if b"event: message_stop" in results.get(i, b"")]
+    check(len(done) == len(kept), "every kept stream completed (%d of %d)" % (len(done), len(kept)))
+    ok_order = all(results[i].index(b"message_start") < results[i].index(b"content_block_stop") < results[i].index(b"message_stop") for i in done)
+    check(ok_order, "each completed stream in order")
+    time.sleep(1.5)
     r, data = s.req("GET", "/metrics")
     text = data.decode()
     check("pensieve_slots_busy 0" in text and "pensieve_queue_depth 0" in text, "slots freed after disconnects")
-    check("pensieve_tokens_out_total" in text, "metrics text")
+    m = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+    check(m.get("pensieve_tokens_out_total", 0) >= 12 * 1, "metrics count generated tokens")
+    check(m.get("pensieve_connections", 99) <= 1, "connections closed: %r" % m.get("pensieve_connections"))
+    after = proc_counts(s.proc.pid)
+    if before and after:
+        check(after[0] <= before[0] and after[1] <= before[1], "no leaked fds/threads: before %r after %r" % (before, after))
 
 
 def test_keys():

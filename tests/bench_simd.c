@@ -1,0 +1,136 @@
+// tests/bench_simd.c — speed of the dot-product kernels and quantizers of every kernel set this
+// CPU supports (a benchmark: prints measurements, asserts nothing).
+//
+// For each weight type: ns per weight value for
+//   hot    one 4096-value row against one activation row, both in L1 (compute bound);
+//   gemv   a 4096 x 2048 matrix against one activation row, one thread (reads 8M values
+//          from memory each pass, as token generation does);
+//   rows4  the same matrix against 4 activation rows with vec_dot_rows (prompt processing),
+//          per weight value and activation row.
+// Usage: bench_simd [seconds per measurement, default 0.5]
+#define PSV_TESTING
+#define PSV_NO_MAIN
+#include "pensieve.c"
+
+static uint64_t bs_rng_state = 1;
+static uint64_t bs_rng(void) {
+    uint64_t z = (bs_rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Random floats quantized to the type: valid blocks with realistic scales.
+static void *bs_row(uint32_t type, int64_t n, int64_t rows) {
+    uint64_t rs = 0;
+    PSV_ASSERT(type_row_size(type, (uint64_t)n, &rs));
+    uint8_t *p = malloc((size_t)(rs * (uint64_t)rows));
+    float *f = malloc((size_t)n * sizeof *f);
+    PSV_ASSERT(p && f);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++) f[i] = (float)((int64_t)(bs_rng() >> 40) - (1 << 23)) / (float)(1 << 23);
+        k_traits_ref(type)->from_float(f, p + (size_t)r * rs, n);
+    }
+    free(f);
+    return p;
+}
+
+static volatile float bs_sink;
+
+// This thread's CPU time: on a shared machine, time spent descheduled does not count.
+static double bs_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// CPU seconds per call of fn(ctx): the fastest of 7 trials of about secs/7 each, so that other
+// processes on a shared machine disturb the figure as little as possible.
+static double bs_time(void (*fn)(void *), void *ctx, double secs) {
+    double best = 1e30;
+    for (int trial = 0; trial < 7; trial++) {
+        int64_t reps = 0;
+        double t0 = bs_cpu_now(), t;
+        do {
+            fn(ctx);
+            reps++;
+        } while ((t = bs_cpu_now() - t0) < secs / 7);
+        if (t / (double)reps < best) best = t / (double)reps;
+    }
+    return best;
+}
+
+typedef struct {
+    const k_traits *tr;
+    int64_t n, n_out;
+    const uint8_t *w, *a;
+    size_t xs, ys;
+    float *out;
+    const float *x;
+    uint8_t *q;
+} bs_ctx;
+
+static void bs_hot(void *p) {
+    bs_ctx *c = p;
+    for (int i = 0; i < 64; i++) c->tr->vec_dot(c->n, &c->out[i], c->w, c->a);
+}
+static void bs_gemv(void *p) {
+    bs_ctx *c = p;
+    for (int64_t o = 0; o < c->n_out; o++) c->tr->vec_dot(c->n, &c->out[o], c->w + (size_t)o * c->xs, c->a);
+}
+static void bs_rows4(void *p) {
+    bs_ctx *c = p;
+    for (int64_t o = 0; o < c->n_out; o++)
+        k_dot_rows(c->tr, c->n, &c->out[o], c->n_out, c->w + (size_t)o * c->xs, c->a, c->ys, 4);
+}
+static void bs_quant(void *p) {
+    bs_ctx *c = p;
+    c->tr->from_float(c->x, c->q, c->n);
+}
+
+int main(int argc, char **argv) {
+    double secs = argc > 1 ? atof(argv[1]) : 0.5;
+    const plat_cpu *cpu = plat_cpu_get();
+    static const uint32_t types[] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K, T_Q3_K,
+                                     T_Q4_K, T_Q5_K, T_Q6_K, T_F16, T_BF16, T_F32};
+    const int64_t n = 4096, n_out = 2048;
+    printf("kernel sets on this CPU:");
+    for (int s = 0; s < K_SET_COUNT; s++)
+        if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
+    printf("\n%-6s %-7s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v");
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t wt = types[ti], at = k_traits_ref(wt)->vec_dot_type;
+        uint64_t xs = 0, ys = 0;
+        type_row_size(wt, (uint64_t)n, &xs);
+        type_row_size(at, (uint64_t)n, &ys);
+        uint8_t *w = bs_row(wt, n, n_out), *a = bs_row(at, n, 4);
+        for (int s = 0; s < K_SET_COUNT; s++) {
+            if (!k_set_supported((k_set)s, cpu)) continue;
+            static float out[4 * 2048];
+            bs_ctx c = {k_traits_of_set((k_set)s, wt), n, n_out, w, a, (size_t)xs, (size_t)ys, out, NULL, NULL};
+            double hot = bs_time(bs_hot, &c, secs) * 1e9 / (double)(64 * n);
+            double gemv = bs_time(bs_gemv, &c, secs) * 1e9 / (double)(n * n_out);
+            double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
+            bs_sink = out[0];
+            printf("%-6s %-7s %10.4f %10.4f %10.4f\n", type_get(wt)->name, k_set_names[s], hot, gemv, rows4);
+        }
+        free(w);
+        free(a);
+    }
+    // activation quantizers: ns per value on a 4096-value row
+    printf("\n%-6s %-7s %10s\n", "quant", "set", "ns/v");
+    static const uint32_t acts[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16};
+    float *x = malloc((size_t)n * sizeof *x);
+    uint8_t *q = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((int64_t)(bs_rng() >> 40) - (1 << 23)) / (float)(1 << 20);
+    for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
+        for (int s = 0; s < K_SET_COUNT; s++) {
+            if (!k_set_supported((k_set)s, cpu)) continue;
+            bs_ctx c = {k_traits_of_set((k_set)s, acts[ai]), n, 0, NULL, NULL, 0, 0, NULL, x, q};
+            double t = bs_time(bs_quant, &c, secs);
+            printf("%-6s %-7s %10.4f\n", type_get(acts[ai])->name, k_set_names[s], t * 1e9 / (double)n);
+        }
+    free(x);
+    free(q);
+    return 0;
+}

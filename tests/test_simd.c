@@ -1,0 +1,441 @@
+// tests/test_simd.c — the SIMD kernels (section 12) against the reference kernels (section 11).
+//
+// Every kernel of every set this CPU supports must be bit-identical to the reference (memcmp of
+// the float result; two NaNs count as equal whatever their payload): dot products on random and
+// adversarial blocks (extreme, subnormal, zero and non-finite scales, all-zero blocks, quants at
+// their extremes including -128 activations, inconsistent Q8_K bsums) for many lengths, the
+// multi-row variants for every row count, and the activation quantizers on random, tie-breaking
+// and non-finite inputs. Also the kernel-set choice (PSV_KERNELS) on simulated CPUs. Sets the
+// CPU lacks are skipped with the reason.
+#define PSV_TESTING
+#define PSV_NO_MAIN
+#include "pensieve.c"
+#include "test.h"
+
+static uint64_t st_rng_state = 0x243f6a8885a308d3ull;
+static uint64_t st_rng(void) { // splitmix64
+    uint64_t z = (st_rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float st_unit(void) { return (float)((st_rng() >> 40) * (1.0 / 16777216.0)); } // [0,1)
+static float st_sym(void) { return 2.0f * st_unit() - 1.0f; }
+
+static size_t st_row_bytes(uint32_t type, int64_t n) {
+    uint64_t sz = 0;
+    PSV_ASSERT(type_row_size(type, (uint64_t)n, &sz));
+    return (size_t)sz;
+}
+
+// Equal floats bit for bit, or both NaN.
+static bool st_same(float a, float b) { return f32_bits(a) == f32_bits(b) || (psv_isnan(a) && psv_isnan(b)); }
+
+// ---- random rows ----------------------------------------------------------------------------
+
+// An fp16 scale: mostly ordinary, sometimes extreme (largest, subnormal, zero, negative zero).
+// `wild` adds infinities and NaN.
+static uint16_t st_scale16(bool wild) {
+    uint64_t r = st_rng() % 64;
+    if (r == 0) return 0x7bff;             // 65504
+    if (r == 1) return 0xfbff;             // -65504
+    if (r == 2) return 0x0001;             // smallest subnormal
+    if (r == 3) return (uint16_t)(0x8000 | (st_rng() & 0x3ff)); // negative subnormal
+    if (r == 4) return 0;
+    if (r == 5) return 0x8000;
+    if (wild && r == 6) return 0x7c00;     // +inf
+    if (wild && r == 7) return 0x7e01;     // NaN
+    float v = (0.001f + 2.0f * st_unit()) * (st_rng() & 1 ? -1.0f : 1.0f);
+    return psv_f32_to_fp16(v);
+}
+
+// Fill a block's quant bytes: random, all 0x00, all 0xff, or alternating extremes.
+static void st_fill_bytes(uint8_t *p, size_t n) {
+    uint64_t mode = st_rng() % 8;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v = (uint8_t)st_rng();
+        if (mode == 0) v = 0;
+        else if (mode == 1) v = 0xff;
+        else if (mode == 2) v = (i & 1) ? 0x80 : 0x7f;
+        else if (mode == 3) v = 0x80; // int8 -128 everywhere
+        p[i] = v;
+    }
+}
+
+// A random row of any type with valid-but-adversarial content.
+static void st_random_row(uint32_t type, int64_t n, uint8_t *row, bool wild) {
+    const type_info *ti = type_get(type);
+    size_t size = st_row_bytes(type, n);
+    if (type == T_F32 || type == T_F16 || type == T_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t r = st_rng() % 32;
+            float v = st_sym() * (r < 2 ? 60000.0f : r < 4 ? 1e-6f : 1.0f);
+            if (r == 4) v = 0;
+            if (wild && r == 5) v = f32_from_bits(0x7f800000u);
+            if (type == T_F32) wr_u32(row + 4 * i, r == 6 ? (uint32_t)st_rng() : f32_bits(v));
+            else if (type == T_F16) wr_u16(row + 2 * i, r == 6 && wild ? (uint16_t)st_rng() : psv_f32_to_fp16(v));
+            else wr_u16(row + 2 * i, r == 6 && wild ? (uint16_t)st_rng() : psv_f32_to_bf16(v * (r == 7 ? 1e30f : 1.0f)));
+        }
+        return;
+    }
+    for (size_t b = 0; b < size / ti->type_size; b++) {
+        uint8_t *blk = row + b * ti->type_size;
+        st_fill_bytes(blk, ti->type_size);
+        bool zero = st_rng() % 16 == 0;
+        if (zero) memset(blk, 0, ti->type_size);
+        switch (type) {
+        case T_Q4_0: case T_Q5_0: case T_Q8_0: wr_u16(blk, st_scale16(wild)); break;
+        case T_Q4_1: case T_Q5_1: case T_Q8_1: case T_Q4_K: case T_Q5_K:
+            wr_u16(blk, st_scale16(wild));
+            wr_u16(blk + 2, st_scale16(wild));
+            break;
+        case T_Q2_K: wr_u16(blk + 80, st_scale16(wild)); wr_u16(blk + 82, st_scale16(wild)); break;
+        case T_Q3_K: wr_u16(blk + 108, st_scale16(wild)); break;
+        case T_Q6_K: wr_u16(blk + 208, st_scale16(wild)); break;
+        case T_Q8_K: {
+            uint64_t r = st_rng() % 16;
+            float d = r == 0 ? 3e38f : r == 1 ? 1e-40f : r == 2 ? -0.0f : st_sym() * 0.01f;
+            if (wild && r == 3) d = f32_from_bits(0x7fc00001u);
+            wr_u32(blk, f32_bits(d));
+            // bsums are data to the kernels (the reference trusts them): random, not consistent
+            if (r > 8)
+                for (int k = 0; k < 16; k++) wr_u16(blk + 260 + 2 * k, (uint16_t)st_rng());
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+// Offsets of a weight block's fp16 scale fields.
+static int st_scale_offsets(uint32_t type, int off[2]) {
+    switch (type) {
+    case T_Q4_0: case T_Q5_0: case T_Q8_0: off[0] = 0; return 1;
+    case T_Q4_1: case T_Q5_1: case T_Q4_K: case T_Q5_K: off[0] = 0; off[1] = 2; return 2;
+    case T_Q2_K: off[0] = 80; off[1] = 82; return 2;
+    case T_Q3_K: off[0] = 108; return 1;
+    case T_Q6_K: off[0] = 208; return 1;
+    default: return 0;
+    }
+}
+
+// Rewrites a random pair of rows so the result exposes the order of the floating-point
+// additions: most terms are tiny, and some come in pairs of huge terms that cancel exactly
+// (block b + 1 repeats weight block b against the negated activation block b). Added in another
+// order, the tiny terms are absorbed by a huge one or not, which shows in the float result.
+static void st_cancel_rows(uint32_t wt, uint32_t at, int64_t n, uint8_t *x, uint8_t *y, int nrow, size_t ys) {
+    const bool flt = wt == T_F32 || wt == T_F16 || wt == T_BF16;
+    const int64_t nb = flt ? n : n / type_get(wt)->blck_size;
+    uint8_t *role = calloc((size_t)nb, 1); // 0 tiny, 1 first of a pair, 2 its partner
+    PSV_ASSERT(role);
+    int64_t step = flt && (st_rng() & 1) ? K_LANES : 1;
+    for (int64_t i = 0; i + step < nb; i++)
+        if (!role[i] && !role[i + step] && st_rng() % 4 == 0) role[i] = 1, role[i + step] = 2;
+    if (flt) {
+        const float big = wt == T_F16 ? 60000.0f : 1e30f;
+        for (int64_t i = 0; i < n; i++) {
+            if (role[i] == 2) continue;
+            float xv = role[i] ? (st_rng() & 1 ? big : -big) : st_sym() * 1e-6f;
+            for (int r = 0; r <= nrow; r++) { // r == nrow: the weight row
+                uint8_t *row = r == nrow ? x : y + (size_t)r * ys;
+                float v = r == nrow ? xv : role[i] ? st_sym() * big : st_sym();
+                for (int k = 0; k < (role[i] ? 2 : 1); k++) {
+                    int64_t j = i + k * step;
+                    float w = k && r == nrow ? -v : v;
+                    if (wt == T_F32) wr_u32(row + 4 * j, f32_bits(w));
+                    else if (wt == T_F16) wr_u16(row + 2 * j, psv_f32_to_fp16(w));
+                    else wr_u16(row + 2 * j, psv_f32_to_bf16(w));
+                }
+            }
+        }
+        free(role);
+        return;
+    }
+    const size_t xs = type_get(wt)->type_size, as = type_get(at)->type_size;
+    const int qoff = at == T_Q8_0 ? 2 : 4, nq = at == T_Q8_K ? QK_K : 32;
+    int off[2], ns = st_scale_offsets(wt, off);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *xb = x + (size_t)b * xs;
+        if (role[b] == 1) {
+            for (int k = 0; k < ns; k++) wr_u16(xb + off[k], st_rng() & 1 ? 0x7bff : 0xfbff);
+            memcpy(xb + xs, xb, xs);
+        }
+        for (int r = 0; r < nrow; r++) {
+            uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
+            if (role[b] == 0) {
+                if (at == T_Q8_K) wr_u32(yb, f32_bits(st_sym() * 1e-12f));
+                else wr_u16(yb, 0x0400); // 2^-14
+            }
+            if (role[b] != 1) continue;
+            if (at == T_Q8_K) wr_u32(yb, f32_bits(1e12f));
+            else wr_u16(yb, 0x7bff);
+            for (int j = 0; j < nq; j++)
+                if (yb[qoff + j] == 0x80) yb[qoff + j] = 0x81;
+            if (at == T_Q8_K)
+                for (int k = 0; k < 16; k++)
+                    if (ld_u16(yb + 260 + 2 * k) == 0x8000) wr_u16(yb + 260 + 2 * k, 0);
+            memcpy(yb + as, yb, as);
+            for (int j = 0; j < nq; j++) yb[as + qoff + j] = (uint8_t)(-(int8_t)yb[qoff + j]);
+            if (at == T_Q8_1) wr_u16(yb + as + 2, (uint16_t)(ld_u16(yb + 2) ^ 0x8000));
+            if (at == T_Q8_K)
+                for (int k = 0; k < 16; k++) wr_u16(yb + as + 260 + 2 * k, (uint16_t)-(int16_t)ld_u16(yb + 260 + 2 * k));
+        }
+    }
+    free(role);
+}
+
+// ---- dot products --------------------------------------------------------------------------
+
+static const uint32_t st_weight_types[] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K, T_Q3_K,
+                                           T_Q4_K, T_Q5_K, T_Q6_K, T_F32, T_F16, T_BF16};
+
+// Lengths: the listed sizes plus odd block counts (1, 3, 17 blocks) for the block size.
+static int st_lengths(uint32_t type, int64_t out[16]) {
+    int64_t bs = type_get(type)->blck_size;
+    int k = 0;
+    if (bs == 1) {
+        static const int64_t f[] = {1, 3, 15, 16, 17, 31, 32, 33, 64, 255, 256, 257, 512, 4096, 4097};
+        for (size_t i = 0; i < PSV_ARRAY_LEN(f); i++) out[k++] = f[i];
+        return k;
+    }
+    static const int64_t sizes[] = {32, 64, 256, 512, 4096};
+    for (size_t i = 0; i < PSV_ARRAY_LEN(sizes); i++)
+        if (sizes[i] % bs == 0) out[k++] = sizes[i];
+    out[k++] = bs;
+    out[k++] = 3 * bs;
+    out[k++] = 5 * bs;
+    out[k++] = 7 * bs;
+    out[k++] = 17 * bs;
+    return k;
+}
+
+// One set's dot kernels against the reference: single rows and every multi-row count.
+static void st_check_dots(k_set set) {
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        uint32_t wt = st_weight_types[ti];
+        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
+        CHECK(sk && sk->vec_dot && sk->vec_dot_type == ref->vec_dot_type && sk->to_float == ref->to_float);
+        if (!sk || !sk->vec_dot) continue;
+        uint32_t at = ref->vec_dot_type;
+        int64_t lens[16];
+        int nl = st_lengths(wt, lens);
+        int mismatches = 0, checked = 0;
+        for (int li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n);
+            const int nrow = 9;
+            uint8_t *x = malloc(xs), *y = malloc(ys * nrow);
+            PSV_ASSERT(x && y);
+            int reps = n >= 4096 ? 6 : 30;
+            for (int rep = 0; rep < reps; rep++) {
+                bool wild = rep % 5 == 4;
+                st_random_row(wt, n, x, wild);
+                for (int r = 0; r < nrow; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
+                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
+                float want[9], got[9], rows[9 * 3];
+                for (int r = 0; r < nrow; r++) {
+                    ref->vec_dot(n, &want[r], x, y + (size_t)r * ys);
+                    sk->vec_dot(n, &got[r], x, y + (size_t)r * ys);
+                    checked++;
+                    if (!st_same(want[r], got[r]) && mismatches++ < 5)
+                        fprintf(stderr, "%s %s n=%lld rep %d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                                k_set_names[set], type_get(wt)->name, (long long)n, rep, r, want[r],
+                                f32_bits(want[r]), got[r], f32_bits(got[r]));
+                }
+                // multi-row: every count, results at a stride of 3
+                if (sk->vec_dot_rows)
+                    for (int nr = 1; nr <= K_ROWS_MAX; nr++) {
+                        for (int i = 0; i < 9 * 3; i++) rows[i] = -1.0f;
+                        sk->vec_dot_rows(n, rows, 3, x, y + ys, ys, nr);
+                        for (int r = 0; r < nr; r++) {
+                            checked++;
+                            if (!st_same(rows[3 * r], want[r + 1]) && mismatches++ < 5)
+                                fprintf(stderr, "%s %s n=%lld rows nr=%d row %d: %.9g vs ref %.9g\n", k_set_names[set],
+                                        type_get(wt)->name, (long long)n, nr, r, rows[3 * r], want[r + 1]);
+                        }
+                        CHECK(rows[3 * nr] == -1.0f && rows[1] == -1.0f); // nothing else written
+                    }
+                // the helper, for any number of rows (groups of K_ROWS_MAX plus a rest)
+                for (int i = 0; i < 9; i++) rows[i] = -1.0f;
+                k_dot_rows(sk, n, rows, 1, x, y, ys, nrow);
+                for (int r = 0; r < nrow; r++) {
+                    checked++;
+                    if (!st_same(rows[r], want[r]) && mismatches++ < 5)
+                        fprintf(stderr, "%s %s n=%lld k_dot_rows row %d: %.9g vs ref %.9g\n", k_set_names[set],
+                                type_get(wt)->name, (long long)n, r, rows[r], want[r]);
+                }
+            }
+            free(x);
+            free(y);
+        }
+        CHECKF(mismatches == 0, "%s %s: %d of %d dot products differ from the reference", k_set_names[set],
+               type_get(wt)->name, mismatches, checked);
+    }
+}
+
+// ---- quantizers ------------------------------------------------------------------------------
+
+static const uint32_t st_act_types[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16, T_F32};
+
+// Inputs of kind 0..7: random normal-sized, ties (values k + 0.5 times the block's step),
+// huge, tiny/subnormal, with zeros and -0, non-finite sprinkled, random bit patterns, all equal.
+static void st_quant_input(float *x, int64_t n, int kind, int64_t bs) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = st_sym();
+        switch (kind) {
+        case 1: { // ties: the largest magnitude fixes the step to 1 (Q8_0: amax 127 -> d = 1;
+                  // Q8_K: max -127 -> iscale 1), the others sit on .5
+            int64_t j = i % bs;
+            if (j == 0) v = bs == QK_K ? -127.0f : (st_rng() & 1 ? 127.0f : -127.0f);
+            else v = (float)((int)(st_rng() % 254) - 127) + 0.5f * (st_rng() & 1 ? 1.0f : -1.0f);
+            if (v > 127 || v < -127) v = 126.5f;
+            break;
+        }
+        case 2: v *= 3e38f; break;
+        case 3: v = f32_from_bits((uint32_t)(st_rng() % 0x00900000u) | (st_rng() & 1 ? 0x80000000u : 0)); break;
+        case 4: if (st_rng() % 4 == 0) v = st_rng() & 1 ? 0.0f : -0.0f; break;
+        case 5: {
+            uint64_t r = st_rng() % 64;
+            if (r == 0) v = f32_from_bits(0x7fc00000u | (uint32_t)(st_rng() & 0x3fffff));
+            if (r == 1) v = f32_from_bits(0xff800000u);
+            if (r == 2) v = f32_from_bits(0x7f800001u); // signalling NaN
+            break;
+        }
+        case 6: v = f32_from_bits((uint32_t)st_rng()); break;
+        case 7: v = 0.75f; break;
+        default: v *= (float)(1 + st_rng() % 100); break;
+        }
+        x[i] = v;
+    }
+}
+
+// Ties at every scale: x = (k + 0.5) * d for the block's own d, checked against the reference
+// only (whether the product lands exactly on .5 depends on the rounding of 1/d).
+static void st_check_quantizers(k_set set) {
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_act_types); ti++) {
+        uint32_t at = st_act_types[ti];
+        const k_traits *ref = k_traits_ref(at), *sk = k_traits_of_set(set, at);
+        CHECK(sk && sk->from_float);
+        if (!sk || !sk->from_float) continue;
+        int64_t bs = type_get(at)->blck_size == 1 ? 32 : type_get(at)->blck_size;
+        static const int64_t nblk[] = {1, 2, 3, 17};
+        int mismatches = 0, checked = 0;
+        for (size_t ni = 0; ni < PSV_ARRAY_LEN(nblk); ni++)
+            for (int extra = 0; extra < (type_get(at)->blck_size == 1 ? 3 : 1); extra++) {
+                int64_t n = nblk[ni] * bs + extra * 7; // float types also get lengths off the vector width
+                size_t size = st_row_bytes(at, n);
+                float *x = malloc((size_t)n * sizeof *x);
+                uint8_t *a = malloc(size), *b = malloc(size);
+                PSV_ASSERT(x && a && b);
+                for (int kind = 0; kind < 8; kind++)
+                    for (int rep = 0; rep < 20; rep++) {
+                        st_quant_input(x, n, kind, bs);
+                        memset(a, 0xa5, size);
+                        memset(b, 0x5a, size);
+                        ref->from_float(x, a, n);
+                        sk->from_float(x, b, n);
+                        checked++;
+                        if (memcmp(a, b, size) != 0 && mismatches++ < 5) {
+                            size_t k = 0;
+                            while (a[k] == b[k]) k++;
+                            fprintf(stderr, "%s quant %s n=%lld kind %d: byte %zu: ref %02x vs %02x\n", k_set_names[set],
+                                    type_get(at)->name, (long long)n, kind, k, a[k], b[k]);
+                        }
+                    }
+                free(x);
+                free(a);
+                free(b);
+            }
+        CHECKF(mismatches == 0, "%s quantize %s: %d of %d rows differ", k_set_names[set], type_get(at)->name, mismatches,
+               checked);
+    }
+    // every float bit pattern class through F16 and BF16 (exhaustive over the top 16 bits, random low)
+    const k_traits *r16 = k_traits_ref(T_F16), *s16 = k_traits_of_set(set, T_F16);
+    const k_traits *rbf = k_traits_ref(T_BF16), *sbf = k_traits_of_set(set, T_BF16);
+    enum { N = 65536 };
+    float *x = malloc(N * sizeof *x);
+    uint8_t *a = malloc(2 * N), *b = malloc(2 * N);
+    PSV_ASSERT(x && a && b);
+    int bad16 = 0, badbf = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        for (uint32_t i = 0; i < N; i++)
+            x[i] = f32_from_bits(i << 16 | (rep == 0 ? 0 : rep == 1 ? 0x8000u : (uint32_t)st_rng() & 0xffff));
+        r16->from_float(x, a, N);
+        s16->from_float(x, b, N);
+        bad16 += memcmp(a, b, 2 * N) != 0;
+        rbf->from_float(x, a, N);
+        sbf->from_float(x, b, N);
+        badbf += memcmp(a, b, 2 * N) != 0;
+    }
+    CHECKF(bad16 == 0, "%s F16 quantizer differs on %d of 4 sweeps", k_set_names[set], bad16);
+    CHECKF(badbf == 0, "%s BF16 quantizer differs on %d of 4 sweeps", k_set_names[set], badbf);
+    free(x);
+    free(a);
+    free(b);
+}
+
+// ---- dispatch ----------------------------------------------------------------------------------
+
+static void test_choose(void) {
+    plat_cpu none, v3, v4;
+    memset(&none, 0, sizeof none);
+    v3 = none;
+    v3.detected = v3.avx = v3.avx2 = v3.fma = v3.f16c = true;
+    v4 = v3;
+    v4.avx512f = v4.avx512bw = v4.avx512vl = v4.avx512vnni = true;
+    plat_cpu v4_no_vnni = v4;
+    v4_no_vnni.avx512vnni = false;
+    char note[160];
+    struct { const char *req; const plat_cpu *cpu; k_set want; bool note; } cases[] = {
+        {NULL, &none, K_SET_REF, false},     {"", &none, K_SET_REF, false},
+        {"auto", &none, K_SET_REF, false},   {"ref", &none, K_SET_REF, false},
+        {"avx2", &none, K_SET_REF, true},    {"avx512", &none, K_SET_REF, true},
+        {"bogus", &none, K_SET_REF, true},
+#if defined(PSV_X86)
+        {NULL, &v3, K_SET_AVX2, false},      {"ref", &v3, K_SET_REF, false},
+        {"avx2", &v3, K_SET_AVX2, false},    {"avx512", &v3, K_SET_AVX2, true},
+        {NULL, &v4, K_SET_AVX512, false},    {"auto", &v4, K_SET_AVX512, false},
+        {"ref", &v4, K_SET_REF, false},      {"avx2", &v4, K_SET_AVX2, false},
+        {"avx512", &v4, K_SET_AVX512, false}, {"AVX512", &v4, K_SET_AVX512, true},
+        {"neon", &v4, K_SET_AVX512, true},   {NULL, &v4_no_vnni, K_SET_AVX2, false},
+        {"avx512", &v4_no_vnni, K_SET_AVX2, true},
+#else
+        {NULL, &v4, K_SET_REF, false},       {"avx2", &v4, K_SET_REF, true},
+        {"avx512", &v4_no_vnni, K_SET_REF, true},
+#endif
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(cases); i++) {
+        k_set got = k_set_choose(cases[i].req, cases[i].cpu, note, sizeof note);
+        CHECKF(got == cases[i].want && (note[0] != 0) == cases[i].note, "case %zu (%s): got %s, note '%s'", i,
+               cases[i].req ? cases[i].req : "(unset)", k_set_names[got], note);
+        if (cases[i].note) CHECKF(strstr(note, k_set_names[cases[i].want]) != NULL, "note names the set used: %s", note);
+    }
+    // the active set is what PSV_KERNELS and this CPU make of it
+    k_set want = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), note, sizeof note);
+    CHECK(!strcmp(k_kernel_set_name(), k_set_names[want]));
+    CHECK((k_kernel_set_note() != NULL) == (note[0] != 0));
+    for (uint32_t t = 0; t < T_COUNT; t++) {
+        CHECK((k_traits_get(t) == NULL) == (k_traits_ref(t) == NULL));
+        if (k_traits_get(t)) CHECK(k_traits_get(t) == k_traits_of_set(want, t));
+    }
+    CHECK(k_traits_of_set(K_SET_REF, T_Q4_0)->vec_dot == k_dot_q4_0_q8_0_ref);
+    CHECK(k_traits_of_set(K_SET_COUNT, T_Q4_0) == NULL && k_traits_get(T_COUNT) == NULL && k_traits_get(T_IQ2_XXS) == NULL);
+    printf("cpu: best kernel set %s; active %s%s%s\n", k_set_names[k_set_best(plat_cpu_get())], k_kernel_set_name(),
+           k_kernel_set_note() ? " — " : "", k_kernel_set_note() ? k_kernel_set_note() : "");
+}
+
+int main(void) {
+    test_choose();
+    const plat_cpu *cpu = plat_cpu_get();
+    for (int s = K_SET_REF + 1; s < K_SET_COUNT; s++) {
+        if (!k_set_supported((k_set)s, cpu)) {
+            SKIP("kernel set %s: not supported by this CPU/build", k_set_names[s]);
+            continue;
+        }
+        st_check_dots((k_set)s);
+        st_check_quantizers((k_set)s);
+    }
+    // the reference set through the same harness (its multi-row path is k_dot_rows' fallback)
+    st_check_dots(K_SET_REF);
+    return t_finish();
+}
