@@ -7126,11 +7126,14 @@ done:
 // Dot products share one numerical contract. Within a block, quant products are summed exactly
 // in 32-bit integers (the bounds above each kernel show they cannot overflow); each block's
 // scale factors are then applied in double, where the products of an fp16 scale, a float scale
-// and an integer sum are exact or rounded once, and blocks are added in double in row order. The
-// result is rounded to float once. Against the exact value of the block formula this gives
-// |s - exact| <= 2^-24 |exact| + n_blocks * 2^-52 * sum_b |term_b|: float-exact for any row a
-// model has. ggml adds blocks in float, so it differs from this by its own rounding (~1e-6
-// relative), far below what the logit tolerance cares about.
+// and an integer sum are exact or rounded once. The blocks' terms are added in K_BLOCK_LANES = 4
+// double lanes, block b into lane b % 4 in row order, and the lanes are then added in order
+// (((lane0 + lane1) + lane2) + lane3): SIMD kernels handle four blocks at a time, and four
+// independent sums let them do so without a chain of dependent additions, one per block, setting
+// their speed. The result is rounded to float once. Against the exact value of the block formula
+// this gives |s - exact| <= 2^-24 |exact| + (n_blocks / 4 + 3) * 2^-52 * sum_b |term_b|:
+// float-exact for any row a model has. ggml adds blocks in float, so it differs from this by its
+// own rounding (~1e-6 relative), far below what the logit tolerance cares about.
 //
 // The order of every floating-point operation is part of the contract, not just the bound: the
 // SIMD kernels (section 12) compute the same integer sums and repeat these double operations in
@@ -7253,10 +7256,12 @@ static inline double k_no_fuse(double v) {
 // in plain index order. Each product is exact in double, so every addition rounds once:
 // |s - exact| <= 2^-24 |exact| + (n / K_LANES + K_LANES) 2^-53 sum |x_i y_i|.
 #define K_LANES 16
+#define K_BLOCK_LANES 4 // the quantized dot products' lanes (see the section comment)
 
-static float k_lanes_sum(const double acc[K_LANES]) {
+// The lanes added in order, lane 0 first, rounded to float.
+static float k_lanes_sum(const double *acc, int n_lanes) {
     double s = acc[0];
-    for (int l = 1; l < K_LANES; l++) s += acc[l];
+    for (int l = 1; l < n_lanes; l++) s += acc[l];
     return (float)s;
 }
 
@@ -7275,7 +7280,7 @@ static void k_dot_f32_f32_ref(int64_t n, float *s, const void *vx, const void *v
     const uint8_t *x = vx, *y = vy;
     double acc[K_LANES] = {0};
     for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
-    *s = k_lanes_sum(acc);
+    *s = k_lanes_sum(acc, K_LANES);
 }
 
 // fp16 -> float through a 64K-entry table (256 KB): psv_fp16_to_f32 branches on subnormals and
@@ -7310,7 +7315,7 @@ static void k_dot_f16_f16_ref(int64_t n, float *s, const void *vx, const void *v
     const float *lut = k_fp16_lut();
     double acc[K_LANES] = {0};
     for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)(lut[ld_u16(x + 2 * i)] * lut[ld_u16(y + 2 * i)]);
-    *s = k_lanes_sum(acc);
+    *s = k_lanes_sum(acc, K_LANES);
 }
 
 static void k_dequant_bf16_ref(const void *vx, float *y, int64_t n) {
@@ -7329,7 +7334,7 @@ static void k_dot_bf16_bf16_ref(int64_t n, float *s, const void *vx, const void 
     double acc[K_LANES] = {0};
     for (int64_t i = 0; i < n; i++)
         acc[i % K_LANES] += (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
-    *s = k_lanes_sum(acc);
+    *s = k_lanes_sum(acc, K_LANES);
 }
 
 // ---- Q8_0 and Q8_1: the activation types of the 32-value formats ------------------------------
@@ -7364,14 +7369,14 @@ static void k_quant_q8_0_ref(const float *x, void *vy, int64_t n) {
 static void k_dot_q8_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % 32 == 0);
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / 32; b++, x += K_Q8_0_SIZE, y += K_Q8_0_SIZE) {
         const int8_t *qx = (const int8_t *)(x + 2), *qy = (const int8_t *)(y + 2);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++) isum += qx[j] * qy[j];
-        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 // Q8_1: as Q8_0 plus s = fp16(d * sum q) (d before its fp16 rounding), which lets the
@@ -7443,15 +7448,15 @@ static void k_quant_q4_0_ref(const float *x, void *vy, int64_t n) {
 static void k_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % 32 == 0);
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / 32; b++, x += K_Q4_0_SIZE, y += K_Q8_0_SIZE) {
         const uint8_t *qs = x + 2;
         const int8_t *a = (const int8_t *)(y + 2);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) isum += ((qs[j] & 15) - 8) * a[j] + ((qs[j] >> 4) - 8) * a[j + 16];
-        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 static void k_dequant_q4_1_ref(const void *vx, float *y, int64_t n) {
@@ -7494,16 +7499,16 @@ static void k_quant_q4_1_ref(const float *x, void *vy, int64_t n) {
 static void k_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % 32 == 0);
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / 32; b++, x += K_Q4_1_SIZE, y += K_Q8_1_SIZE) {
         const uint8_t *qs = x + 4;
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * a[j] + (qs[j] >> 4) * a[j + 16];
-        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
-                         (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+                                            (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 // The 5-bit value j of a Q5 block: 4 bits from qs, the fifth from qh.
@@ -7546,15 +7551,15 @@ static void k_quant_q5_0_ref(const float *x, void *vy, int64_t n) {
 static void k_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % 32 == 0);
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / 32; b++, x += K_Q5_0_SIZE, y += K_Q8_0_SIZE) {
         uint32_t qh = ld_u32(x + 2);
         const int8_t *a = (const int8_t *)(y + 2);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++) isum += (k_q5_value(x + 6, qh, j) - 16) * a[j];
-        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 static void k_dequant_q5_1_ref(const void *vx, float *y, int64_t n) {
@@ -7597,16 +7602,16 @@ static void k_quant_q5_1_ref(const float *x, void *vy, int64_t n) {
 static void k_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % 32 == 0);
     const uint8_t *x = vx, *y = vy;
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / 32; b++, x += K_Q5_1_SIZE, y += K_Q8_1_SIZE) {
         uint32_t qh = ld_u32(x + 4);
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++) isum += k_q5_value(x + 8, qh, j) * a[j];
-        acc += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
-                         (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+                                            (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 // ---- Q8_K: the activation type of the k-quants ------------------------------------------------
@@ -7682,7 +7687,7 @@ static void k_dot_q2_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx, *y = vy;
     int8_t q[QK_K];
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += K_Q2_K_SIZE, y += K_Q8_K_SIZE) {
         k_unpack_q2_k(x, q);
         const int8_t *a = (const int8_t *)(y + 4);
@@ -7693,10 +7698,10 @@ static void k_dot_q2_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
             isum += (x[k] & 15) * t;
             msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
         }
-        acc += k_no_fuse((double)k_ld_f32(y) *
-                         ((double)k_ld_f16(x + 80) * (double)isum - (double)k_ld_f16(x + 82) * (double)msum));
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_ld_f16(x + 80) * (double)isum -
+                                                                   (double)k_ld_f16(x + 82) * (double)msum));
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 // Q3_K: value e has its low two bits in qs[32*(e/128) + e%32] at bit 2*((e/32)%4) and its high
@@ -7740,7 +7745,7 @@ static void k_dot_q3_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
     const uint8_t *x = vx, *y = vy;
     int8_t q[QK_K];
     int sc[16];
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += K_Q3_K_SIZE, y += K_Q8_K_SIZE) {
         k_unpack_q3_k(x, q, sc);
         const int8_t *a = (const int8_t *)(y + 4);
@@ -7750,9 +7755,9 @@ static void k_dot_q3_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
             for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
             isum += sc[k] * t;
         }
-        acc += k_no_fuse((double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum);
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 // The 6-bit scale and minimum of sub-block k of Q4_K/Q5_K (ggml get_scale_min_k4): for k < 4
@@ -7806,7 +7811,7 @@ static void k_dot_q45_k(int64_t n, float *s, const uint8_t *x, const uint8_t *y,
     const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
     int8_t q[QK_K];
     int sc[8], m[8];
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += size, y += K_Q8_K_SIZE) {
         k_unpack_q45_k(five ? x + 48 : x + 16, five ? x + 16 : NULL, x + 4, q, sc, m);
         const int8_t *a = (const int8_t *)(y + 4);
@@ -7817,10 +7822,10 @@ static void k_dot_q45_k(int64_t n, float *s, const uint8_t *x, const uint8_t *y,
             isum += sc[k] * t;
             msum += m[k] * (k_ld_i16(y + 260 + 4 * k) + k_ld_i16(y + 262 + 4 * k));
         }
-        acc += k_no_fuse((double)k_ld_f32(y) *
-                         ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum));
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) *
+                                            ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum));
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 static void k_dot_q4_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) { k_dot_q45_k(n, s, vx, vy, false); }
 static void k_dot_q5_k_q8_k_ref(int64_t n, float *s, const void *vx, const void *vy) { k_dot_q45_k(n, s, vx, vy, true); }
@@ -7860,7 +7865,7 @@ static void k_dot_q6_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx, *y = vy;
     int8_t q[QK_K];
-    double acc = 0;
+    double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += K_Q6_K_SIZE, y += K_Q8_K_SIZE) {
         k_unpack_q6_k(x, q);
         const int8_t *sc = (const int8_t *)(x + 192), *a = (const int8_t *)(y + 4);
@@ -7870,9 +7875,9 @@ static void k_dot_q6_k_q8_k_ref(int64_t n, float *s, const void *vx, const void 
             for (int l = 0; l < 16; l++) t += q[16 * k + l] * a[16 * k + l];
             isum += sc[k] * t;
         }
-        acc += k_no_fuse((double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum);
     }
-    *s = (float)acc;
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 // ---- K-quant quantizers ------------------------------------------------------------------------
@@ -8150,6 +8155,9 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 #define K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define K_INLINE static inline __attribute__((always_inline))
+// Fully unrolled, so a block's vectors stay in registers (GCC keeps these 4- and 8-trip loops
+// otherwise, with the vectors in memory).
+#define K_UNROLL _Pragma("GCC unroll 8")
 
 // ---- AVX2 helpers ----------------------------------------------------------------------------
 
@@ -8174,9 +8182,11 @@ K_AVX2 K_INLINE __m128i k_hsum4_i32_avx2(__m256i a, __m256i b, __m256i c, __m256
 
 K_AVX2 K_INLINE float k_f16_avx2(const uint8_t *p) { return _cvtsh_ss(ld_u16(p)); }
 
-// Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32).
+// Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32). Gathered in a
+// general register, which keeps the vector shuffle units free.
 K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    return _mm_cvtph_ps(_mm_setr_epi16((short)ld_u16(p0), (short)ld_u16(p1), (short)ld_u16(p2), (short)ld_u16(p3), 0, 0, 0, 0));
+    uint64_t h = (uint64_t)ld_u16(p0) | (uint64_t)ld_u16(p1) << 16 | (uint64_t)ld_u16(p2) << 32 | (uint64_t)ld_u16(p3) << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
 }
 
 K_AVX2 K_INLINE __m256i k_load256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
@@ -8197,7 +8207,8 @@ K_AVX2 K_INLINE __m256i k_bits_to_bytes_avx2(uint32_t qh) {
 // Q8_0 widened to int16. Its dot with an activation block is 8 int32 lanes summing to the
 // reference's isum; all intermediate sums stay far inside int16/int32 (bounds at each step).
 // Blocks are handled four at a time so that one horizontal reduction serves four blocks; the
-// terms are then formed in double exactly as the reference forms them and added in block order.
+// terms are then formed in double exactly as the reference forms them, four at a time in a
+// vector, and added to the K_BLOCK_LANES lanes of the reference, one per vector element.
 
 typedef struct { __m256i a, b; } k_w32_avx2;
 
@@ -8212,8 +8223,9 @@ K_AVX2 K_INLINE k_w32_avx2 k_w32_unpack_avx2(uint32_t type, const uint8_t *x) {
         return w;
     }
     const int qs = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
-    __m128i raw = k_load128(x + qs);
-    w.a = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
+    // the 16 bytes in both halves, the high half shifted down by a nibble (no lane crossing)
+    __m256i raw = _mm256_broadcastsi128_si256(k_load128(x + qs));
+    w.a = _mm256_and_si256(_mm256_blend_epi32(raw, _mm256_srli_epi16(raw, 4), 0xf0), m4);
     if (type == T_Q5_0 || type == T_Q5_1) {
         __m256i hb = k_bits_to_bytes_avx2(ld_u32(x + qs - 4));
         w.a = _mm256_or_si256(w.a, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
@@ -8221,22 +8233,36 @@ K_AVX2 K_INLINE k_w32_avx2 k_w32_unpack_avx2(uint32_t type, const uint8_t *x) {
     return w;
 }
 
-// 8 int32 lanes whose sum is the block's isum. Pair sums: q*a <= 2*31*128 = 7936 and
-// offset*a <= 2*16*128 = 4096 in magnitude, their difference <= 4096 (it is (q - off)*a).
+// The block's products: for Q8_0, 8 int32 lanes (|pair| <= 2*128*128); for Q4/Q5, 16 int16
+// lanes each the sum of two products. Those pair sums are q*a <= 2*31*128 = 7936 in magnitude,
+// and for Q4_0/Q5_0 (q - off)*a <= 2*16*128 = 4096 (so subtracting off*a in int16 is exact), and
+// four of them still fit int16 (31744), which k_hsum4_i16_avx2 relies on.
 K_AVX2 K_INLINE __m256i k_w32_dot_avx2(uint32_t type, k_w32_avx2 w, const uint8_t *yb) {
-    const __m256i ones = _mm256_set1_epi16(1);
     if (type == T_Q8_0) {
         __m256i a = k_load256(yb + 2);
         __m256i lo = _mm256_madd_epi16(w.a, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)));
         __m256i hi = _mm256_madd_epi16(w.b, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)));
-        return _mm256_add_epi32(lo, hi); // |pair| <= 2 * 128 * 128
+        return _mm256_add_epi32(lo, hi);
     }
     bool q81 = type == T_Q4_1 || type == T_Q5_1;
     __m256i a = k_load256(yb + (q81 ? 4 : 2));
     __m256i p = _mm256_maddubs_epi16(w.a, a);
     if (type == T_Q4_0) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(8), a));
     if (type == T_Q5_0) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(16), a));
-    return _mm256_madd_epi16(p, ones);
+    return p;
+}
+
+// The sums of four blocks' int16 pair sums (k_w32_dot_avx2): two rounds of pairwise adds in
+// int16 (each lane then holds at most 4 pair sums, see there), then int32.
+K_AVX2 K_INLINE __m128i k_hsum4_i16_avx2(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(a, b), _mm256_hadd_epi16(c, d));
+    h = _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// The block's isum from k_w32_dot_avx2's lanes.
+K_AVX2 K_INLINE int32_t k_w32_isum_avx2(uint32_t type, __m256i v) {
+    return k_hsum_i32_avx2(type == T_Q8_0 ? v : _mm256_madd_epi16(v, _mm256_set1_epi16(1)));
 }
 
 // Block i of a row of `type` (weights) or its activation type.
@@ -8250,7 +8276,8 @@ K_AVX2 K_INLINE void k_rows32_avx2(uint32_t type, int64_t n, float *s, int64_t s
     const size_t xs = k_w32_size(type), as = k_a32_size(type);
     const bool min = type == T_Q4_1 || type == T_Q5_1;
     const int64_t nb = n / 32;
-    double acc[K_ROWS_MAX] = {0};
+    __m256d accv[K_ROWS_MAX]; // the K_BLOCK_LANES lanes of each row
+    for (int r = 0; r < nr; r++) accv[r] = _mm256_setzero_pd();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *xb = x + (size_t)b * xs;
@@ -8260,8 +8287,9 @@ K_AVX2 K_INLINE void k_rows32_avx2(uint32_t type, int64_t n, float *s, int64_t s
         if (min) mx = _mm256_cvtps_pd(k_f16x4_avx2(xb + 2, xb + xs + 2, xb + 2 * xs + 2, xb + 3 * xs + 2));
         for (int r = 0; r < nr; r++) {
             const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
-            __m128i is = k_hsum4_i32_avx2(k_w32_dot_avx2(type, w0, yb), k_w32_dot_avx2(type, w1, yb + as),
-                                          k_w32_dot_avx2(type, w2, yb + 2 * as), k_w32_dot_avx2(type, w3, yb + 3 * as));
+            __m256i p0 = k_w32_dot_avx2(type, w0, yb), p1 = k_w32_dot_avx2(type, w1, yb + as);
+            __m256i p2 = k_w32_dot_avx2(type, w2, yb + 2 * as), p3 = k_w32_dot_avx2(type, w3, yb + 3 * as);
+            __m128i is = type == T_Q8_0 ? k_hsum4_i32_avx2(p0, p1, p2, p3) : k_hsum4_i16_avx2(p0, p1, p2, p3);
             __m256d dy = _mm256_cvtps_pd(k_f16x4_avx2(yb, yb + as, yb + 2 * as, yb + 3 * as));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), _mm256_cvtepi32_pd(is));
@@ -8269,23 +8297,23 @@ K_AVX2 K_INLINE void k_rows32_avx2(uint32_t type, int64_t n, float *s, int64_t s
                 __m256d sy = _mm256_cvtps_pd(k_f16x4_avx2(yb + 2, yb + as + 2, yb + 2 * as + 2, yb + 3 * as + 2));
                 t = _mm256_add_pd(t, _mm256_mul_pd(mx, sy));
             }
-            double tt[4];
-            _mm256_storeu_pd(tt, k_no_fuse_pd_avx2(t));
-            acc[r] = acc[r] + tt[0] + tt[1] + tt[2] + tt[3];
+            accv[r] = _mm256_add_pd(accv[r], k_no_fuse_pd_avx2(t));
         }
     }
+    double acc[K_ROWS_MAX][K_BLOCK_LANES];
+    for (int r = 0; r < nr; r++) _mm256_storeu_pd(acc[r], accv[r]);
     for (; b < nb; b++) {
         const uint8_t *xb = x + (size_t)b * xs;
         k_w32_avx2 w = k_w32_unpack_avx2(type, xb);
         for (int r = 0; r < nr; r++) {
             const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
-            int32_t isum = k_hsum_i32_avx2(k_w32_dot_avx2(type, w, yb));
+            int32_t isum = k_w32_isum_avx2(type, k_w32_dot_avx2(type, w, yb));
             double t = (double)k_f16_avx2(xb) * (double)k_f16_avx2(yb) * (double)isum;
             if (min) t += (double)k_f16_avx2(xb + 2) * (double)k_f16_avx2(yb + 2);
-            acc[r] += k_no_fuse(t);
+            acc[r][b % K_BLOCK_LANES] += k_no_fuse(t);
         }
     }
-    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+    for (int r = 0; r < nr; r++) s[r * ss] = k_lanes_sum(acc[r], K_BLOCK_LANES);
 }
 
 // One kernel per type and a rows variant dispatching nr to constant-count copies.
@@ -8327,44 +8355,57 @@ typedef struct {
     int off;        // quant offset (Q3_K 4, Q6_K 32, others 0)
 } k_wk_avx2;
 
-K_AVX2 K_INLINE __m256i k_sc_pair_avx2(int lo, int hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+// Chunk c's scale vector from 16 int16 scales S (sub-block k in lane k): lanes 0-7 = S[2c],
+// lanes 8-15 = S[2c + 1]. (For Q4_K/Q5_K, S holds each of the 8 scales twice.)
+K_AVX2 K_INLINE __m256i k_sc_chunk_avx2(__m256i s16, int c) {
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(c)), pick);
 }
 
 K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+    const __m128i m4x = _mm_set1_epi8(15);
+    __m256i s16;
     w->off = 0;
     w->dmin = 0;
     w->mins = _mm256_setzero_si256();
     if (type == T_Q2_K) {
-        // value 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale/min nibbles in x[0..15]
+        // value 128h + 32j + l: bits 2j of qs[32h + l]; sub-block k: scale x[k] & 15, min x[k] >> 4
+        K_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i qs = k_load256(x + 16 + 32 * h);
+            K_UNROLL
             for (int j = 0; j < 4; j++) w->q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m2);
         }
-        for (int c = 0; c < 8; c++) w->sc[c] = k_sc_pair_avx2(x[2 * c] & 15, x[2 * c + 1] & 15);
         __m128i sm = k_load128(x);
-        w->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
+        s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m4x));
+        w->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4x));
         w->d = k_f16_avx2(x + 80);
         w->dmin = k_f16_avx2(x + 82);
     } else if (type == T_Q3_K) {
         // value 128h + 32j + l: low bits 2j of qs[32h + l], high bit 4h + j of hmask[l]
         __m256i hm = k_load256(x);
+        K_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i qs = k_load256(x + 32 + 32 * h);
+            K_UNROLL
             for (int j = 0; j < 4; j++) {
                 __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m2);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), m1);
                 w->q[4 * h + j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
             }
         }
-        const uint8_t *s = x + 96;
-        int sc[16];
-        for (int k = 0; k < 16; k++) {
-            int lo = k < 8 ? (s[k] & 15) : (s[k - 8] >> 4), hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
-            sc[k] = (lo | (hi << 4)) - 32;
-        }
-        for (int c = 0; c < 8; c++) w->sc[c] = k_sc_pair_avx2(sc[2 * c], sc[2 * c + 1]);
+        // k_unpack_q3_k's scales, four bytes at a time: sub-block k's low nibble is byte k % 8
+        // of scales[0..7] (low nibble for k < 8, high for k >= 8), its top two bits are bits
+        // 2(k/4) of scales[8 + k % 4]
+        uint32_t a0 = ld_u32(x + 96), a1 = ld_u32(x + 100), t = ld_u32(x + 104);
+        uint32_t s0 = (a0 & 0x0f0f0f0fu) | ((t & 0x03030303u) << 4);
+        uint32_t s1 = (a1 & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
+        uint32_t s2 = ((a0 >> 4) & 0x0f0f0f0fu) | (((t >> 4) & 0x03030303u) << 4);
+        uint32_t s3 = ((a1 >> 4) & 0x0f0f0f0fu) | (((t >> 6) & 0x03030303u) << 4);
+        __m128i sb = _mm_sub_epi8(_mm_setr_epi32((int)s0, (int)s1, (int)s2, (int)s3), _mm_set1_epi8(32));
+        s16 = _mm256_cvtepi8_epi16(sb);
         w->d = k_f16_avx2(x + 108);
         w->off = 4;
     } else if (type == T_Q4_K || type == T_Q5_K) {
@@ -8372,6 +8413,7 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
         bool five = type == T_Q5_K;
         const uint8_t *qs = x + (five ? 48 : 16);
         __m256i hb = five ? k_load256(x + 16) : _mm256_setzero_si256();
+        K_UNROLL
         for (int c = 0; c < 4; c++) {
             __m256i raw = k_load256(qs + 32 * c);
             __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
@@ -8383,20 +8425,24 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
             w->q[2 * c] = lo;
             w->q[2 * c + 1] = hi;
         }
-        int16_t mins[16];
-        for (int k = 0; k < 8; k++) {
-            int sc, m;
-            k_scale_min_k4(x + 4, k, &sc, &m);
-            w->sc[k] = _mm256_set1_epi16((short)sc);
-            mins[2 * k] = mins[2 * k + 1] = (int16_t)m;
-        }
-        w->mins = _mm256_loadu_si256((const __m256i *)(const void *)mins);
+        // k_scale_min_k4 four bytes at a time: scales 0-3 and mins 0-3 are the low six bits of
+        // bytes 0-3 and 4-7; scales 4-7 (mins 4-7) are the low (high) nibbles of bytes 8-11 with
+        // the top two bits of bytes 0-3 (4-7) above them
+        uint32_t u0 = ld_u32(x + 4), u1 = ld_u32(x + 8), u2 = ld_u32(x + 12);
+        uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+        uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+        uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+        __m128i sc8 = _mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0), m8 = _mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0);
+        s16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); // each scale twice: one per 16 values
+        w->mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         w->d = k_f16_avx2(x);
         w->dmin = k_f16_avx2(x + 2);
     } else { // T_Q6_K
         // value 128h + 32k + l: nibble 4(k>>1) of ql[64h + 32(k&1) + l], bits 2k of qh[32h + l]
+        K_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i ql0 = k_load256(x + 64 * h), ql1 = k_load256(x + 64 * h + 32), qh = k_load256(x + 128 + 32 * h);
+            K_UNROLL
             for (int k = 0; k < 4; k++) {
                 __m256i ql = (k & 1) ? ql1 : ql0;
                 __m256i lo = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, m4);
@@ -8404,11 +8450,12 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
                 w->q[4 * h + k] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
             }
         }
-        const int8_t *sc = (const int8_t *)(x + 192);
-        for (int c = 0; c < 8; c++) w->sc[c] = k_sc_pair_avx2(sc[2 * c], sc[2 * c + 1]);
+        s16 = _mm256_cvtepi8_epi16(k_load128(x + 192));
         w->d = k_f16_avx2(x + 208);
         w->off = 32;
     }
+    K_UNROLL
+    for (int c = 0; c < 8; c++) w->sc[c] = k_sc_chunk_avx2(s16, c);
 }
 
 // isum of an unpacked block with an activation block, and msum through its bsums.
@@ -8417,6 +8464,7 @@ K_AVX2 K_INLINE int32_t k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, int
     const int8_t *a = (const int8_t *)(yb + 4);
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
+    K_UNROLL
     for (int c = 0; c < 8; c++) {
         __m256i av = k_load256((const uint8_t *)a + 32 * c);
         __m256i p = _mm256_maddubs_epi16(w->q[c], av);
@@ -8432,7 +8480,7 @@ K_AVX2 K_INLINE void k_rowsk_avx2(uint32_t type, int64_t n, float *s, int64_t ss
     PSV_ASSERT(n % QK_K == 0);
     const size_t xs = type_table[type].type_size;
     const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-    double acc[K_ROWS_MAX] = {0};
+    double acc[K_ROWS_MAX][K_BLOCK_LANES] = {{0}};
     k_wk_avx2 w;
     for (int64_t b = 0; b < n / QK_K; b++) {
         const uint8_t *xb = x + (size_t)b * xs;
@@ -8444,10 +8492,10 @@ K_AVX2 K_INLINE void k_rowsk_avx2(uint32_t type, int64_t n, float *s, int64_t ss
             // the reference's expressions, operation for operation
             if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);
             else t = (double)w.d * dy * (double)isum;
-            acc[r] += k_no_fuse(t);
+            acc[r][b % K_BLOCK_LANES] += k_no_fuse(t);
         }
     }
-    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+    for (int r = 0; r < nr; r++) s[r * ss] = k_lanes_sum(acc[r], K_BLOCK_LANES);
 }
 
 K_DEF_ROWS(q2_k_q8_k_avx2, k_rowsk_avx2, T_Q2_K, K_AVX2)
@@ -8469,7 +8517,7 @@ K_AVX2 K_INLINE float k_lanes_sum_avx2(__m256d a0, __m256d a1, __m256d a2, __m25
     _mm256_storeu_pd(l + 4, a1);
     _mm256_storeu_pd(l + 8, a2);
     _mm256_storeu_pd(l + 12, a3);
-    return k_lanes_sum(l);
+    return k_lanes_sum(l, K_LANES);
 }
 
 // 16 floats of x and y (as two halves each) into the lanes, as exact double products.
@@ -8730,7 +8778,8 @@ K_AVX512 K_INLINE void k_rows32_avx512(uint32_t type, int64_t n, float *s, int64
     const size_t xs = k_w32_size(type), as = k_a32_size(type);
     const bool min = type == T_Q4_1 || type == T_Q5_1;
     const int64_t nb = n / 32;
-    double acc[K_ROWS_MAX] = {0};
+    __m256d accv[K_ROWS_MAX]; // the K_BLOCK_LANES lanes of each row
+    for (int r = 0; r < nr; r++) accv[r] = _mm256_setzero_pd();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *xb = x + (size_t)b * xs;
@@ -8748,11 +8797,11 @@ K_AVX512 K_INLINE void k_rows32_avx512(uint32_t type, int64_t n, float *s, int64
                 __m256d sy = _mm256_cvtps_pd(k_f16x4_avx2(yb + 2, yb + as + 2, yb + 2 * as + 2, yb + 3 * as + 2));
                 t = _mm256_add_pd(t, _mm256_mul_pd(mx, sy));
             }
-            double tt[4];
-            _mm256_storeu_pd(tt, k_no_fuse_pd_avx2(t));
-            acc[r] = acc[r] + tt[0] + tt[1] + tt[2] + tt[3];
+            accv[r] = _mm256_add_pd(accv[r], k_no_fuse_pd_avx2(t));
         }
     }
+    double acc[K_ROWS_MAX][K_BLOCK_LANES];
+    for (int r = 0; r < nr; r++) _mm256_storeu_pd(acc[r], accv[r]);
     for (; b < nb; b++) {
         const uint8_t *xb = x + (size_t)b * xs;
         k_w32_avx2 w = k_w32_unpack_avx512(type, xb);
@@ -8761,10 +8810,10 @@ K_AVX512 K_INLINE void k_rows32_avx512(uint32_t type, int64_t n, float *s, int64
             int32_t isum = k_hsum_i32_avx2(k_w32_dot_avx512(type, w, yb));
             double t = (double)k_f16_avx2(xb) * (double)k_f16_avx2(yb) * (double)isum;
             if (min) t += (double)k_f16_avx2(xb + 2) * (double)k_f16_avx2(yb + 2);
-            acc[r] += k_no_fuse(t);
+            acc[r][b % K_BLOCK_LANES] += k_no_fuse(t);
         }
     }
-    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+    for (int r = 0; r < nr; r++) s[r * ss] = k_lanes_sum(acc[r], K_BLOCK_LANES);
 }
 
 K_DEF_ROWS(q4_0_q8_0_avx512, k_rows32_avx512, T_Q4_0, K_AVX512)
@@ -8778,6 +8827,7 @@ K_AVX512 K_INLINE int32_t k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb,
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
+    K_UNROLL
     for (int c = 0; c < 8; c++) {
         __m256i av = k_load256(a + 32 * c);
         __m256i p = _mm256_maddubs_epi16(w->q[c], av);
@@ -8793,7 +8843,7 @@ K_AVX512 K_INLINE void k_rowsk_avx512(uint32_t type, int64_t n, float *s, int64_
     PSV_ASSERT(n % QK_K == 0);
     const size_t xs = type_table[type].type_size;
     const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-    double acc[K_ROWS_MAX] = {0};
+    double acc[K_ROWS_MAX][K_BLOCK_LANES] = {{0}};
     k_wk_avx2 w;
     for (int64_t b = 0; b < n / QK_K; b++) {
         const uint8_t *xb = x + (size_t)b * xs;
@@ -8804,10 +8854,10 @@ K_AVX512 K_INLINE void k_rowsk_avx512(uint32_t type, int64_t n, float *s, int64_
             double dy = (double)k_ld_f32(yb), t;
             if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);
             else t = (double)w.d * dy * (double)isum;
-            acc[r] += k_no_fuse(t);
+            acc[r][b % K_BLOCK_LANES] += k_no_fuse(t);
         }
     }
-    for (int r = 0; r < nr; r++) s[r * ss] = (float)acc[r];
+    for (int r = 0; r < nr; r++) s[r * ss] = k_lanes_sum(acc[r], K_BLOCK_LANES);
 }
 
 K_DEF_ROWS(q2_k_q8_k_avx512, k_rowsk_avx512, T_Q2_K, K_AVX512)
@@ -9126,7 +9176,9 @@ struct psv_model {
 static psv_status model_vocab_load(psv_model *m, psv_error *err);
 static void model_vocab_free(psv_model *m);
 
-static const k_traits *eng_traits(uint32_t type) { return k_traits_ref(type); }
+// The kernels for a tensor type: the fastest set this CPU supports (section 12), or the one
+// PSV_KERNELS names. Every set gives bit-identical results to the reference kernels.
+static const k_traits *eng_traits(uint32_t type) { return k_traits_get(type); }
 
 static psv_status model_tensor(psv_model *m, const char *name, int64_t n_in, int64_t n_out,
                                bool required, mtensor *out, psv_error *err) {
@@ -9498,7 +9550,15 @@ static void mm_dot_task(void *arg, int ith, int nth) {
     pool_share(j->w->n_out, ith, nth, &lo, &hi);
     for (int64_t o = lo; o < hi; o++) {
         const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
-        for (int64_t t = 0; t < j->n_tok; t++)
+        int64_t t = 0;
+        // several tokens per weight row at once where the kernels can (same results per row)
+        if (j->tr->vec_dot_rows && !j->y_rows)
+            for (; t + 1 < j->n_tok; t += K_ROWS_MAX) {
+                int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
+                j->tr->vec_dot_rows(j->w->n_in, &j->y[t * j->y_stride + o], j->y_stride, wr, j->xq + (size_t)t * j->xq_row,
+                                    j->xq_row, nr);
+            }
+        for (; t < j->n_tok; t++)
             j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
                            j->xq + (size_t)t * j->xq_row);
     }
@@ -9915,28 +9975,36 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
             if (s->cand[i].logit > s->cand[best].logit) best = i;
         return s->cand[best].id;
     }
-    qsort(s->cand, (size_t)n, sizeof *s->cand, samp_cmp);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-    // probabilities at temperature 1 for the top-p / min-p cut-offs (computed on sorted logits)
+    // Every cut-off keeps a prefix of the candidates sorted by logit (top-k the first k, top-p the
+    // shortest with mass >= top_p, min-p those within log(min_p) of the best), so the result is
+    // that of sorting everything and cutting in order. Cheaper: the min-p cut and the softmax
+    // normaliser are linear passes, and only the survivors are sorted, and only when a cut
+    // needs the order (a vocabulary of 150k+ tokens would otherwise be sorted every token).
     double mx = s->cand[0].logit, sum = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (s->cand[i].logit > mx) mx = s->cand[i].logit;
     for (int64_t i = 0; i < n; i++) sum += psv_exp((double)s->cand[i].logit - mx);
-    if (p->top_p < 1.0f) {
-        double acc = 0;
-        for (int64_t i = 0; i < n; i++) {
-            acc += psv_exp((double)s->cand[i].logit - mx) / sum;
-            if (acc >= p->top_p) {
-                n = i + 1;
-                break;
-            }
-        }
-    }
     if (p->min_p > 0.0f) {
-        // keep tokens whose probability is at least min_p times the top one's
         double cut = mx + psv_log((double)p->min_p);
-        int64_t k = 1;
-        while (k < n && (double)s->cand[k].logit >= cut) k++;
+        int64_t k = 0;
+        for (int64_t i = 0; i < n; i++)
+            if ((double)s->cand[i].logit >= cut) s->cand[k++] = s->cand[i];
         n = k;
     }
+    if ((p->top_k > 0 && p->top_k < n) || p->top_p < 1.0f) {
+        qsort(s->cand, (size_t)n, sizeof *s->cand, samp_cmp);
+        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+        if (p->top_p < 1.0f) {
+            double acc = 0;
+            for (int64_t i = 0; i < n; i++) {
+                acc += psv_exp((double)s->cand[i].logit - mx) / sum;
+                if (acc >= p->top_p) {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+    } // else: no cut needs the order; the candidates stay in id order (deterministic for a seed)
     double tsum = 0;
     for (int64_t i = 0; i < n; i++) tsum += psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
     double r = samp_uniform(s->rng) * tsum, acc = 0;
@@ -14973,10 +15041,11 @@ static int srv_run(srv_conf *conf) {
     const char *warning = NULL;
     const char *fmt = psv_model_chat_format(s->model, &warning);
     if (warning) fprintf(stderr, "pensieve: %s\n", warning);
-    printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u, %d slots (ready in %.1f s)\n",
+    printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u, %d slots, %s kernels "
+           "(ready in %.1f s)\n",
            conf->model_name, conf->model_quant ? conf->model_quant : psv_model_arch(s->model), fmt ? fmt : "none", strchr(conf->host, ':') ? "[" : "", conf->host,
            strchr(conf->host, ':') ? "]" : "", conf->port, psv_model_n_threads(s->model), s->conf.ctx, s->conf.parallel,
-           plat_now() - t0);
+           k_kernel_set_name(), plat_now() - t0);
     fflush(stdout);
     while (!s->stopping) {
         struct pollfd pf[2] = {{s->listen_fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
@@ -15585,6 +15654,7 @@ int main(int argc, char **argv) {
     if (argc < 2 || (argv[1][0] == '-' && strcmp(argv[1], "-h") && strcmp(argv[1], "--help") && strcmp(argv[1], "--version")))
         return cli_serve(argc, argv);
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "info") && argc == 3 && !strcmp(argv[2], "--cpu")) return cli_cpu();
     static const struct {
         const char *name;
         int (*fn)(int, char **);
