@@ -14797,6 +14797,33 @@ static bool srv_key_ok(const char *want, str_t got) {
     return diff == 0;
 }
 
+// When bound to loopback, only loopback names may appear in Host: a web page on another site
+// that rebinds its DNS name to 127.0.0.1 then cannot reach the server (DNS rebinding). A
+// request without Host (HTTP/1.0, raw clients) is allowed.
+static bool srv_is_loopback(const char *host);
+
+static bool srv_host_ok(const server_t *s, const http_req *r) {
+    if (!srv_is_loopback(s->conf.host)) return true;
+    str_t h = http_header_get(r, "host");
+    if (!h.p) return true;
+    char name[256];
+    size_t n = h.n;
+    if (n >= sizeof name) return false;
+    memcpy(name, h.p, n);
+    name[n] = 0;
+    char *end = name[0] == '[' ? strchr(name, ']') : strrchr(name, ':');
+    if (name[0] == '[') {
+        if (!end) return false;
+        *end = 0;
+        memmove(name, name + 1, strlen(name + 1) + 1);
+    } else if (end) {
+        *end = 0;
+    }
+    for (char *p = name; *p; p++) *p = (char)tolower((unsigned char)*p);
+    return !strcmp(name, "localhost") || !strcmp(name, "::1") || !strncmp(name, "127.", 4) ||
+           (strlen(name) > 10 && !strcmp(name + strlen(name) - 10, ".localhost"));
+}
+
 static bool srv_route(http_conn *c, http_req *r) {
     server_t *s = c->srv;
     pthread_mutex_lock(&s->mu);
@@ -14805,6 +14832,10 @@ static bool srv_route(http_conn *c, http_req *r) {
     bool is_anth = str_eq_c(r->path, "/v1/messages") || str_eq_c(r->path, "/v1/messages/count_tokens");
     bool is_oai = str_eq_c(r->path, "/v1/chat/completions") || str_eq_c(r->path, "/v1/completions");
     api_kind api = is_oai || (str_eq_c(r->path, "/v1/models") && !http_header_get(r, "anthropic-version").p) ? API_OPENAI : API_ANTHROPIC;
+    if (!srv_host_ok(s, r))
+        return api_error(c, api, 403, false, "Host '%.*s' is not allowed: this server listens on loopback only "
+                                             "(DNS rebinding protection)", (int)PSV_MIN(http_header_get(r, "host").n, 100),
+                         http_header_get(r, "host").p);
     if (!strcmp(r->method, "OPTIONS") && s->conf.cors_origin) {
         buf_t h = {0};
         buf_puts(&h, "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n");

@@ -228,8 +228,8 @@ def test_openai(s):
 def test_http(s):
     ok = lambda b: b.startswith(b"HTTP/1.1 ")
     st = lambda b: int(b.split(b" ")[1]) if ok(b) else 0
-    check(st(s.raw(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")) == 200, "raw GET")
-    check(st(s.raw(b"GET /health HTTP/1.1\nHost: x\n\n", 3)) in (400, 0), "bare LF rejected or timed out")
+    check(st(s.raw(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")) == 200, "raw GET")
+    check(st(s.raw(b"GET /health HTTP/1.1\nHost: localhost\n\n", 3)) in (400, 0), "bare LF rejected or timed out")
     check(st(s.raw(b"POST /v1/messages HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")) == 400, "CL + TE: 400")
     check(st(s.raw(b"POST /v1/messages HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello")) == 400, "conflicting CL: 400")
     check(st(s.raw(b"POST /v1/messages HTTP/1.1\r\nContent-Length: abc\r\n\r\n")) == 400, "malformed CL: 400")
@@ -239,6 +239,10 @@ def test_http(s):
     check(st(s.raw(b"GET / HTTP/1.1\r\n" + b"X-A: " + b"b" * 40000 + b"\r\n\r\n")) == 431, "long headers: 431")
     check(st(s.raw(b"POST /v1/messages HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n")) == 413, "huge body: 413")
     check(st(s.raw(b"GET /health HTTP/2.0\r\n\r\n")) == 505, "HTTP/2.0 on HTTP/1 port: 505")
+    # DNS rebinding: bound to loopback, only loopback names are accepted in Host
+    check(st(s.raw(b"GET /v1/models HTTP/1.1\r\nHost: evil.example:52849\r\n\r\n")) == 403, "foreign Host: 403")
+    for host in (b"localhost:1", b"127.0.0.1", b"[::1]:80", b"LOCALHOST", b"app.localhost"):
+        check(st(s.raw(b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")) == 200, "loopback Host %r" % host)
     body = json.dumps(msg("Hi", max_tokens=2)).encode()
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     check(st(s.raw(b"POST /v1/messages HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunked)) == 200, "chunked body")
