@@ -116,8 +116,13 @@ $(BUILD)/bench_tokenizer: tests/bench_tokenizer.c pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 -I. $< -o $@ -lpthread
 
-bench: $(BUILD)/bench_tokenizer
+$(BUILD)/bench_simd: tests/bench_simd.c pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -I. $< -o $@ -lpthread
+
+bench: $(BUILD)/bench_tokenizer $(BUILD)/bench_simd
 	PSV_SHARED=$(SHARED) $(BUILD)/bench_tokenizer
+	$(BUILD)/bench_simd
 
 clean:
 	rm -rf $(BUILD) pensieve pensieve-debug tools/pensieve-pull

@@ -8090,19 +8090,26 @@ static const k_traits *k_traits_ref(uint32_t type) {
 // and runs the best set the CPU has; one dispatch table per set, chosen once. Every variant is
 // bit-identical to its reference kernel for every input (a NaN result may differ in payload):
 // the integer sums of a block are exact in any order, and the double arithmetic that follows
-// them repeats the reference's operations in the reference's order (section 11), so the engine
-// computes the same logits with every set. Dequantization (to_float) stays the reference's in
-// every set: the forward pass uses it for one embedding row per token.
+// them repeats the reference's operations in the reference's order and lanes (section 11), so
+// the engine computes the same logits with every set. Dequantization (to_float) stays the
+// reference's in every set: the forward pass uses it for one embedding row per token.
 //
 // Kernel sets (PSV_KERNELS=name forces one; unset, empty or "auto" picks the best):
 //   ref     section 11, any CPU
 //   avx2    AVX2 + FMA + F16C (Haswell, Zen 1 and later)
-//   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later). The integer dot
-//           products use VNNI's vpdpbusd/vpdpwssd on 256-bit vectors: blocks are 32 values, and
-//           Zen 4 runs 512-bit integer operations as two 256-bit halves, so wider vectors would
-//           only add shuffles. The float dot products and quantizers use 512 bits.
-// Kernels that need only AVX2 serve both x86 sets.
+//   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later): the integer dot
+//           products use VNNI's vpdpbusd/vpdpwssd, on 256-bit vectors. Blocks are 32 bytes, and
+//           Zen 4 runs a 512-bit operation as two 256-bit halves: a two-blocks-per-zmm variant of
+//           the 32-value kernels measured 20-40 % slower there (more shuffles, same work).
+// Float dot products, quantizers and element-wise kernels are the AVX2 ones in both x86 sets.
 //
+// Internal API (the engine and the CLI use these):
+//   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
+//   k_dot_rows(...)         one weight row against many activation rows (prompt processing)
+//   k_vec_get()             element-wise kernels: exp (softmax) and SwiGLU
+//   k_kernel_set_name()     "ref", "avx2" or "avx512"; k_kernel_set_note(): why PSV_KERNELS was
+//                           not honoured, or NULL
+//   cli_cpu()               `pensieve info --cpu`
 // All x86 code is under PSV_X86; other targets get the reference set only (NEON: to do).
 
 typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_COUNT } k_set;
@@ -8183,10 +8190,11 @@ K_AVX2 K_INLINE __m128i k_hsum4_i32_avx2(__m256i a, __m256i b, __m256i c, __m256
 K_AVX2 K_INLINE float k_f16_avx2(const uint8_t *p) { return _cvtsh_ss(ld_u16(p)); }
 
 // Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32). Gathered in a
-// general register, which keeps the vector shuffle units free.
+// general register, which keeps the vector shuffle units free (measured: 10 % faster Q4_0 than
+// inserting words, 25 % faster than a hardware gather, on Zen 4).
 K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
     uint64_t h = (uint64_t)ld_u16(p0) | (uint64_t)ld_u16(p1) << 16 | (uint64_t)ld_u16(p2) << 32 | (uint64_t)ld_u16(p3) << 48;
-    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
+    return _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h));
 }
 
 K_AVX2 K_INLINE __m256i k_load256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
@@ -8265,7 +8273,7 @@ K_AVX2 K_INLINE int32_t k_w32_isum_avx2(uint32_t type, __m256i v) {
     return k_hsum_i32_avx2(type == T_Q8_0 ? v : _mm256_madd_epi16(v, _mm256_set1_epi16(1)));
 }
 
-// Block i of a row of `type` (weights) or its activation type.
+// Bytes per block of a 32-value weight type and of its activation type.
 K_INLINE size_t k_w32_size(uint32_t type) { return type_table[type].type_size; }
 K_INLINE size_t k_a32_size(uint32_t type) { return type == T_Q4_1 || type == T_Q5_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE; }
 
@@ -8458,45 +8466,92 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
     for (int c = 0; c < 8; c++) w->sc[c] = k_sc_chunk_avx2(s16, c);
 }
 
-// isum of an unpacked block with an activation block, and msum through its bsums.
+// An unpacked block against an activation block: 8 int32 lanes summing to isum (*iv) and, for
+// the formats with a minimum, to msum through the activation's bsums (*mv).
 // Pair bounds: q*a <= 2*63*128 = 16128, off*a <= 2*32*128 = 8192, (q - off)*a <= 8192.
-K_AVX2 K_INLINE int32_t k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, int32_t *msum, bool has_min) {
-    const int8_t *a = (const int8_t *)(yb + 4);
+K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
+    const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
     K_UNROLL
     for (int c = 0; c < 8; c++) {
-        __m256i av = k_load256((const uint8_t *)a + 32 * c);
+        __m256i av = k_load256(a + 32 * c);
         __m256i p = _mm256_maddubs_epi16(w->q[c], av);
         if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, w->sc[c]));
     }
-    if (has_min) *msum = k_hsum_i32_avx2(_mm256_madd_epi16(w->mins, k_load256(yb + 260)));
-    return k_hsum_i32_avx2(acc);
+    *iv = acc;
+    *mv = has_min ? _mm256_madd_epi16(w->mins, k_load256(yb + 260)) : _mm256_setzero_si256();
 }
 
-K_AVX2 K_INLINE void k_rowsk_avx2(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
-                                  const uint8_t *y, size_t ys, int nr) {
-    PSV_ASSERT(n % QK_K == 0);
-    const size_t xs = type_table[type].type_size;
-    const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-    double acc[K_ROWS_MAX][K_BLOCK_LANES] = {{0}};
-    k_wk_avx2 w;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        const uint8_t *xb = x + (size_t)b * xs;
-        k_wk_unpack_avx2(type, xb, &w);
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_K_SIZE;
-            int32_t msum = 0, isum = k_wk_dot_avx2(&w, yb, &msum, has_min);
-            double dy = (double)k_ld_f32(yb), t;
-            // the reference's expressions, operation for operation
-            if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);
-            else t = (double)w.d * dy * (double)isum;
-            acc[r][b % K_BLOCK_LANES] += k_no_fuse(t);
-        }
-    }
-    for (int r = 0; r < nr; r++) s[r * ss] = k_lanes_sum(acc[r], K_BLOCK_LANES);
+// {sum a, sum b} in one reduction.
+K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t *sb) {
+    __m256i h = _mm256_hadd_epi32(a, b);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    t = _mm_hadd_epi32(t, t);
+    *sa = _mm_cvtsi128_si32(t);
+    *sb = _mm_extract_epi32(t, 1);
 }
+
+// Shared body of the k-quant dot products. One row: the block's two sums in one reduction, its
+// term in scalar double. Several rows: the rows' sums reduced together, and their terms formed
+// side by side in a vector (element r: row r), the block lanes kept as one vector each.
+#define K_DEF_ROWSK(isa, tgt)                                                                              \
+    tgt K_INLINE void k_rowsk_##isa(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,      \
+                                    const uint8_t *y, size_t ys, int nr) {                                 \
+        PSV_ASSERT(n % QK_K == 0);                                                                         \
+        const size_t xs = type_table[type].type_size;                                                      \
+        const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;                           \
+        double acc1[K_BLOCK_LANES] = {0};                                                                  \
+        __m256d accv[K_BLOCK_LANES];                                                                       \
+        for (int l = 0; l < K_BLOCK_LANES; l++) accv[l] = _mm256_setzero_pd();                            \
+        k_wk_avx2 w;                                                                                       \
+        for (int64_t b = 0; b < n / QK_K; b++) {                                                           \
+            k_wk_unpack_avx2(type, x + (size_t)b * xs, &w);                                                \
+            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;                                               \
+            if (nr == 1) {                                                                                 \
+                __m256i iv, mv;                                                                            \
+                int32_t isum, msum;                                                                        \
+                k_wk_dot_##isa(&w, yb, has_min, &iv, &mv);                                                 \
+                k_hsum2_i32_avx2(iv, mv, &isum, &msum);                                                    \
+                double dy = (double)k_ld_f32(yb), t; /* the reference's expressions */                    \
+                if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);       \
+                else t = (double)w.d * dy * (double)isum;                                                  \
+                acc1[b % K_BLOCK_LANES] += k_no_fuse(t);                                                   \
+                continue;                                                                                  \
+            }                                                                                              \
+            __m256i iv[4], mv[4];                                                                          \
+            float dyf[4] = {0};                                                                            \
+            for (int r = 0; r < 4; r++) iv[r] = mv[r] = _mm256_setzero_si256();                           \
+            for (int r = 0; r < nr; r++) {                                                                 \
+                k_wk_dot_##isa(&w, yb + (size_t)r * ys, has_min, &iv[r], &mv[r]);                          \
+                dyf[r] = k_ld_f32(yb + (size_t)r * ys);                                                    \
+            }                                                                                              \
+            __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));                 \
+            __m256d dy = _mm256_cvtps_pd(_mm_loadu_ps(dyf)), t;                                            \
+            if (has_min) {                                                                                 \
+                __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));             \
+                t = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd((double)w.d), is),         \
+                                                    _mm256_mul_pd(_mm256_set1_pd((double)w.dmin), ms)));  \
+            } else {                                                                                       \
+                t = _mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd((double)w.d), dy), is);                     \
+            }                                                                                              \
+            accv[b % K_BLOCK_LANES] = _mm256_add_pd(accv[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));         \
+        }                                                                                                  \
+        if (nr == 1) {                                                                                     \
+            s[0] = k_lanes_sum(acc1, K_BLOCK_LANES);                                                       \
+            return;                                                                                        \
+        }                                                                                                  \
+        double lanes[K_BLOCK_LANES][4];                                                                    \
+        for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(lanes[l], accv[l]);                       \
+        for (int r = 0; r < nr; r++) {                                                                     \
+            double a[K_BLOCK_LANES];                                                                       \
+            for (int l = 0; l < K_BLOCK_LANES; l++) a[l] = lanes[l][r];                                    \
+            s[r * ss] = k_lanes_sum(a, K_BLOCK_LANES);                                                     \
+        }                                                                                                  \
+    }
+
+K_DEF_ROWSK(avx2, K_AVX2)
 
 K_DEF_ROWS(q2_k_q8_k_avx2, k_rowsk_avx2, T_Q2_K, K_AVX2)
 K_DEF_ROWS(q3_k_q8_k_avx2, k_rowsk_avx2, T_Q3_K, K_AVX2)
@@ -8823,7 +8878,7 @@ K_DEF_ROWS(q5_1_q8_1_avx512, k_rows32_avx512, T_Q5_1, K_AVX512)
 K_DEF_ROWS(q8_0_q8_0_avx512, k_rows32_avx512, T_Q8_0, K_AVX512)
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
-K_AVX512 K_INLINE int32_t k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, int32_t *msum, bool has_min) {
+K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
@@ -8834,31 +8889,11 @@ K_AVX512 K_INLINE int32_t k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb,
         if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
         acc = _mm256_dpwssd_epi32(acc, p, w->sc[c]);
     }
-    if (has_min) *msum = k_hsum_i32_avx2(_mm256_madd_epi16(w->mins, k_load256(yb + 260)));
-    return k_hsum_i32_avx2(acc);
+    *iv = acc;
+    *mv = has_min ? _mm256_madd_epi16(w->mins, k_load256(yb + 260)) : _mm256_setzero_si256();
 }
 
-K_AVX512 K_INLINE void k_rowsk_avx512(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
-                                      const uint8_t *y, size_t ys, int nr) {
-    PSV_ASSERT(n % QK_K == 0);
-    const size_t xs = type_table[type].type_size;
-    const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-    double acc[K_ROWS_MAX][K_BLOCK_LANES] = {{0}};
-    k_wk_avx2 w;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        const uint8_t *xb = x + (size_t)b * xs;
-        k_wk_unpack_avx2(type, xb, &w);
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_K_SIZE;
-            int32_t msum = 0, isum = k_wk_dot_avx512(&w, yb, &msum, has_min);
-            double dy = (double)k_ld_f32(yb), t;
-            if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);
-            else t = (double)w.d * dy * (double)isum;
-            acc[r][b % K_BLOCK_LANES] += k_no_fuse(t);
-        }
-    }
-    for (int r = 0; r < nr; r++) s[r * ss] = k_lanes_sum(acc[r], K_BLOCK_LANES);
-}
+K_DEF_ROWSK(avx512, K_AVX512)
 
 K_DEF_ROWS(q2_k_q8_k_avx512, k_rowsk_avx512, T_Q2_K, K_AVX512)
 K_DEF_ROWS(q3_k_q8_k_avx512, k_rowsk_avx512, T_Q3_K, K_AVX512)
@@ -8866,12 +8901,81 @@ K_DEF_ROWS(q4_k_q8_k_avx512, k_rowsk_avx512, T_Q4_K, K_AVX512)
 K_DEF_ROWS(q5_k_q8_k_avx512, k_rowsk_avx512, T_Q5_K, K_AVX512)
 K_DEF_ROWS(q6_k_q8_k_avx512, k_rowsk_avx512, T_Q6_K, K_AVX512)
 
+// ---- AVX2: exp and SwiGLU -----------------------------------------------------------------------
+// psv_expf_poly on 8 lanes with the hardware FMA, which rounds exactly as psv_fmaf does wherever
+// no value involved is a float subnormal. That holds whenever |n| <= 125 (n: the power of two);
+// a vector with any lane beyond that goes through psv_expf_poly itself, lane by lane (inputs
+// below about -86.6 or above 86.6, and NaN).
+K_AVX2 K_INLINE __m256 k_expf_poly_avx2(__m256 x, bool *slow) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    __m256 n = _mm256_sub_ps(z, shift), nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    __m256 b = _mm256_fmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), x));
+    __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23), _mm256_set1_epi32(0x3f800000)));
+    __m256 u = _mm256_mul_ps(b, b);
+    __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    // not (|n| <= 125): true for NaN too
+    __m256 in = _mm256_cmp_ps(k_abs_ps_avx2(n), _mm256_set1_ps(125.0f), _CMP_LE_OQ);
+    *slow = _mm256_movemask_ps(in) != 0xff;
+    return _mm256_fmadd_ps(k, j, k);
+}
+
+K_AVX2 static void k_expf_avx2(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        bool slow;
+        __m256 e = k_expf_poly_avx2(_mm256_loadu_ps(x + i), &slow);
+        if (slow)
+            for (int l = 0; l < 8; l++) y[i + l] = psv_expf_poly(x[i + l]);
+        else _mm256_storeu_ps(y + i, e);
+    }
+    for (; i < n; i++) y[i] = psv_expf_poly(x[i]);
+}
+
+K_AVX2 static void k_swiglu_avx2(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        bool slow;
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = k_expf_poly_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv), &slow);
+        if (slow) {
+            for (int l = 0; l < 8; l++) y[i + l] = g[i + l] / (1.0f + psv_expf_poly(0.0f - g[i + l])) * u[i + l];
+            continue;
+        }
+        __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
+}
+
 #endif // PSV_X86
+
+// ---- Vector math: the reference, and dispatch of the element-wise kernels ----------------------
+
+// y[i] = psv_expf_poly(x[i]); y may be x.
+static void k_expf_ref(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = psv_expf_poly(x[i]);
+}
+
+// SwiGLU: y[i] = silu(g[i]) * u[i] with silu(v) = v / (1 + psv_expf_poly(0 - v)), each float
+// operation as written; y may be g or u.
+static void k_swiglu_ref(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
+}
+
+typedef struct {
+    void (*expf)(float *y, const float *x, int64_t n);
+    void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
+} k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
 // One table per set, filled once: the reference table, with each x86 set's kernels over it.
 
 static k_traits k_set_tables[K_SET_COUNT][T_COUNT];
+static k_vec_ops k_set_vec[K_SET_COUNT];
 static k_set k_active_set;
 static char k_active_note[160];
 static pthread_once_t k_sets_once = PTHREAD_ONCE_INIT;
@@ -8915,10 +9019,14 @@ static void k_fill_avx512(k_traits *t) {
 #endif
 
 static void k_sets_init(void) {
-    for (int s = 0; s < K_SET_COUNT; s++) memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
+    for (int s = 0; s < K_SET_COUNT; s++) {
+        memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
+        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref};
+    }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
+    k_set_vec[K_SET_AVX2] = k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2};
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }
@@ -8936,6 +9044,16 @@ static const k_traits *k_traits_of_set(k_set s, uint32_t type) {
 PSV_MAYBE_UNUSED static const k_traits *k_traits_get(uint32_t type) {
     pthread_once(&k_sets_once, k_sets_init);
     return k_traits_of_set(k_active_set, type);
+}
+
+// The element-wise kernels of a set (k_vec_of_set: any set, for tests) or of the set in use.
+PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_of_set(k_set s) {
+    pthread_once(&k_sets_once, k_sets_init);
+    return (unsigned)s < K_SET_COUNT ? &k_set_vec[s] : NULL;
+}
+PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_get(void) {
+    pthread_once(&k_sets_once, k_sets_init);
+    return &k_set_vec[k_active_set];
 }
 
 // Name of the set k_traits_get uses ("ref", "avx2", "avx512").
@@ -9731,10 +9849,9 @@ static void att_task(void *arg, int ith, int nth) {
             if (sc[p] > mx) mx = sc[p];
         }
         double sum = 0;
-        for (int64_t p = 0; p < n_kv; p++) {
-            sc[p] = psv_expf_poly(sc[p] - mx);
-            sum += sc[p];
-        }
+        for (int64_t p = 0; p < n_kv; p++) sc[p] -= mx;
+        k_vec_get()->expf(sc, sc, n_kv); // psv_expf_poly, vectorised (bit-identical)
+        for (int64_t p = 0; p < n_kv; p++) sum += sc[p];
         float inv = (float)(1.0 / sum);
         float *out = j->s->att + t * m->n_head * hd + h * hd;
         for (int64_t i = 0; i < hd; i++) out[i] = 0;
@@ -9752,8 +9869,8 @@ static void att_task(void *arg, int ith, int nth) {
     }
 }
 
-// SiLU: x / (1 + exp(-x)), with the reference runtime's float exp (see psv_expf_poly).
-static inline float op_silu(float x) { return x / (1.0f + psv_expf_poly(0.0f - x)); }
+// SwiGLU (silu(g) * u, silu(x) = x / (1 + exp(-x))) and the softmax use the reference runtime's
+// float exp (psv_expf_poly) through the vector kernels of section 12, bit-identical to it.
 // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 static inline float op_gelu(float x) {
     return 0.5f * x * (1.0f + psv_tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
@@ -9820,12 +9937,12 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
             op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, 2 * F);
             for (int64_t t = 0; t < n; t++) {
                 const float *g = s->ffb + t * 2 * F, *u = g + F;
-                for (int64_t i = 0; i < F; i++) s->ffa[t * F + i] = op_silu(g[i]) * u[i];
+                k_vec_get()->swiglu(s->ffa + t * F, g, u, F);
             }
         } else {
             op_matmul(m, s, &L->w_gate, s->xn, n, s->ffa, F);
             op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, F);
-            for (int64_t i = 0; i < n * F; i++) s->ffa[i] = op_silu(s->ffa[i]) * s->ffb[i];
+            k_vec_get()->swiglu(s->ffa, s->ffa, s->ffb, n * F);
         }
         op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
         for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i];
@@ -15071,6 +15188,7 @@ static int srv_run(srv_conf *conf) {
                         "the model (set --api-key or PENSIEVE_API_KEY)\n", conf->host);
     const char *warning = NULL;
     const char *fmt = psv_model_chat_format(s->model, &warning);
+    if (k_kernel_set_note()) fprintf(stderr, "pensieve: %s\n", k_kernel_set_note());
     if (warning) fprintf(stderr, "pensieve: %s\n", warning);
     printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u, %d slots, %s kernels "
            "(ready in %.1f s)\n",

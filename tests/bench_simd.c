@@ -3,10 +3,12 @@
 //
 // For each weight type: ns per weight value for
 //   hot    one 4096-value row against one activation row, both in L1 (compute bound);
-//   gemv   a 4096 x 2048 matrix against one activation row, one thread (reads 8M values
-//          from memory each pass, as token generation does);
+//   gemv   a 4096 x 16384 matrix against one activation row, one thread (64M values, more
+//          than a large L3 holds, so it streams from memory as token generation does);
 //   rows4  the same matrix against 4 activation rows with vec_dot_rows (prompt processing),
 //          per weight value and activation row.
+// Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
+// Times are this thread's CPU time, the best of several trials (the machine may be shared).
 // Usage: bench_simd [seconds per measurement, default 0.5]
 #define PSV_TESTING
 #define PSV_NO_MAIN
@@ -45,15 +47,22 @@ static double bs_cpu_now(void) {
 }
 
 // CPU seconds per call of fn(ctx): the fastest of 7 trials of about secs/7 each, so that other
-// processes on a shared machine disturb the figure as little as possible.
+// processes on a shared machine disturb the figure as little as possible. The clock is read
+// once per batch of calls lasting about 1 ms (reading it is a system call, slower than the
+// shortest kernels).
 static double bs_time(void (*fn)(void *), void *ctx, double secs) {
+    double t0 = bs_cpu_now();
+    fn(ctx);
+    double once = bs_cpu_now() - t0;
+    int64_t batch = once > 1e-3 ? 1 : once > 1e-7 ? (int64_t)(1e-3 / once) : 10000;
     double best = 1e30;
     for (int trial = 0; trial < 7; trial++) {
         int64_t reps = 0;
-        double t0 = bs_cpu_now(), t;
+        double t;
+        t0 = bs_cpu_now();
         do {
-            fn(ctx);
-            reps++;
+            for (int64_t k = 0; k < batch; k++) fn(ctx);
+            reps += batch;
         } while ((t = bs_cpu_now() - t0) < secs / 7);
         if (t / (double)reps < best) best = t / (double)reps;
     }
@@ -83,6 +92,18 @@ static void bs_rows4(void *p) {
     for (int64_t o = 0; o < c->n_out; o++)
         k_dot_rows(c->tr, c->n, &c->out[o], c->n_out, c->w + (size_t)o * c->xs, c->a, c->ys, 4);
 }
+typedef struct {
+    const k_vec_ops *ops;
+    int op;
+    int64_t n;
+    const float *g, *u;
+    float *y;
+} bs_vec_ctx;
+static void bs_vec(void *p) {
+    bs_vec_ctx *c = p;
+    if (c->op) c->ops->swiglu(c->y, c->g, c->u, c->n);
+    else c->ops->expf(c->y, c->g, c->n);
+}
 static void bs_quant(void *p) {
     bs_ctx *c = p;
     c->tr->from_float(c->x, c->q, c->n);
@@ -93,7 +114,7 @@ int main(int argc, char **argv) {
     const plat_cpu *cpu = plat_cpu_get();
     static const uint32_t types[] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K, T_Q3_K,
                                      T_Q4_K, T_Q5_K, T_Q6_K, T_F16, T_BF16, T_F32};
-    const int64_t n = 4096, n_out = 2048;
+    const int64_t n = 4096, n_out = 16384;
     printf("kernel sets on this CPU:");
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
@@ -106,7 +127,7 @@ int main(int argc, char **argv) {
         uint8_t *w = bs_row(wt, n, n_out), *a = bs_row(at, n, 4);
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
-            static float out[4 * 2048];
+            static float out[4 * 16384];
             bs_ctx c = {k_traits_of_set((k_set)s, wt), n, n_out, w, a, (size_t)xs, (size_t)ys, out, NULL, NULL};
             double hot = bs_time(bs_hot, &c, secs) * 1e9 / (double)(64 * n);
             double gemv = bs_time(bs_gemv, &c, secs) * 1e9 / (double)(n * n_out);
@@ -130,6 +151,19 @@ int main(int argc, char **argv) {
             double t = bs_time(bs_quant, &c, secs);
             printf("%-6s %-7s %10.4f\n", type_get(acts[ai])->name, k_set_names[s], t * 1e9 / (double)n);
         }
+    // element-wise kernels: ns per value on 4096 values in [-8, 8)
+    printf("\n%-6s %-7s %10s\n", "vec", "set", "ns/v");
+    float *g = malloc((size_t)n * sizeof *g), *o = malloc((size_t)n * sizeof *o);
+    for (int64_t i = 0; i < n; i++) g[i] = x[i] * 0.005f;
+    for (int op = 0; op < 2; op++)
+        for (int s = 0; s < K_SET_COUNT; s++) {
+            if (!k_set_supported((k_set)s, cpu)) continue;
+            bs_vec_ctx c = {k_vec_of_set((k_set)s), op, n, g, x, o};
+            double t = bs_time(bs_vec, &c, secs);
+            printf("%-6s %-7s %10.4f\n", op ? "swiglu" : "exp", k_set_names[s], t * 1e9 / (double)n);
+        }
+    free(g);
+    free(o);
     free(x);
     free(q);
     return 0;

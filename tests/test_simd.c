@@ -374,6 +374,67 @@ static void st_check_quantizers(k_set set) {
     free(b);
 }
 
+// ---- element-wise kernels --------------------------------------------------------------------
+
+// Every float of a dense sample (each binade from 2^-40 to 2^8 at a mantissa step of 61, both
+// signs), every float in [85, 90] and [-90, -85] (where the fast path hands over to the scalar
+// one), and the specials, through exp and SwiGLU: bit-identical to the reference.
+static void st_check_vec(k_set set) {
+    const k_vec_ops *ref = k_vec_of_set(K_SET_REF), *sk = k_vec_of_set(set);
+    enum { CAP = 1 << 20 };
+    float *x = malloc(CAP * sizeof *x), *u = malloc(CAP * sizeof *u), *a = malloc(CAP * sizeof *a),
+          *b = malloc(CAP * sizeof *b);
+    PSV_ASSERT(x && u && a && b);
+    int64_t checked = 0, bad_exp = 0, bad_glu = 0;
+    for (int pass = 0; pass < 52; pass++) {
+        int64_t n = 0;
+        if (pass < 49) { // binade 2^(pass - 41)
+            uint32_t e = (uint32_t)(127 + pass - 41) << 23;
+            for (uint32_t m = (uint32_t)pass; m < (1u << 23) && n + 2 <= CAP; m += 61) {
+                x[n++] = f32_from_bits(e | m);
+                x[n++] = f32_from_bits(0x80000000u | e | m);
+            }
+        } else if (pass < 51) { // [85, 90] or [-90, -85]
+            for (uint32_t bits = f32_bits(85.0f); bits <= f32_bits(90.0f) && n < CAP; bits++)
+                x[n++] = f32_from_bits(bits | (pass == 50 ? 0x80000000u : 0));
+        } else {
+            static const uint32_t sp[] = {0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                          0x7f800001u, 1, 0x80000001u, 0x007fffffu, 0x7f7fffffu, 0xff7fffffu,
+                                          0x42b17218u, 0xc2aeac50u, 0xc2fc0000u, 0x42fc0000u, 0xc3000000u};
+            for (int rep = 0; rep < 3; rep++) // at every position of a vector
+                for (size_t i = 0; i < PSV_ARRAY_LEN(sp); i++) x[n++] = f32_from_bits(sp[i]);
+            for (int i = 0; i < 1000; i++) x[n++] = st_sym() * 100.0f;
+        }
+        for (int64_t i = 0; i < n; i++) u[i] = st_sym() * 4.0f;
+        for (int64_t off = 0; off < 3; off++) { // also misaligned and with odd tails
+            int64_t m = n - off;
+            ref->expf(a, x + off, m);
+            sk->expf(b, x + off, m);
+            for (int64_t i = 0; i < m; i++) bad_exp += !st_same(a[i], b[i]);
+            ref->swiglu(a, x + off, u, m);
+            sk->swiglu(b, x + off, u, m);
+            for (int64_t i = 0; i < m; i++) bad_glu += !st_same(a[i], b[i]);
+            checked += m;
+            if (pass < 49) break;
+        }
+    }
+    // in place
+    for (int i = 0; i < 100; i++) x[i] = a[i] = st_sym() * 20.0f;
+    ref->expf(b, x, 100);
+    sk->expf(a, a, 100);
+    CHECK(memcmp(a, b, 100 * sizeof *a) == 0);
+    CHECKF(bad_exp == 0, "%s exp: %lld of %lld differ", k_set_names[set], (long long)bad_exp, (long long)checked);
+    CHECKF(bad_glu == 0, "%s swiglu: %lld of %lld differ", k_set_names[set], (long long)bad_glu, (long long)checked);
+    // the reference is the engine's formula
+    float g = 1.5f, uu = -2.0f, r;
+    ref->swiglu(&r, &g, &uu, 1);
+    CHECK(r == g / (1.0f + psv_expf_poly(0.0f - g)) * uu);
+    free(x);
+    free(u);
+    free(a);
+    free(b);
+}
+
 // ---- dispatch ----------------------------------------------------------------------------------
 
 static void test_choose(void) {
@@ -434,6 +495,7 @@ int main(void) {
         }
         st_check_dots((k_set)s);
         st_check_quantizers((k_set)s);
+        st_check_vec((k_set)s);
     }
     // the reference set through the same harness (its multi-row path is k_dot_rows' fallback)
     st_check_dots(K_SET_REF);
