@@ -12,7 +12,8 @@
 //   make debug / make fuzz             ASan+UBSan build / libFuzzer harnesses (clang)
 //
 // Configuration macros (define before including, or with -D):
-//   PSV_NO_MAIN     leave out `main` (tests and embedders)
+//   PSV_NO_MAIN     leave out `main`, the CLI and the HTTP server (tests and embedders)
+//   PSV_SERVER      with PSV_NO_MAIN, keep the HTTP server (its tests and fuzz harnesses)
 //   PSV_STATIC      make the public API `static` (for people who #include "pensieve.c")
 //   PSV_TESTING     expose internals to tests/ (they #include this file)
 //   PSV_*_MAX_*     limits, each documented where it is defined (section 1)
@@ -377,6 +378,35 @@ typedef struct {
 static inline str_t str_c(const char *s) { return (str_t){s, strlen(s)}; }
 static inline bool str_eq(str_t a, str_t b) { return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0); }
 static inline bool str_eq_c(str_t a, const char *b) { return str_eq(a, str_c(b)); }
+
+// Whole-string numbers for options and environment variables: decimal, nothing after the
+// digits, within [lo, hi]; false otherwise (*out untouched).
+PSV_MAYBE_UNUSED static bool str_to_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+PSV_MAYBE_UNUSED static bool str_to_f64(const char *s, double lo, double hi, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+PSV_MAYBE_UNUSED static bool str_to_f32(const char *s, float lo, float hi, float *out) {
+    double v;
+    if (!str_to_f64(s, lo, hi, &v)) return false;
+    *out = (float)v;
+    return true;
+}
 
 // A malloc'd NUL-terminated copy of a slice (NULL on out-of-memory).
 static char *str_dup(str_t s) {
@@ -10482,26 +10512,6 @@ static uint64_t tools_fnv(const char *s, size_t n) {
 }
 
 // Whole-string numbers for flags (the CLI helpers of section 20 come later in the file).
-static bool tools_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool tools_parse_f64(const char *s, double lo, double hi, double *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
-}
-
 // "1,2,4": at most `max` values, each in [lo, hi].
 static bool tools_parse_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int max, int *n) {
     *n = 0;
@@ -10513,7 +10523,7 @@ static bool tools_parse_list(const char *s, int64_t lo, int64_t hi, int64_t *out
         if (len == 0 || len >= sizeof tmp || *n == max) return false;
         memcpy(tmp, s, len);
         tmp[len] = 0;
-        if (!tools_parse_i64(tmp, lo, hi, &out[*n])) return false;
+        if (!str_to_i64(tmp, lo, hi, &out[*n])) return false;
         (*n)++;
         s += len;
         if (*s == ',' && !*++s) return false;
@@ -11357,14 +11367,14 @@ PSV_MAYBE_UNUSED static int cli_mkmodel(int argc, char **argv) {
         int k = 0;
         while (k < MK_N_INT && strcmp(f, mk_int_flags[k].flag)) k++;
         bool ok = v != NULL;
-        if (k < MK_N_INT) ok = tools_parse_i64(v, mk_int_flags[k].lo, mk_int_flags[k].hi, &ival[k]);
+        if (k < MK_N_INT) ok = str_to_i64(v, mk_int_flags[k].lo, mk_int_flags[k].hi, &ival[k]);
         else if (!strcmp(f, "-o") || !strcmp(f, "--output")) out = v;
         else if (!strcmp(f, "--preset")) preset = v;
         else if (!strcmp(f, "--type")) type = v;
         else if (!strcmp(f, "--arch")) arch = v;
         else if (!strcmp(f, "--name")) name = v;
-        else if (!strcmp(f, "--seed")) ok = tools_parse_i64(v, 0, INT64_MAX, &seed);
-        else if (!strcmp(f, "--rope-base")) ok = tools_parse_f64(v, 1.0001, 1e12, &rope_base);
+        else if (!strcmp(f, "--seed")) ok = str_to_i64(v, 0, INT64_MAX, &seed);
+        else if (!strcmp(f, "--rope-base")) ok = str_to_f64(v, 1.0001, 1e12, &rope_base);
         else {
             fprintf(stderr, "pensieve mkmodel: unknown option '%s' (see --help)\n", f);
             return 2;
@@ -11867,7 +11877,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "-p") || !strcmp(f, "--n-prompt")) ok = tools_parse_list(v, 0, 65536, o.p, BENCH_MAX_LIST, &o.np);
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) ok = tools_parse_list(v, 0, 65536, o.n, BENCH_MAX_LIST, &o.nn);
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) ok = tools_parse_list(v, 1, 1024, o.t, BENCH_MAX_LIST, &o.nt);
-        else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = tools_parse_i64(v, 1, 1000, &r), o.reps = (int)r;
+        else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = str_to_i64(v, 1, 1000, &r), o.reps = (int)r;
         else if (!strcmp(f, "--kv-type")) {
             ok = v && (!strcmp(v, "f32") || !strcmp(v, "f16"));
             o.kv_type = v && !strcmp(v, "f16") ? PSV_KV_F16 : PSV_KV_F32;
@@ -12175,7 +12185,8 @@ PSV_MAYBE_UNUSED static bool models_etag_digest(const char *v, size_t n, char ou
     return models_parse_hex64(v, n, out);
 }
 
-// Parses a decimal uint64 from s[*i..n), advancing *i; false on no digits or overflow.
+// Parses a decimal uint64 from s[*i..n), advancing *i; false on no digits or a value of
+// UINT64_MAX or more (UINT64_MAX itself is the callers' "unknown", so it is never a number).
 static bool models_parse_u64(const char *s, size_t n, size_t *i, uint64_t *out) {
     uint64_t v = 0;
     size_t start = *i;
@@ -12184,7 +12195,7 @@ static bool models_parse_u64(const char *s, size_t n, size_t *i, uint64_t *out) 
         (*i)++;
     }
     *out = v;
-    return *i > start;
+    return *i > start && v != UINT64_MAX;
 }
 
 // Content-Range (RFC 9110 §14.4): "bytes FIRST-LAST/COMPLETE" with COMPLETE a number or "*", or
@@ -13098,7 +13109,7 @@ PSV_MAYBE_UNUSED static int cli_pull(int argc, char **argv) {
 // macro below; a broken or hostile client gets a status code and its connection closed, never
 // a crash or a stuck thread.
 
-#ifndef PSV_NO_MAIN
+#if !defined(PSV_NO_MAIN) || defined(PSV_SERVER)
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -13128,7 +13139,6 @@ PSV_MAYBE_UNUSED static int cli_pull(int argc, char **argv) {
 #ifndef PSV_HTTP_IDLE_TIMEOUT // seconds a kept-alive connection may wait for its next request
 #define PSV_HTTP_IDLE_TIMEOUT 30
 #endif
-static bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out); // section 20
 
 #ifndef PSV_SERVER_PORT
 #define PSV_SERVER_PORT 52849
@@ -13143,6 +13153,8 @@ typedef struct {
     const char *api_key;
     int max_queue;
     int timeout;        // seconds a request may wait for a slot
+    int header_timeout; // seconds to receive a request's headers (0: PSV_HTTP_HEADER_TIMEOUT)
+    int idle_timeout;   // seconds a kept-alive connection may sit idle (0: PSV_HTTP_IDLE_TIMEOUT)
     const char *cors_origin;
     bool log_json;
     const char *model_path;
@@ -13192,6 +13204,7 @@ typedef struct {
     char method[16];
     str_t target, path;
     int minor; // HTTP/1.minor
+    bool oai;  // the path is one of the OpenAI API's (its error envelope), known once the line is read
     http_header headers[PSV_HTTP_MAX_HEADERS];
     int n_headers;
     buf_t body;
@@ -13406,7 +13419,10 @@ static void http_slices_restore(const http_conn *c, http_req *r, const size_t *o
 static int http_read_request(http_conn *c, http_req *r, bool first) {
     memset(r, 0, offsetof(http_req, body));
     r->body.len = 0;
-    double deadline = plat_now() + (first ? PSV_HTTP_HEADER_TIMEOUT : PSV_HTTP_IDLE_TIMEOUT);
+    const srv_conf *cf = &c->srv->conf;
+    double header_s = cf->header_timeout > 0 ? cf->header_timeout : PSV_HTTP_HEADER_TIMEOUT;
+    double idle_s = cf->idle_timeout > 0 ? cf->idle_timeout : PSV_HTTP_IDLE_TIMEOUT;
+    double deadline = plat_now() + (first ? header_s : idle_s);
     size_t hdr_end = 0;
     bool got_any = c->len > 0;
     for (;;) {
@@ -13425,7 +13441,7 @@ static int http_read_request(http_conn *c, http_req *r, bool first) {
         if (k <= 0) return got_any ? (k == 0 ? -1 : 408) : -1;
         if (!got_any) {
             got_any = true;
-            deadline = plat_now() + PSV_HTTP_HEADER_TIMEOUT; // from the first byte of a request
+            deadline = plat_now() + header_s; // from the first byte of a request
         }
     }
     // request line
@@ -13447,6 +13463,7 @@ static int http_read_request(http_conn *c, http_req *r, bool first) {
     r->path = r->target;
     const char *q = memchr(r->target.p, '?', r->target.n);
     if (q) r->path.n = (size_t)(q - r->target.p);
+    r->oai = str_eq_c(r->path, "/v1/chat/completions") || str_eq_c(r->path, "/v1/completions");
     // header fields
     char *p = eol + 2;
     while (p < c->buf + hdr_end - 2) {
@@ -14077,7 +14094,10 @@ static bool api_stops(const json_value *v, const char *key, gen_job *j, char *er
         return false;
     }
     j->stops = calloc(n ? n : 1, sizeof *j->stops);
-    if (!j->stops) return false;
+    if (!j->stops) {
+        snprintf(err, cap, "out of memory");
+        return false;
+    }
     for (size_t i = 0; i < n; i++) {
         const json_value *s = v->kind == JSON_STRING ? v : json_at(v, i);
         if (!s || s->kind != JSON_STRING || s->u.s.n == 0 || strlen(s->u.s.p) != s->u.s.n) {
@@ -14241,9 +14261,15 @@ static bool anth_decode(const json_value *root, chat_req *cr, gen_job *j, bool n
             }
             cr->owned = o;
             cr->owned[cr->n_owned++] = b.data;
-            if (b.len && !chat_req_add(cr, "system", b.data)) return false;
+            if (b.len && !chat_req_add(cr, "system", b.data)) {
+                snprintf(err, cap, "out of memory");
+                return false;
+            }
         } else if (sys->kind == JSON_STRING) {
-            if (sys->u.s.n && !chat_req_add(cr, "system", sys->u.s.p)) return false;
+            if (sys->u.s.n && !chat_req_add(cr, "system", sys->u.s.p)) {
+                snprintf(err, cap, "out of memory");
+                return false;
+            }
         } else {
             snprintf(err, cap, "system: expected a string or an array of text blocks");
             return false;
@@ -14266,7 +14292,10 @@ static bool anth_decode(const json_value *root, chat_req *cr, gen_job *j, bool n
         const char *text;
         if (!api_content_text(cr, json_get(m, "content"), field, err, cap, &text)) return false;
         if (i + 1 == json_len(msgs) && !strcmp(role, "assistant")) cr->prefill = text; // continue this
-        else if (!chat_req_add(cr, role, text)) return false;
+        else if (!chat_req_add(cr, role, text)) {
+                snprintf(err, cap, "out of memory");
+                return false;
+            }
     }
     int64_t mt = -1;
     if (!api_int(root, "max_tokens", 1, 1 << 24, &mt, err, cap)) return false;
@@ -14291,6 +14320,24 @@ static bool anth_decode(const json_value *root, chat_req *cr, gen_job *j, bool n
     return api_stops(json_get(root, "stop_sequences"), "stop_sequences", j, err, cap);
 }
 
+// An Anthropic request decoded and tokenized, its length checked against the context. Returns
+// false with a message (400 invalid_request_error). The caller frees *ids, j->stops and *cr.
+static bool anth_prepare(server_t *s, const json_value *root, bool count_only, chat_req *cr, gen_job *j, int32_t **ids,
+                         size_t *n_ids, char *err, size_t cap) {
+    if (!anth_decode(root, cr, j, !count_only, err, cap)) return false;
+    psv_error perr = {0};
+    if (api_tokenize_chat(s, cr, ids, n_ids, &perr) != PSV_OK) {
+        snprintf(err, cap, "%s", perr.message);
+        return false;
+    }
+    if (!count_only && (uint64_t)*n_ids + (uint64_t)j->max_tokens > s->conf.ctx) {
+        snprintf(err, cap, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
+                 *n_ids, j->max_tokens, (uint64_t)*n_ids + (uint64_t)j->max_tokens, s->conf.ctx);
+        return false;
+    }
+    return true;
+}
+
 static bool srv_check_ctx_error(http_conn *c, api_kind api, gen_job *j, bool keep_alive) {
     return api_error(c, api, j->err_status ? j->err_status : 500, keep_alive, "%s", j->err[0] ? j->err : "generation failed");
 }
@@ -14305,13 +14352,8 @@ static bool handle_anthropic(http_conn *c, const http_req *r, const json_value *
     size_t n_ids = 0;
     bool ok;
     api_out o = {.c = c};
-    if (!anth_decode(root, &cr, &j, !count_only, err, sizeof err)) {
+    if (!anth_prepare(s, root, count_only, &cr, &j, &ids, &n_ids, err, sizeof err)) {
         ok = api_error(c, API_ANTHROPIC, 400, r->keep_alive, "%s", err);
-        goto done;
-    }
-    psv_error perr = {0};
-    if (api_tokenize_chat(s, &cr, &ids, &n_ids, &perr) != PSV_OK) {
-        ok = api_error(c, API_ANTHROPIC, 400, r->keep_alive, "%s", perr.message);
         goto done;
     }
     if (count_only) {
@@ -14333,12 +14375,6 @@ static bool handle_anthropic(http_conn *c, const http_req *r, const json_value *
     j.conn = c;
     char id[48];
     srv_make_id(s, "msg_", id, sizeof id);
-    if ((uint64_t)n_ids + (uint64_t)j.max_tokens > s->conf.ctx) {
-        snprintf(j.err, sizeof j.err, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
-                 n_ids, j.max_tokens, (uint64_t)n_ids + (uint64_t)j.max_tokens, s->conf.ctx);
-        ok = api_error(c, API_ANTHROPIC, 400, r->keep_alive, "%s", j.err);
-        goto done;
-    }
     if (o.stream) {
         buf_t h = {0};
         c->status = 200;
@@ -14557,6 +14593,134 @@ static void oai_usage(json_writer *w, const gen_job *j) {
     json_w_obj_end(w);
 }
 
+// A completions prompt given as token ids: integers within the vocabulary.
+static bool oai_prompt_ids(server_t *s, const json_value *v, int32_t **ids, size_t *n_ids, char *err, size_t cap) {
+    size_t n = json_len(v);
+    int64_t nv = psv_model_n_vocab(s->model);
+    if (n == 0) {
+        snprintf(err, cap, "prompt: expected a non-empty string or array of token ids");
+        return false;
+    }
+    if (json_at(v, 0)->kind != JSON_INT) {
+        snprintf(err, cap, "prompt: expected a string or an array of token ids (batches of prompts are not supported)");
+        return false;
+    }
+    *ids = malloc(n * sizeof **ids);
+    if (!*ids) {
+        snprintf(err, cap, "out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_value *t = json_at(v, i);
+        if (t->kind != JSON_INT || t->u.i < 0 || t->u.i >= nv) {
+            if (t->kind == JSON_INT)
+                snprintf(err, cap, "prompt.%zu: token id %" PRId64 " is out of range (0 to %" PRId64 ")", i, t->u.i, nv - 1);
+            else
+                snprintf(err, cap, "prompt.%zu: expected a token id (an integer)", i);
+            return false;
+        }
+        (*ids)[i] = (int32_t)t->u.i;
+    }
+    *n_ids = n;
+    return true;
+}
+
+// Decode an OpenAI chat-completions (chat) or completions request: the prompt's tokens, the
+// generation settings and stop sequences into *j, the stream options into *o. Returns false
+// with a message (400 invalid_request_error). The caller frees *ids, j->stops and *cr.
+static bool oai_decode(server_t *s, const json_value *root, bool chat, chat_req *cr, gen_job *j, oai_out *o,
+                       int32_t **ids, size_t *n_ids, char *err, size_t cap) {
+    psv_error perr = {0};
+    if (!root || root->kind != JSON_OBJECT) {
+        snprintf(err, cap, "the request body must be a JSON object");
+        return false;
+    }
+    int64_t n = 1;
+    if (!api_int(root, "n", 1, 1, &n, err, cap)) return false;
+    if (chat) {
+        const json_value *msgs = json_get(root, "messages");
+        if (!msgs || msgs->kind != JSON_ARRAY || json_len(msgs) == 0) {
+            snprintf(err, cap, "messages: expected a non-empty array");
+            return false;
+        }
+        for (size_t i = 0; i < json_len(msgs); i++) {
+            const json_value *m = json_at(msgs, i);
+            const char *role = json_str(json_get(m, "role"));
+            char field[64];
+            snprintf(field, sizeof field, "messages[%zu].content", i);
+            if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "developer"))) {
+                snprintf(err, cap, "messages[%zu].role: expected system, developer, user or assistant", i);
+                return false;
+            }
+            const char *text;
+            if (!api_content_text(cr, json_get(m, "content"), field, err, cap, &text)) return false;
+            if (!chat_req_add(cr, strcmp(role, "developer") ? role : "system", text)) {
+                snprintf(err, cap, "out of memory");
+                return false;
+            }
+        }
+        if (api_tokenize_chat(s, cr, ids, n_ids, &perr) != PSV_OK) {
+            snprintf(err, cap, "%s", perr.message);
+            return false;
+        }
+    } else {
+        const json_value *pv = json_get(root, "prompt");
+        if (pv && pv->kind == JSON_ARRAY) {
+            if (!oai_prompt_ids(s, pv, ids, n_ids, err, cap)) return false;
+        } else {
+            const char *prompt = json_str(pv);
+            if (!prompt) {
+                snprintf(err, cap, "prompt: expected a string or an array of token ids");
+                return false;
+            }
+            if (psv_tokenize(s->model, prompt, pv->u.s.n, true, false, ids, n_ids, &perr) != PSV_OK) {
+                snprintf(err, cap, "%s", perr.message);
+                return false;
+            }
+        }
+    }
+    if (*n_ids == 0) {
+        snprintf(err, cap, "prompt: empty, and this model has no BOS token to begin from");
+        return false;
+    }
+    int64_t mt = 16;
+    if (chat) mt = (int64_t)s->conf.ctx - (int64_t)*n_ids; // OpenAI: until the context is full
+    if (!api_int(root, "max_tokens", 1, 1 << 24, &mt, err, cap)) return false;
+    if (!api_int(root, "max_completion_tokens", 1, 1 << 24, &mt, err, cap)) return false;
+    if (mt < 1) mt = 1;
+    j->max_tokens = mt;
+    j->sp = psv_sampler_default_params();
+    j->sp.temperature = 1.0f, j->sp.top_k = 0, j->sp.top_p = 1.0f;
+    double d = 1.0;
+    if (!api_number(root, "temperature", 0, 2, &d, err, cap)) return false;
+    j->sp.temperature = (float)d;
+    d = 1.0;
+    if (!api_number(root, "top_p", 0, 1, &d, err, cap)) return false;
+    j->sp.top_p = (float)d;
+    d = 0;
+    if (!api_number(root, "presence_penalty", -2, 2, &d, err, cap)) return false;
+    j->sp.presence_penalty = (float)d;
+    d = 0;
+    if (!api_number(root, "frequency_penalty", -2, 2, &d, err, cap)) return false;
+    j->sp.frequency_penalty = (float)d;
+    int64_t seed = (int64_t)((uint64_t)time(NULL) >> 1);
+    if (!api_int(root, "seed", INT64_MIN, INT64_MAX, &seed, err, cap)) return false;
+    j->sp.seed = (uint64_t)seed;
+    if (!api_stops(json_get(root, "stop"), "stop", j, err, cap)) return false;
+    const json_value *st = json_get(root, "stream");
+    o->stream = st && st->kind == JSON_BOOL && st->u.b;
+    const json_value *iu = json_get(json_get(root, "stream_options"), "include_usage");
+    o->include_usage = iu && iu->kind == JSON_BOOL && iu->u.b;
+    o->model = json_str(json_get(root, "model"));
+    if (!o->model) o->model = s->conf.model_name;
+    if ((uint64_t)*n_ids + (uint64_t)j->max_tokens > s->conf.ctx) {
+        snprintf(err, cap, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
+                 *n_ids, j->max_tokens, (uint64_t)*n_ids + (uint64_t)j->max_tokens, s->conf.ctx);
+        return false;
+    }
+    return true;
+}
+
 static bool handle_openai(http_conn *c, const http_req *r, const json_value *root, bool chat) {
     server_t *s = c->srv;
     chat_req cr = {0};
@@ -14567,78 +14731,7 @@ static bool handle_openai(http_conn *c, const http_req *r, const json_value *roo
     size_t n_ids = 0;
     bool ok = true;
     oai_out o = {.c = c, .chat = chat};
-    psv_error perr = {0};
-    if (!root || root->kind != JSON_OBJECT) {
-        ok = api_error(c, API_OPENAI, 400, r->keep_alive, "the request body must be a JSON object");
-        goto done;
-    }
-    int64_t n = 1;
-    if (!api_int(root, "n", 1, 1, &n, err, sizeof err)) goto bad;
-    if (chat) {
-        const json_value *msgs = json_get(root, "messages");
-        if (!msgs || msgs->kind != JSON_ARRAY || json_len(msgs) == 0) {
-            snprintf(err, sizeof err, "messages: expected a non-empty array");
-            goto bad;
-        }
-        for (size_t i = 0; i < json_len(msgs); i++) {
-            const json_value *m = json_at(msgs, i);
-            const char *role = json_str(json_get(m, "role"));
-            char field[64];
-            snprintf(field, sizeof field, "messages[%zu].content", i);
-            if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "developer"))) {
-                snprintf(err, sizeof err, "messages[%zu].role: expected system, developer, user or assistant", i);
-                goto bad;
-            }
-            const char *text;
-            if (!api_content_text(&cr, json_get(m, "content"), field, err, sizeof err, &text)) goto bad;
-            if (!chat_req_add(&cr, strcmp(role, "developer") ? role : "system", text)) goto bad;
-        }
-        if (api_tokenize_chat(s, &cr, &ids, &n_ids, &perr) != PSV_OK) {
-            snprintf(err, sizeof err, "%s", perr.message);
-            goto bad;
-        }
-    } else {
-        const char *prompt = json_str(json_get(root, "prompt"));
-        if (!prompt) {
-            snprintf(err, sizeof err, "prompt: expected a string");
-            goto bad;
-        }
-        if (psv_tokenize(s->model, prompt, strlen(prompt), true, false, &ids, &n_ids, &perr) != PSV_OK) {
-            snprintf(err, sizeof err, "%s", perr.message);
-            goto bad;
-        }
-    }
-    int64_t mt = 16;
-    if (chat) mt = (int64_t)s->conf.ctx - (int64_t)n_ids; // OpenAI: until the context is full
-    if (!api_int(root, "max_tokens", 1, 1 << 24, &mt, err, sizeof err)) goto bad;
-    if (!api_int(root, "max_completion_tokens", 1, 1 << 24, &mt, err, sizeof err)) goto bad;
-    if (mt < 1) mt = 1;
-    j.max_tokens = mt;
-    j.sp = psv_sampler_default_params();
-    j.sp.temperature = 1.0f, j.sp.top_k = 0, j.sp.top_p = 1.0f;
-    double d = 1.0;
-    if (!api_number(root, "temperature", 0, 2, &d, err, sizeof err)) goto bad;
-    j.sp.temperature = (float)d;
-    d = 1.0;
-    if (!api_number(root, "top_p", 0, 1, &d, err, sizeof err)) goto bad;
-    j.sp.top_p = (float)d;
-    d = 0;
-    if (!api_number(root, "presence_penalty", -2, 2, &d, err, sizeof err)) goto bad;
-    j.sp.presence_penalty = (float)d;
-    d = 0;
-    if (!api_number(root, "frequency_penalty", -2, 2, &d, err, sizeof err)) goto bad;
-    j.sp.frequency_penalty = (float)d;
-    int64_t seed = (int64_t)((uint64_t)time(NULL) >> 1);
-    if (!api_int(root, "seed", INT64_MIN, INT64_MAX, &seed, err, sizeof err)) goto bad;
-    j.sp.seed = (uint64_t)seed;
-    if (!api_stops(json_get(root, "stop"), "stop", &j, err, sizeof err)) goto bad;
-    const json_value *st = json_get(root, "stream");
-    o.stream = st && st->kind == JSON_BOOL && st->u.b;
-    const json_value *so = json_get(root, "stream_options");
-    const json_value *iu = json_get(so, "include_usage");
-    o.include_usage = iu && iu->kind == JSON_BOOL && iu->u.b;
-    o.model = json_str(json_get(root, "model"));
-    if (!o.model) o.model = s->conf.model_name;
+    if (!oai_decode(s, root, chat, &cr, &j, &o, &ids, &n_ids, err, sizeof err)) goto bad;
     char id[48];
     srv_make_id(s, chat ? "chatcmpl-" : "cmpl-", id, sizeof id);
     o.id = id;
@@ -14649,11 +14742,6 @@ static bool handle_openai(http_conn *c, const http_req *r, const json_value *roo
     j.on_tick = oai_on_tick;
     j.ud = &o;
     j.conn = c;
-    if ((uint64_t)n_ids + (uint64_t)j.max_tokens > s->conf.ctx) {
-        snprintf(err, sizeof err, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
-                 n_ids, j.max_tokens, (uint64_t)n_ids + (uint64_t)j.max_tokens, s->conf.ctx);
-        goto bad;
-    }
     if (o.stream) {
         buf_t h = {0};
         c->status = 200;
@@ -15051,7 +15139,8 @@ static void *srv_conn_main(void *arg) {
         first = false;
         if (st < 0) break;
         if (st > 0) {
-            api_error(c, API_ANTHROPIC, st, false, "%s", st == 413 ? "request body too large" : st == 431 ? "request headers too large"
+            // the request line may have been read: answer in the envelope of the API it was for
+            api_error(c, r->oai ? API_OPENAI : API_ANTHROPIC, st, false, "%s", st == 413 ? "request body too large" : st == 431 ? "request headers too large"
                                                         : st == 414 ? "request line too long" : st == 408 ? "request timed out"
                                                         : st == 501 ? "unsupported transfer encoding" : st == 505 ? "HTTP version not supported"
                                                                     : "malformed request");
@@ -15283,6 +15372,8 @@ done:
     return rc;
 }
 
+#ifndef PSV_NO_MAIN // the `serve` command
+
 static const char *srv_env(const char *name, const char *def) {
     const char *v = getenv(name);
     return v && *v ? v : def;
@@ -15293,11 +15384,12 @@ static int cli_serve(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     c.host = srv_env("PENSIEVE_HOST", "127.0.0.1");
     int64_t port = PSV_SERVER_PORT, threads = 0, ctx = 0, parallel = 4, max_queue = 64, timeout = 600;
+    int64_t header_timeout = PSV_HTTP_HEADER_TIMEOUT, idle_timeout = PSV_HTTP_IDLE_TIMEOUT;
     const char *e;
-    if ((e = getenv("PENSIEVE_PORT")) && !cli_parse_i64(e, 1, 65535, &port)) goto bad_env;
-    if ((e = getenv("PENSIEVE_THREADS")) && !cli_parse_i64(e, 1, 1024, &threads)) goto bad_env;
-    if ((e = getenv("PENSIEVE_CTX")) && !cli_parse_i64(e, 16, 1 << 22, &ctx)) goto bad_env;
-    if ((e = getenv("PENSIEVE_PARALLEL")) && !cli_parse_i64(e, 1, 256, &parallel)) goto bad_env;
+    if ((e = getenv("PENSIEVE_PORT")) && !str_to_i64(e, 1, 65535, &port)) goto bad_env;
+    if ((e = getenv("PENSIEVE_THREADS")) && !str_to_i64(e, 1, 1024, &threads)) goto bad_env;
+    if ((e = getenv("PENSIEVE_CTX")) && !str_to_i64(e, 16, 1 << 22, &ctx)) goto bad_env;
+    if ((e = getenv("PENSIEVE_PARALLEL")) && !str_to_i64(e, 1, 256, &parallel)) goto bad_env;
     c.api_key = srv_env("PENSIEVE_API_KEY", NULL);
     c.cors_origin = srv_env("PENSIEVE_CORS_ORIGIN", NULL);
     c.model_path = srv_env("PENSIEVE_MODEL", NULL);
@@ -15322,22 +15414,26 @@ static int cli_serve(int argc, char **argv) {
                    "  --api-key KEY          require this key (x-api-key or Authorization: Bearer) (env PENSIEVE_API_KEY)\n"
                    "  --max-queue N          requests that may wait for a slot [64]; beyond: 529 / 503\n"
                    "  --timeout S            seconds a request may wait for a slot [600]\n"
+                   "  --header-timeout S     seconds a client has to send a request's headers [%d]\n"
+                   "  --idle-timeout S       seconds a kept-alive connection may wait for its next request [%d]\n"
                    "  --cors-origin ORIGIN   allow browser requests from ORIGIN (env PENSIEVE_CORS_ORIGIN)\n"
                    "  --log-format text|json (env PENSIEVE_LOG_FORMAT)\n"
                    "\n"
                    "SIGINT/SIGTERM stop accepting and end open streams; a second signal exits at once.\n",
-                   PSV_SERVER_PORT);
+                   PSV_SERVER_PORT, PSV_HTTP_HEADER_TIMEOUT, PSV_HTTP_IDLE_TIMEOUT);
             return 0;
         }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) c.model_path = v;
         else if (!strcmp(a, "--host")) c.host = v;
-        else if (!strcmp(a, "--port")) ok = cli_parse_i64(v, 1, 65535, &port);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = cli_parse_i64(v, 1, 1024, &threads);
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) ok = cli_parse_i64(v, 16, 1 << 22, &ctx);
-        else if (!strcmp(a, "--parallel")) ok = cli_parse_i64(v, 1, 256, &parallel);
+        else if (!strcmp(a, "--port")) ok = str_to_i64(v, 1, 65535, &port);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = str_to_i64(v, 1, 1024, &threads);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) ok = str_to_i64(v, 16, 1 << 22, &ctx);
+        else if (!strcmp(a, "--parallel")) ok = str_to_i64(v, 1, 256, &parallel);
         else if (!strcmp(a, "--api-key")) c.api_key = v;
-        else if (!strcmp(a, "--max-queue")) ok = cli_parse_i64(v, 0, 1 << 20, &max_queue);
-        else if (!strcmp(a, "--timeout")) ok = cli_parse_i64(v, 1, 1 << 20, &timeout);
+        else if (!strcmp(a, "--max-queue")) ok = str_to_i64(v, 0, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--timeout")) ok = str_to_i64(v, 1, 1 << 20, &timeout);
+        else if (!strcmp(a, "--header-timeout")) ok = str_to_i64(v, 1, 3600, &header_timeout);
+        else if (!strcmp(a, "--idle-timeout")) ok = str_to_i64(v, 1, 86400, &idle_timeout);
         else if (!strcmp(a, "--cors-origin")) c.cors_origin = v;
         else if (!strcmp(a, "--log-format")) log_format = v;
         else if (!strcmp(a, "--mirror")) mirror = v;
@@ -15379,6 +15475,8 @@ static int cli_serve(int argc, char **argv) {
     c.parallel = (int)parallel;
     c.max_queue = (int)max_queue;
     c.timeout = (int)timeout;
+    c.header_timeout = (int)header_timeout;
+    c.idle_timeout = (int)idle_timeout;
     static char name[256];
     if (mr.entry) {
         snprintf(name, sizeof name, "%s", mr.entry->name);
@@ -15396,7 +15494,8 @@ bad_env:
     return 2;
 }
 
-#endif // PSV_NO_MAIN
+#endif // PSV_NO_MAIN (the `serve` command)
+#endif // !PSV_NO_MAIN || PSV_SERVER
 
 
 // ----------------------------------------------------------------------------
@@ -15444,26 +15543,6 @@ fail:
 }
 
 // Strict number parsing for flags: the whole string must be a number in range.
-static bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool cli_parse_f32(const char *s, float lo, float hi, float *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v >= lo && v <= hi)) return false;
-    *out = (float)v;
-    return true;
-}
-
 // Options shared by the model subcommands.
 typedef struct {
     const char *model;
@@ -15480,9 +15559,9 @@ static int cli_model_opt(const char *cmd, int argc, char **argv, int *i, cli_mod
         if (!v) goto missing;
         o->model = v;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-        if (!cli_parse_i64(v, 1, 1024, &o->threads)) goto bad;
+        if (!str_to_i64(v, 1, 1024, &o->threads)) goto bad;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
-        if (!cli_parse_i64(v, 1, 1 << 22, &o->ctx)) goto bad;
+        if (!str_to_i64(v, 1, 1 << 22, &o->ctx)) goto bad;
     } else if (!strcmp(a, "--kv-type")) {
         if (v && !strcmp(v, "f32")) o->kv_type = PSV_KV_F32;
         else if (v && !strcmp(v, "f16")) o->kv_type = PSV_KV_F16;
@@ -15560,7 +15639,7 @@ static int cli_logits(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ids") && v) ids_s = argv[++i];
         else if (!strcmp(a, "--top") && v) {
-            if (!cli_parse_i64(v, 1, 64, &o.top)) {
+            if (!str_to_i64(v, 1, 64, &o.top)) {
                 fprintf(stderr, "pensieve logits: --top must be 1..64\n");
                 return 2;
             }
@@ -15641,16 +15720,16 @@ static int cli_run(int argc, char **argv) {
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = v != NULL, prompt = v;
         else if (!strcmp(a, "--prompt-ids")) ok = v != NULL, prompt_ids = v;
         else if (!strcmp(a, "--system")) ok = v != NULL, system = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = cli_parse_i64(v, 0, 1 << 22, &n_predict);
-        else if (!strcmp(a, "--temp")) ok = cli_parse_f32(v, 0, 100, &sp.temperature);
-        else if (!strcmp(a, "--top-k")) ok = cli_parse_i64(v, 0, 1 << 24, &iv), sp.top_k = (int)iv;
-        else if (!strcmp(a, "--top-p")) ok = cli_parse_f32(v, 0, 1, &sp.top_p);
-        else if (!strcmp(a, "--min-p")) ok = cli_parse_f32(v, 0, 1, &sp.min_p);
-        else if (!strcmp(a, "--repeat-penalty")) ok = cli_parse_f32(v, 0.01f, 100, &sp.repeat_penalty);
-        else if (!strcmp(a, "--repeat-last-n")) ok = cli_parse_i64(v, 0, 1 << 20, &iv), sp.repeat_last_n = (int)iv;
-        else if (!strcmp(a, "--presence-penalty")) ok = cli_parse_f32(v, -100, 100, &sp.presence_penalty);
-        else if (!strcmp(a, "--frequency-penalty")) ok = cli_parse_f32(v, -100, 100, &sp.frequency_penalty);
-        else if (!strcmp(a, "--seed")) ok = cli_parse_i64(v, 0, INT64_MAX, &iv), sp.seed = (uint64_t)iv;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = str_to_i64(v, 0, 1 << 22, &n_predict);
+        else if (!strcmp(a, "--temp")) ok = str_to_f32(v, 0, 100, &sp.temperature);
+        else if (!strcmp(a, "--top-k")) ok = str_to_i64(v, 0, 1 << 24, &iv), sp.top_k = (int)iv;
+        else if (!strcmp(a, "--top-p")) ok = str_to_f32(v, 0, 1, &sp.top_p);
+        else if (!strcmp(a, "--min-p")) ok = str_to_f32(v, 0, 1, &sp.min_p);
+        else if (!strcmp(a, "--repeat-penalty")) ok = str_to_f32(v, 0.01f, 100, &sp.repeat_penalty);
+        else if (!strcmp(a, "--repeat-last-n")) ok = str_to_i64(v, 0, 1 << 20, &iv), sp.repeat_last_n = (int)iv;
+        else if (!strcmp(a, "--presence-penalty")) ok = str_to_f32(v, -100, 100, &sp.presence_penalty);
+        else if (!strcmp(a, "--frequency-penalty")) ok = str_to_f32(v, -100, 100, &sp.frequency_penalty);
+        else if (!strcmp(a, "--seed")) ok = str_to_i64(v, 0, INT64_MAX, &iv), sp.seed = (uint64_t)iv;
         else if (!strcmp(a, "--chat")) chat = true, takes = false;
         else if (!strcmp(a, "--ids")) print_ids = true, takes = false;
         else if (!strcmp(a, "--verbose-prompt")) verbose_prompt = true, takes = false;

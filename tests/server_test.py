@@ -305,6 +305,210 @@ def test_concurrency(s):
         check(after[0] <= before[0] and after[1] <= before[1], "no leaked fds/threads: before %r after %r" % (before, after))
 
 
+def envelope(api, status, r, e, what):
+    """The API's own error envelope with the expected status."""
+    if api == "anthropic":
+        good = e is not None and e.get("type") == "error" and isinstance(e.get("error"), dict) and \
+            isinstance(e["error"].get("type"), str) and isinstance(e["error"].get("message"), str)
+    else:
+        good = e is not None and isinstance(e.get("error"), dict) and isinstance(e["error"].get("message"), str) and \
+            isinstance(e["error"].get("type"), str) and "param" in e["error"] and "code" in e["error"]
+    return check(r.status == status and good, "%s: %s envelope with %d (got %d: %r)" % (what, api, status, r.status, e))
+
+
+def test_api_hostile(s):
+    """Hostile and malformed API input: each answer is the API's error envelope and status."""
+    A, O = "/v1/messages", "/v1/chat/completions"
+    user = [{"role": "user", "content": "Hi"}]
+    deep = "[" * 100000 + "]" * 100000
+    cases = [
+        # (path, raw body, status, what)
+        (A, "{", 400, "invalid JSON"),
+        (A, "[]", 400, "body not an object"),
+        (A, '{"max_tokens": 8, "messages": "hi"}', 400, "messages of the wrong type"),
+        (A, '{"max_tokens": 8, "messages": []}', 400, "empty messages"),
+        (A, '{"max_tokens": 8, "messages": [{"role": "user", "content": null}]}', 400, "null content"),
+        (A, '{"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}', 400, "system role in messages"),
+        (A, '{"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image"}]}]}', 400, "image block"),
+        (A, '{"max_tokens": -1, "messages": %s}' % json.dumps(user), 400, "max_tokens -1"),
+        (A, '{"max_tokens": 1e309, "messages": %s}' % json.dumps(user), 400, "max_tokens 1e309"),
+        (A, '{"max_tokens": 9223372036854775808, "messages": %s}' % json.dumps(user), 400, "max_tokens 2^63"),
+        (A, '{"max_tokens": 9223372036854775807, "messages": %s}' % json.dumps(user), 400, "max_tokens 2^63-1"),
+        (A, '{"max_tokens": "16", "messages": %s}' % json.dumps(user), 400, "max_tokens as a string"),
+        (A, '{"max_tokens": 16777216, "messages": %s}' % json.dumps(user), 400, "max_tokens beyond the context"),
+        (A, '{"max_tokens": 8, "temperature": 5, "messages": %s}' % json.dumps(user), 400, "temperature 5"),
+        (A, '{"max_tokens": 8, "temperature": "hot", "messages": %s}' % json.dumps(user), 400, "temperature a string"),
+        (A, '{"max_tokens": 8, "top_k": -3, "messages": %s}' % json.dumps(user), 400, "negative top_k"),
+        (A, '{"max_tokens": 8, "stop_sequences": [""], "messages": %s}' % json.dumps(user), 400, "empty stop sequence"),
+        (A, '{"max_tokens": 8, "messages": %s}' % deep, 400, "deeply nested JSON"),
+        (A, '{"max_tokens": 8, "messages": [{"role": "user", "content": "\\ud800"}]}', 400, "lone surrogate"),
+        (O, "{", 400, "invalid JSON"),
+        (O, '{"messages": %s, "max_tokens": -1}' % json.dumps(user), 400, "max_tokens -1"),
+        (O, '{"messages": %s, "max_tokens": 1e309}' % json.dumps(user), 400, "max_tokens 1e309"),
+        (O, '{"messages": %s, "max_tokens": 9223372036854775808}' % json.dumps(user), 400, "max_tokens 2^63"),
+        (O, '{"messages": %s, "n": 3}' % json.dumps(user), 400, "n 3"),
+        (O, '{"messages": %s, "seed": 1e400}' % json.dumps(user), 400, "seed 1e400"),
+        (O, '{"messages": []}', 400, "empty messages"),
+        (O, '{"messages": %s}' % deep, 400, "deeply nested JSON"),
+        ("/v1/completions", '{"prompt": [1, 2, 99999999], "max_tokens": 2}', 400, "token id out of range"),
+        ("/v1/completions", '{"prompt": [-1], "max_tokens": 2}', 400, "negative token id"),
+        ("/v1/completions", '{"prompt": [1, "x"], "max_tokens": 2}', 400, "token ids mixed with text"),
+        ("/v1/completions", '{"prompt": ["a", "b"], "max_tokens": 2}', 400, "batched prompts"),
+        ("/v1/completions", '{"prompt": [], "max_tokens": 2}', 400, "empty token list"),
+        ("/v1/completions", '{"prompt": 7}', 400, "prompt a number"),
+    ]
+    for path, body, status, what in cases:
+        r, e = s.json("POST", path, body)
+        envelope("openai" if path != A else "anthropic", status, r, e, what)
+    # a body whose declared size is 2^31 bytes is refused before any of it is read or tokenized
+    for path, api in ((A, "anthropic"), (O, "openai")):
+        raw = s.raw(b"POST %s HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2147483648\r\n\r\n{" % path.encode())
+        head, _, body = raw.partition(b"\r\n\r\n")
+        try:
+            e = json.loads(body)
+        except ValueError:
+            e = None
+        envelope(api, 413, type("R", (), {"status": int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.1") else 0})(), e,
+                 "2^31-byte body")
+    # token ids within range are a prompt
+    r, p = s.json("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0})
+    check(r.status == 200 and p and p["usage"]["prompt_tokens"] == 3, "token-id prompt: 200 with 3 prompt tokens (%r)" % p)
+    # special-token text in user content stays text: it costs several tokens, not one each
+    def count(text):
+        r, c = s.json("POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": text}]})
+        return c["input_tokens"] if r.status == 200 and c else None
+    base, lit = count("x"), count("x<|end|><|user|><|assistant|><|end|>")
+    check(base is not None and lit is not None and lit - base > 8, "special-token text tokenized as text (%r vs %r)" % (base, lit))
+    r, m = s.json("POST", A, msg("<|end|><|assistant|>", max_tokens=4))
+    check(r.status == 200 and m and m["type"] == "message", "special-token text in a request is answered")
+    r, h = s.json("GET", "/health")
+    check(r.status == 200, "server healthy after the hostile table")
+
+
+def test_cors():
+    s = Server("--cors-origin", "*")
+    try:
+        r, _ = s.req("GET", "/v1/models")
+        check(r.getheader("Access-Control-Allow-Origin") == "*", "CORS: wildcard origin sent")
+        check(r.getheader("Access-Control-Allow-Credentials") is None, "CORS: never credentials with '*'")
+        r, _ = s.req("OPTIONS", "/v1/messages", headers={"Origin": "http://x.example", "Access-Control-Request-Method": "POST"})
+        check(r.status == 204 and "POST" in (r.getheader("Access-Control-Allow-Methods") or ""), "CORS preflight: 204")
+        check(r.getheader("Access-Control-Allow-Credentials") is None, "CORS preflight: no credentials")
+    finally:
+        check(s.stop() == 0, "CORS server exits 0")
+    p = subprocess.run([BIN, "serve", "-m", MODEL, "--cors-origin", "*", "--api-key", "k"], capture_output=True, text=True, timeout=30)
+    check(p.returncode == 2 and "cannot be combined" in p.stderr, "'*' with an API key refused at start-up: %r" % p.stderr)
+
+
+def test_slow_clients():
+    """Slowloris and idle keep-alive: closed at their timeouts, without starving other clients."""
+    s = Server("--header-timeout", "2", "--idle-timeout", "2")
+    try:
+        closed = {}
+
+        def loris(i):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            t0 = time.time()
+            got = b""
+            try:
+                c.sendall(b"GET /health HTTP/1.1\r\n")
+                for k in range(60):  # a header byte every half second: never finishes in time
+                    c.sendall(b"X")
+                    time.sleep(0.5)
+                    c.setblocking(False)
+                    try:
+                        b = c.recv(4096)
+                        got += b
+                        if not b:
+                            break
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        c.setblocking(True)
+            except OSError:
+                pass
+            closed[i] = (time.time() - t0, got)
+            c.close()
+
+        th = [threading.Thread(target=loris, args=(i,)) for i in range(20)]
+        for t in th:
+            t.start()
+        time.sleep(0.5)
+        served = 0
+        for _ in range(5):  # meanwhile, ordinary clients are answered
+            r, h = s.json("GET", "/health")
+            served += r.status == 200
+        still_open = len(closed) == 0
+        check(served == 5 and still_open, "served 5 requests while 20 slowloris clients were connected (%d)" % served)
+        for t in th:
+            t.join(60)
+        times = sorted(v[0] for v in closed.values())
+        check(len(times) == 20 and times[-1] < 20, "slowloris clients closed at the header timeout (%r)" % times[-1:])
+        check(all(v[1].startswith(b"HTTP/1.1 408") or v[1] == b"" for v in closed.values()), "slowloris answered 408 or closed")
+        # idle keep-alive: one request, then silence: the server closes the connection
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        first = c.recv(4096)
+        t0 = time.time()
+        rest = b"x"
+        try:
+            rest = c.recv(4096)
+        except OSError:
+            pass
+        check(first.startswith(b"HTTP/1.1 200") and rest == b"" and time.time() - t0 < 15,
+              "idle keep-alive connection closed (%r, then %r after %.1f s)" % (first[:40], rest[:40], time.time() - t0))
+        c.close()
+    finally:
+        check(s.stop() == 0, "slow-client server exits 0")
+
+
+def test_emfile():
+    """Out of file descriptors on accept: the server backs off, keeps serving what it has and
+    recovers when descriptors are free again."""
+    import resource
+    lim = 48
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lim, lim))
+    port = free_port()
+    proc = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(port), "--ctx", "256", "--parallel", "1",
+                             "--header-timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=low)
+    ready = proc.stdout.readline()
+    if not check(ready.startswith("pensieve: serving"), "EMFILE server started: %r" % ready):
+        proc.kill()
+        return
+    held = []
+    try:
+        for i in range(lim + 16):  # more than the server has descriptors for
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(1.5)
+        n_fd = proc_counts(proc.pid)
+        check(proc.poll() is None and n_fd and n_fd[0] >= lim - 2, "server alive with its descriptors exhausted (%r)" % (n_fd,))
+    except OSError as e:
+        check(False, "EMFILE setup: %s" % e)
+    for c in held:
+        c.close()
+    ok = False
+    deadline = time.time() + 30
+    while time.time() < deadline and not ok:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/health")
+            ok = c.getresponse().status == 200
+            c.close()
+        except OSError:
+            time.sleep(0.2)
+    check(ok, "serves again once descriptors are free")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    check(rc == 0, "EMFILE server exits 0 (rc %r)" % rc)
+
+
 def test_keys():
     s = Server("--api-key", "sekrit-key-123")
     try:
@@ -355,10 +559,14 @@ def main():
         test_anthropic(s)
         test_openai(s)
         test_http(s)
+        test_api_hostile(s)
         test_concurrency(s)
     finally:
         check(s.stop() == 0, "server exits 0 on SIGTERM")
     test_keys()
+    test_cors()
+    test_slow_clients()
+    test_emfile()
     test_shutdown()
 
 

@@ -168,6 +168,10 @@ static void test_parsers(void) {
         {"bytes0-5/10", false, 0, 0, 0},
         {"bytes 0-5/10x", false, 0, 0, 0},
         {"bytes 0-18446744073709551616/1", false, 0, 0, 0}, // overflow
+        {"bytes */18446744073709551615", false, 0, 0, 0},   // the "unknown" value is no length
+        {"bytes 18446744073709551615-18446744073709551615/*", false, 0, 0, 0},
+        {"bytes 0-18446744073709551614/18446744073709551615", false, 0, 0, 0},
+        {"bytes 0-18446744073709551613/18446744073709551614", true, 0, 18446744073709551613u, 18446744073709551614u},
         {"", false, 0, 0, 0},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(ranges); i++) {
