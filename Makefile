@@ -14,7 +14,7 @@ TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never li
 ARM_CC   ?= aarch64-linux-gnu-gcc
 QEMU_ARM ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
 
-.PHONY: all test debug test-asan fuzz fuzz-run check-syms test-arm64 bench clean pull-tool-note
+.PHONY: all test debug test-asan fuzz fuzz-run soak check-syms test-arm64 bench clean pull-tool-note
 
 # tools/pensieve-pull, the model downloader, links libcurl (the project's only optional
 # dependency): built when libcurl's development files are found (curl-config or pkg-config),
@@ -76,9 +76,11 @@ debug: pensieve.c pensieve.h
 test-asan: debug
 	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
-# libFuzzer harnesses (clang). `make fuzz-run FUZZ_SECONDS=60` runs each with its seed corpus.
+# libFuzzer harnesses (clang). `make fuzz-run FUZZ_SECONDS=60` runs each with its seed corpus;
+# FUZZ_SEED=N makes a run repeatable (CI pins it; long exploratory runs leave it random).
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 0
 fuzz: $(patsubst tests/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 
 $(BUILD)/fuzz/%: tests/%.c pensieve.c pensieve.h
@@ -90,13 +92,19 @@ fuzz-run: fuzz
 	  name=$$(basename $$f); mkdir -p $(BUILD)/corpus/$$name; \
 	  seeds=tests/corpus/$$name; [ -d $$seeds ] || seeds=; \
 	  echo "== $$name for $(FUZZ_SECONDS)s"; \
-	  if $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	  if $$f -max_total_time=$(FUZZ_SECONDS) -seed=$(FUZZ_SEED) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
 	      $(BUILD)/corpus/$$name $$seeds > $(BUILD)/$$name.log 2>&1; then \
 	    grep -E "stat::number_of_executed_units|Done" $(BUILD)/$$name.log | tail -n 2; \
 	  else \
 	    tail -n 40 $(BUILD)/$$name.log; echo "$$name: FAILED (crash, leak or timeout; see above)"; exit 1; \
 	  fi; \
 	done
+
+# The soak test: 32 clients mixing every kind of request against one server for SOAK_SECONDS.
+SOAK_SECONDS ?= 600
+SOAK_MODEL ?= $(SHARED)/reference/models/phi3-q5km.gguf
+soak: $(BUILD)/pensieve
+	python3 tests/soak.py $(BUILD)/pensieve $(SOAK_MODEL) $(SOAK_SECONDS)
 
 # Every symbol pensieve.c exports must start with psv_ (STYLE.md).
 check-syms: pensieve.c pensieve.h

@@ -448,7 +448,12 @@ def test_slow_clients():
         # idle keep-alive: one request, then silence: the server closes the connection
         c = socket.create_connection(("127.0.0.1", s.port), timeout=20)
         c.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        first = c.recv(4096)
+        first = b""
+        while b'{"status":"ok"}' not in first:
+            b = c.recv(4096)
+            if not b:
+                break
+            first += b
         t0 = time.time()
         rest = b"x"
         try:
