@@ -9144,6 +9144,19 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
 // A persistent set of pthread workers. pool_run(fn) runs fn(arg, ith, nth) on every thread (the
 // caller is thread 0) and returns when all are done; no thread is created per operation. One
 // pool_run at a time per pool: the model serialises forward passes.
+//
+// A forward pass makes a dozen pool_runs per layer, each a few tens of microseconds of work, so
+// the hand-off must cost far less than a condition-variable wake-up (tens of microseconds on
+// Linux). Workers and the caller therefore spin on atomics for a while (PSV_POOL_SPIN_US
+// microseconds) before they sleep on a condition variable; a busy
+// machine thus degrades to the sleeping pool rather than to threads burning each other's
+// time slices. The sleep/wake hand-off is Dekker-style on sequentially consistent atomics: a
+// sleeper announces itself (n_sleep) and then re-checks the condition, a waker changes the
+// condition and then checks for sleepers, so one of the two always sees the other.
+
+#ifndef PSV_POOL_SPIN_US // microseconds a thread spins before it sleeps
+#define PSV_POOL_SPIN_US 200
+#endif
 
 typedef void (*pool_fn)(void *arg, int ith, int nth);
 
@@ -9153,10 +9166,12 @@ typedef struct {
     pool_worker *workers; // n_threads - 1 entries
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
-    uint64_t generation; // bumped once per pool_run; workers wait for a change
-    int pending;         // workers still running the current job
-    bool quit;
-    pool_fn fn;
+    _Atomic uint64_t generation; // bumped once per pool_run; workers wait for a change
+    _Atomic int pending;         // workers still running the current job
+    _Atomic int n_sleep;         // workers asleep on cv_work
+    _Atomic int caller_sleeps;   // the caller is asleep on cv_done
+    _Atomic bool quit;
+    pool_fn fn; // published by the release of generation
     void *arg;
 } pool_t;
 
@@ -9166,32 +9181,71 @@ struct pool_worker {
     int ith;
 };
 
+static inline void pool_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+// Spins until *v != old or PSV_POOL_SPIN_US pass; returns the last value read. The clock is read
+// every 64 pauses (a pause lasts from a few to ~50 ns depending on the CPU).
+static uint64_t pool_spin_while_u64(_Atomic uint64_t *v, uint64_t old) {
+    uint64_t x = atomic_load(v);
+    double until = 0;
+    for (int i = 1; x == old; i++) {
+        pool_pause();
+        x = atomic_load(v);
+        if ((i & 63) == 0) {
+            double now = plat_now();
+            if (until == 0) until = now + PSV_POOL_SPIN_US * 1e-6;
+            else if (now > until) break;
+        }
+    }
+    return x;
+}
+
+static void pool_spin_while_pending(_Atomic int *v) {
+    double until = 0;
+    for (int i = 1; atomic_load(v) > 0; i++) {
+        pool_pause();
+        if ((i & 63) == 0) {
+            double now = plat_now();
+            if (until == 0) until = now + PSV_POOL_SPIN_US * 1e-6;
+            else if (now > until) break;
+        }
+    }
+}
+
 static void *pool_worker_main(void *p) {
     pool_worker *w = p;
     pool_t *pl = w->pool;
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&pl->mu);
-        while (!pl->quit && pl->generation == seen) pthread_cond_wait(&pl->cv_work, &pl->mu);
-        if (pl->quit) {
+        uint64_t g = pool_spin_while_u64(&pl->generation, seen);
+        if (g == seen) {
+            pthread_mutex_lock(&pl->mu);
+            atomic_fetch_add(&pl->n_sleep, 1);
+            while (!atomic_load(&pl->quit) && (g = atomic_load(&pl->generation)) == seen) pthread_cond_wait(&pl->cv_work, &pl->mu);
+            atomic_fetch_sub(&pl->n_sleep, 1);
             pthread_mutex_unlock(&pl->mu);
-            return NULL;
         }
-        seen = pl->generation;
-        pool_fn fn = pl->fn;
-        void *arg = pl->arg;
-        pthread_mutex_unlock(&pl->mu);
-        fn(arg, w->ith, pl->n_threads);
-        pthread_mutex_lock(&pl->mu);
-        if (--pl->pending == 0) pthread_cond_signal(&pl->cv_done);
-        pthread_mutex_unlock(&pl->mu);
+        if (atomic_load(&pl->quit)) return NULL;
+        seen = g;
+        pl->fn(pl->arg, w->ith, pl->n_threads);
+        if (atomic_fetch_sub(&pl->pending, 1) == 1 && atomic_load(&pl->caller_sleeps)) {
+            pthread_mutex_lock(&pl->mu);
+            pthread_cond_signal(&pl->cv_done);
+            pthread_mutex_unlock(&pl->mu);
+        }
     }
 }
 
 static void pool_free(pool_t *pl) {
     if (!pl) return;
     pthread_mutex_lock(&pl->mu);
-    pl->quit = true;
+    atomic_store(&pl->quit, true);
     pthread_cond_broadcast(&pl->cv_work);
     pthread_mutex_unlock(&pl->mu);
     for (int i = 0; i < pl->n_threads - 1; i++)
@@ -9237,17 +9291,24 @@ static void pool_run(pool_t *pl, pool_fn fn, void *arg) {
         fn(arg, 0, 1);
         return;
     }
-    pthread_mutex_lock(&pl->mu);
     pl->fn = fn;
     pl->arg = arg;
-    pl->pending = pl->n_threads - 1;
-    pl->generation++;
-    pthread_cond_broadcast(&pl->cv_work);
-    pthread_mutex_unlock(&pl->mu);
+    atomic_store(&pl->pending, pl->n_threads - 1);
+    atomic_fetch_add(&pl->generation, 1);
+    if (atomic_load(&pl->n_sleep) > 0) {
+        pthread_mutex_lock(&pl->mu);
+        pthread_cond_broadcast(&pl->cv_work);
+        pthread_mutex_unlock(&pl->mu);
+    }
     fn(arg, 0, pl->n_threads);
-    pthread_mutex_lock(&pl->mu);
-    while (pl->pending > 0) pthread_cond_wait(&pl->cv_done, &pl->mu);
-    pthread_mutex_unlock(&pl->mu);
+    pool_spin_while_pending(&pl->pending);
+    if (atomic_load(&pl->pending) > 0) {
+        pthread_mutex_lock(&pl->mu);
+        atomic_store(&pl->caller_sleeps, 1);
+        while (atomic_load(&pl->pending) > 0) pthread_cond_wait(&pl->cv_done, &pl->mu);
+        atomic_store(&pl->caller_sleeps, 0);
+        pthread_mutex_unlock(&pl->mu);
+    }
 }
 
 // The half-open share [*lo, *hi) of n items for thread ith of nth, contiguous and balanced.
@@ -9755,7 +9816,9 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
 #ifdef PSV_TESTING
     test_note_ties(s, x, n_tok, w->n_in, j.tr->vec_dot_type);
 #endif
-    pool_run(m->pool, mm_quant_task, &j);
+    // a few rows quantize faster on this thread than a hand-off to the pool costs
+    if (n_tok <= 4) mm_quant_task(&j, 0, 1);
+    else pool_run(m->pool, mm_quant_task, &j);
     pool_run(m->pool, mm_dot_task, &j);
 }
 
