@@ -8136,7 +8136,7 @@ static const k_traits *k_traits_ref(uint32_t type) {
 // Internal API (the engine and the CLI use these):
 //   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
 //   k_dot_rows(...)         one weight row against many activation rows (prompt processing)
-//   k_vec_get()             element-wise kernels: exp (softmax) and SwiGLU
+//   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU and axpy (attention)
 //   k_kernel_set_name()     "ref", "avx2" or "avx512"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
@@ -8834,11 +8834,15 @@ K_AVX2 static void k_quant_bf16_avx2(const float *x, void *vy, int64_t n) {
 // 256-bit vectors. Q8_0 x Q8_0 becomes sum (a + 128) qx - 128 sum qx: a + 128 is the activation
 // byte with its top bit flipped (unsigned), and the correction depends on the weight block only.
 
-// As k_w32_unpack_avx2, except Q8_0: a = the int8 quants, b = -128 * (sum of each 4 quants).
+// As k_w32_unpack_avx2, except Q8_0, Q4_0 and Q5_0: a = the signed quants (q - 8 and q - 16 for
+// the 4- and 5-bit types), b = -128 * (sum of each 4 of them). The activation side then needs
+// one vpdpbusd per block, (a + 128) . w + b, and the correction b is paid once per weight block,
+// not once per activation row.
 K_AVX512 K_INLINE k_w32_avx2 k_w32_unpack_avx512(uint32_t type, const uint8_t *x) {
-    if (type != T_Q8_0) return k_w32_unpack_avx2(type, x);
+    if (type != T_Q8_0 && type != T_Q4_0 && type != T_Q5_0) return k_w32_unpack_avx2(type, x);
     k_w32_avx2 w;
-    w.a = k_load256(x + 2);
+    if (type == T_Q8_0) w.a = k_load256(x + 2);
+    else w.a = _mm256_sub_epi8(k_w32_unpack_avx2(type, x).a, _mm256_set1_epi8(type == T_Q4_0 ? 8 : 16));
     w.b = _mm256_sub_epi32(_mm256_setzero_si256(),
                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w.a));
     return w;
@@ -8846,14 +8850,10 @@ K_AVX512 K_INLINE k_w32_avx2 k_w32_unpack_avx512(uint32_t type, const uint8_t *x
 
 K_AVX512 K_INLINE __m256i k_w32_dot_avx512(uint32_t type, k_w32_avx2 w, const uint8_t *yb) {
     const __m256i z = _mm256_setzero_si256();
-    if (type == T_Q8_0) // |lane| <= 4 * 255 * 128 before the correction
+    if (type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0) // |lane| <= 4 * 255 * 128 before the correction
         return _mm256_dpbusd_epi32(w.b, _mm256_xor_si256(k_load256(yb + 2), _mm256_set1_epi8((char)0x80)), w.a);
-    bool q81 = type == T_Q4_1 || type == T_Q5_1;
-    __m256i a = k_load256(yb + (q81 ? 4 : 2));
-    __m256i p = _mm256_dpbusd_epi32(z, w.a, a);
-    if (type == T_Q4_0) p = _mm256_sub_epi32(p, _mm256_dpbusd_epi32(z, _mm256_set1_epi8(8), a));
-    if (type == T_Q5_0) p = _mm256_sub_epi32(p, _mm256_dpbusd_epi32(z, _mm256_set1_epi8(16), a));
-    return p;
+    __m256i a = k_load256(yb + 4); // Q4_1, Q5_1: unsigned quants against Q8_1
+    return _mm256_dpbusd_epi32(z, w.a, a);
 }
 
 // k_rows32_avx2 with the VNNI block dot.
@@ -8981,6 +8981,15 @@ K_AVX2 static void k_swiglu_avx2(float *y, const float *g, const float *u, int64
     for (; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
 }
 
+// y[i] += a * x[i]: a product then a sum, each rounded (no FMA), as the reference does.
+K_AVX2 static void k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
+    int64_t i = 0;
+    __m256 av = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
 #endif // PSV_X86
 
 // ---- Vector math: the reference, and dispatch of the element-wise kernels ----------------------
@@ -8996,9 +9005,18 @@ static void k_swiglu_ref(float *y, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
 }
 
+// y[i] += a * x[i], the product rounded before the sum (attention's weighted sum of values).
+static void k_axpy_ref(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float t = a * x[i];
+        y[i] += t;
+    }
+}
+
 typedef struct {
     void (*expf)(float *y, const float *x, int64_t n);
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
+    void (*axpy)(float *y, float a, const float *x, int64_t n);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -9051,12 +9069,12 @@ static void k_fill_avx512(k_traits *t) {
 static void k_sets_init(void) {
     for (int s = 0; s < K_SET_COUNT; s++) {
         memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
-        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref};
+        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_axpy_ref};
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
-    k_set_vec[K_SET_AVX2] = k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2};
+    k_set_vec[K_SET_AVX2] = k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_axpy_avx2};
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }
@@ -9761,11 +9779,17 @@ static void mm_dot_task(void *arg, int ith, int nth) {
         const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
         int64_t t = 0;
         // several tokens per weight row at once where the kernels can (same results per row)
-        if (j->tr->vec_dot_rows && !j->y_rows)
+        if (j->tr->vec_dot_rows)
             for (; t + 1 < j->n_tok; t += K_ROWS_MAX) {
                 int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
-                j->tr->vec_dot_rows(j->w->n_in, &j->y[t * j->y_stride + o], j->y_stride, wr, j->xq + (size_t)t * j->xq_row,
-                                    j->xq_row, nr);
+                if (j->y_rows) { // scattered results: through a small buffer
+                    float tmp[K_ROWS_MAX];
+                    j->tr->vec_dot_rows(j->w->n_in, tmp, 1, wr, j->xq + (size_t)t * j->xq_row, j->xq_row, nr);
+                    for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
+                } else {
+                    j->tr->vec_dot_rows(j->w->n_in, &j->y[t * j->y_stride + o], j->y_stride, wr,
+                                        j->xq + (size_t)t * j->xq_row, j->xq_row, nr);
+                }
             }
         for (; t < j->n_tok; t++)
             j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
@@ -9918,6 +9942,8 @@ static void att_task(void *arg, int ith, int nth) {
     const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const float scale = (float)(1.0 / psv_sqrt((double)hd));
     float *sc = j->s->scores + (size_t)ith * (size_t)j->s->n_ctx_max;
+    const k_traits *f32 = eng_traits(T_F32);
+    const k_vec_ops *vec = k_vec_get();
     int64_t lo, hi;
     pool_share(j->n * m->n_head, ith, nth, &lo, &hi);
     for (int64_t task = lo; task < hi; task++) {
@@ -9935,15 +9961,14 @@ static void att_task(void *arg, int ith, int nth) {
                 const uint16_t *kr = (const uint16_t *)kv->k + off;
                 for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
             } else {
-                const float *kr = (const float *)kv->k + off;
-                for (int64_t i = 0; i < hd; i++) d += q[i] * kr[i];
+                f32->vec_dot(hd, &d, (const float *)kv->k + off, q);
             }
             sc[p] = d * scale;
             if (sc[p] > mx) mx = sc[p];
         }
         double sum = 0;
         for (int64_t p = 0; p < n_kv; p++) sc[p] -= mx;
-        k_vec_get()->expf(sc, sc, n_kv); // psv_expf_poly, vectorised (bit-identical)
+        vec->expf(sc, sc, n_kv); // psv_expf_poly, vectorised (bit-identical)
         for (int64_t p = 0; p < n_kv; p++) sum += sc[p];
         float inv = (float)(1.0 / sum);
         float *out = j->s->att + t * m->n_head * hd + h * hd;
@@ -9955,8 +9980,7 @@ static void att_task(void *arg, int ith, int nth) {
                 const uint16_t *vr = (const uint16_t *)kv->v + off;
                 for (int64_t i = 0; i < hd; i++) out[i] += w * psv_fp16_to_f32(vr[i]);
             } else {
-                const float *vr = (const float *)kv->v + off;
-                for (int64_t i = 0; i < hd; i++) out[i] += w * vr[i];
+                vec->axpy(out, w, (const float *)kv->v + off, hd);
             }
         }
     }
@@ -10069,6 +10093,7 @@ struct psv_sampler {
     int32_t *hist; // ring of the last p.repeat_last_n accepted tokens
     int64_t hist_n, hist_pos;
     struct samp_cand { float logit; int32_t id; } *cand;
+    double *w;       // (n_vocab) the survivors' unnormalised probabilities
     int32_t *counts; // per-token occurrences in the window
 };
 
@@ -10113,6 +10138,7 @@ PSV_API void psv_sampler_free(psv_sampler *s) {
     if (!s) return;
     free(s->hist);
     free(s->cand);
+    free(s->w);
     free(s->counts);
     free(s);
 }
@@ -10138,9 +10164,10 @@ PSV_API psv_status psv_sampler_new(const psv_sampler_params *params, int64_t n_v
     s->p = p;
     s->n_vocab = n_vocab;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    s->w = malloc((size_t)n_vocab * sizeof *s->w);
     s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
     s->hist = malloc((size_t)(p.repeat_last_n ? p.repeat_last_n : 1) * sizeof *s->hist);
-    if (!s->cand || !s->counts || !s->hist) {
+    if (!s->cand || !s->w || !s->counts || !s->hist) {
         psv_sampler_free(s);
         return err_set(err, PSV_ERR_NOMEM, "sampler: out of memory");
     }
@@ -10193,7 +10220,8 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
     double mx = s->cand[0].logit, sum = 0;
     for (int64_t i = 1; i < n; i++)
         if (s->cand[i].logit > mx) mx = s->cand[i].logit;
-    for (int64_t i = 0; i < n; i++) sum += psv_exp((double)s->cand[i].logit - mx);
+    if (p->top_p < 1.0f) // the normaliser only top-p needs (exp is the sampler's main cost)
+        for (int64_t i = 0; i < n; i++) sum += psv_exp((double)s->cand[i].logit - mx);
     if (p->min_p > 0.0f) {
         double cut = mx + psv_log((double)p->min_p);
         int64_t k = 0;
@@ -10216,10 +10244,10 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
         }
     } // else: no cut needs the order; the candidates stay in id order (deterministic for a seed)
     double tsum = 0;
-    for (int64_t i = 0; i < n; i++) tsum += psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
+    for (int64_t i = 0; i < n; i++) tsum += s->w[i] = psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
     double r = samp_uniform(s->rng) * tsum, acc = 0;
     for (int64_t i = 0; i < n; i++) {
-        acc += psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
+        acc += s->w[i];
         if (r < acc) return s->cand[i].id;
     }
     return s->cand[n - 1].id;
