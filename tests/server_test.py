@@ -402,7 +402,7 @@ def test_cors():
 
 def test_slow_clients():
     """Slowloris and idle keep-alive: closed at their timeouts, without starving other clients."""
-    s = Server("--header-timeout", "2", "--idle-timeout", "2")
+    s = Server("--header-timeout", "4", "--idle-timeout", "2")
     try:
         closed = {}
 
@@ -412,7 +412,7 @@ def test_slow_clients():
             got = b""
             try:
                 c.sendall(b"GET /health HTTP/1.1\r\n")
-                for k in range(60):  # a header byte every half second: never finishes in time
+                for k in range(80):  # a header byte every half second: never finishes in time
                     c.sendall(b"X")
                     time.sleep(0.5)
                     c.setblocking(False)
