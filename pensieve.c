@@ -12651,8 +12651,9 @@ static psv_status models_resolve_ex(const char *name_or_path, models_resolved *o
         buf_free(&b);
         return r;
     }
-    if (strlen(arg) >= sizeof out->path) return err_set(err, PSV_ERR_RANGE, "models: model path too long");
-    snprintf(out->path, sizeof out->path, "%s", arg);
+    size_t arg_len = strlen(arg);
+    if (arg_len >= sizeof out->path) return err_set(err, PSV_ERR_RANGE, "models: model path too long");
+    memcpy(out->path, arg, arg_len + 1);
     bool found = stat(arg, &st) == 0;
     if (!found && !strchr(arg, '/') && models_cache_dir(dir, sizeof dir, NULL) == PSV_OK &&
         models_join(out->path, sizeof out->path, dir, arg, NULL) && stat(out->path, &st) == 0)

@@ -16,26 +16,12 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from psvtest import Checks, free_port, stop  # noqa: E402
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
-passed = failed = skipped = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, file=sys.stderr)
-    return cond
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+CHECKS = Checks()
+check = CHECKS.check
 
 
 class Server:
@@ -86,14 +72,7 @@ class Server:
         return out
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return None
-        return self.proc.returncode
+        return stop(self.proc, 10)
 
 
 def sse_events(data):
@@ -505,12 +484,7 @@ def test_emfile():
         except OSError:
             time.sleep(0.2)
     check(ok, "serves again once descriptors are free")
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = None
+    rc = stop(proc)
     check(rc == 0, "EMFILE server exits 0 (rc %r)" % rc)
 
 
@@ -578,5 +552,5 @@ def main():
 try:
     main()
 finally:
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-sys.exit(1 if failed else 0)
+    CHECKS.summary()
+sys.exit(1 if CHECKS.failed else 0)

@@ -14,12 +14,14 @@ import http.client
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from psvtest import Checks, free_port, stop  # noqa: E402
 
 BIN, MODEL, SECONDS = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if not os.path.exists(MODEL):
@@ -27,27 +29,9 @@ if not os.path.exists(MODEL):
     print("0 passed, 0 failed, 1 skipped")
     sys.exit(0)
 CLIENTS = 32
-passed = failed = 0
+CHECKS = Checks()
+check = CHECKS.check
 lock = threading.Lock()
-
-
-def check(cond, what):
-    global passed, failed
-    with lock:
-        if cond:
-            passed += 1
-        else:
-            failed += 1
-            print("FAIL:", what, file=sys.stderr)
-    return cond
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def proc_stats(pid):
@@ -249,17 +233,12 @@ def main():
         text = r.getresponse().read().decode()
         check("pensieve_slots_busy 0" in text and "pensieve_queue_depth 0" in text, "slots and queue empty at the end")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = None
+        rc = stop(proc)
         check(rc == 0, "server exits 0 after the soak (rc %r)" % rc)
 
 
 try:
     main()
 finally:
-    print("%d passed, %d failed, 0 skipped" % (passed, failed))
-sys.exit(1 if failed else 0)
+    CHECKS.summary()
+sys.exit(1 if CHECKS.failed else 0)
