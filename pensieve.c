@@ -8137,13 +8137,14 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
 //   k_dot_rows(...)         one weight row against many activation rows (prompt processing)
 //   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU and axpy (attention)
-//   k_kernel_set_name()     "ref", "avx2" or "avx512"; k_kernel_set_note(): why PSV_KERNELS was
+//   k_kernel_set_name()     "ref", "avx2", "avx512" or "neon"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
-// All x86 code is under PSV_X86; other targets get the reference set only (NEON: to do).
+// All x86 code is under PSV_X86 and the NEON kernels under PSV_ARM64; other targets get the
+// reference set only.
 
-typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_COUNT } k_set;
-static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512"};
+typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_NEON, K_SET_COUNT } k_set;
+static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512", "neon"};
 
 // Whether a CPU can run a kernel set (and this build has it).
 static bool k_set_supported(k_set s, const plat_cpu *c) {
@@ -8153,6 +8154,9 @@ static bool k_set_supported(k_set s, const plat_cpu *c) {
     case K_SET_AVX2: return c->avx2 && c->fma && c->f16c;
     case K_SET_AVX512:
         return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
+#endif
+#if defined(PSV_ARM64)
+    case K_SET_NEON: return c->neon;
 #endif
     default: break;
     }
@@ -8178,11 +8182,11 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
         if (strcmp(req, k_set_names[s]) != 0) continue;
         if (k_set_supported((k_set)s, c)) return (k_set)s;
         snprintf(note, note_size, "PSV_KERNELS=%s: this CPU lacks %s; using %s", req,
-                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : "it",
+                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : s == K_SET_NEON ? "NEON" : "it",
                  k_set_names[best]);
         return best;
     }
-    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2 or avx512); using %s",
+    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avx512 or neon); using %s",
              req, k_set_names[best]);
     return best;
 }
@@ -8992,6 +8996,204 @@ K_AVX2 static void k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
 
 #endif // PSV_X86
 
+// ---- NEON (AArch64): the integer dot products ----------------------------------------------------
+// Advanced SIMD is baseline on AArch64, so these need no run-time check. Each kernel computes the
+// reference kernel's exact integer block sums with vector multiplies (vmull_s8: 16-bit products,
+// |q a| <= 128 * 128 fits; pairwise-added into 32-bit lanes), and then the reference's own double
+// expression per block into the same K_BLOCK_LANES lanes: bit-identical to the reference.
+#if defined(PSV_ARM64)
+
+// sum q[i] a[i] over 16 int8 pairs.
+static inline int32x4_t k_dot16_neon(int32x4_t acc, int8x16_t q, int8x16_t a) {
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(q), vget_low_s8(a)));
+    return vpadalq_s16(acc, vmull_high_s8(q, a));
+}
+
+static inline int32_t k_isum16_neon(const int8_t *q, const int8_t *a) {
+    return vaddvq_s32(k_dot16_neon(vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a)));
+}
+
+static inline int32_t k_isum32_neon(const int8_t *q, const int8_t *a) {
+    int32x4_t acc = k_dot16_neon(vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a));
+    return vaddvq_s32(k_dot16_neon(acc, vld1q_s8(q + 16), vld1q_s8(a + 16)));
+}
+
+// Byte j (j < 16) of the result: 16 if bit j of b is set, else 0 (the fifth bit of Q5 values).
+static inline uint8x16_t k_bits16_neon(uint32_t b) {
+    static const uint8_t m[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)b), vdup_n_u8((uint8_t)(b >> 8)));
+    return vandq_u8(vtstq_u8(v, vld1q_u8(m)), vdupq_n_u8(16));
+}
+
+// The block's values 0-15 (*lo) and 16-31 (*hi) as int8, as the reference reads them: q - 8 for
+// Q4_0, q - 16 for Q5_0, q for Q4_1/Q5_1, the int8 quants for Q8_0.
+static inline void k_w32_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, int8x16_t *hi) {
+    if (type == T_Q8_0) {
+        *lo = vld1q_s8((const int8_t *)(x + 2));
+        *hi = vld1q_s8((const int8_t *)(x + 18));
+        return;
+    }
+    const int qs = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
+    uint8x16_t v = vld1q_u8(x + qs);
+    uint8x16_t l = vandq_u8(v, vdupq_n_u8(15)), h = vshrq_n_u8(v, 4);
+    if (type == T_Q5_0 || type == T_Q5_1) {
+        uint32_t qh = ld_u32(x + qs - 4);
+        l = vorrq_u8(l, k_bits16_neon(qh & 0xffff));
+        h = vorrq_u8(h, k_bits16_neon(qh >> 16));
+    }
+    int8x16_t sl = vreinterpretq_s8_u8(l), sh = vreinterpretq_s8_u8(h);
+    if (type == T_Q4_0 || type == T_Q5_0) {
+        int8x16_t off = vdupq_n_s8(type == T_Q4_0 ? 8 : 16);
+        sl = vsubq_s8(sl, off);
+        sh = vsubq_s8(sh, off);
+    }
+    *lo = sl;
+    *hi = sh;
+}
+
+static inline void k_dot32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y) {
+    PSV_ASSERT(n % 32 == 0);
+    const size_t xs = type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q4_1 ? K_Q4_1_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE
+                    : type == T_Q5_1 ? K_Q5_1_SIZE : K_Q8_0_SIZE;
+    const bool q81 = type == T_Q4_1 || type == T_Q5_1;
+    const size_t ys = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
+    double acc[K_BLOCK_LANES] = {0};
+    for (int64_t b = 0; b < n / 32; b++, x += xs, y += ys) {
+        int8x16_t lo, hi;
+        k_w32_neon(type, x, &lo, &hi);
+        const int8_t *a = (const int8_t *)(y + (q81 ? 4 : 2));
+        int32_t isum = vaddvq_s32(k_dot16_neon(k_dot16_neon(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16)));
+        if (q81)
+            acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
+                                                (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
+        else acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
+    }
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
+}
+
+static void k_dot_q4_0_q8_0_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q4_0, n, s, x, y); }
+static void k_dot_q4_1_q8_1_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q4_1, n, s, x, y); }
+static void k_dot_q5_0_q8_0_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q5_0, n, s, x, y); }
+static void k_dot_q5_1_q8_1_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q5_1, n, s, x, y); }
+static void k_dot_q8_0_q8_0_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q8_0, n, s, x, y); }
+
+// Q2_K and Q3_K: the reference unpacking, vector sub-block sums.
+static void k_dot_q2_k_q8_k_neon(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx, *y = vy;
+    int8_t q[QK_K];
+    double acc[K_BLOCK_LANES] = {0};
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q2_K_SIZE, y += K_Q8_K_SIZE) {
+        k_unpack_q2_k(x, q);
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0, msum = 0;
+        for (int k = 0; k < 16; k++) {
+            isum += (x[k] & 15) * k_isum16_neon(q + 16 * k, a + 16 * k);
+            msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
+        }
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_ld_f16(x + 80) * (double)isum -
+                                                                   (double)k_ld_f16(x + 82) * (double)msum));
+    }
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
+}
+
+static void k_dot_q3_k_q8_k_neon(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx, *y = vy;
+    int8_t q[QK_K];
+    int sc[16];
+    double acc[K_BLOCK_LANES] = {0};
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q3_K_SIZE, y += K_Q8_K_SIZE) {
+        k_unpack_q3_k(x, q, sc);
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t isum = 0;
+        for (int k = 0; k < 16; k++) isum += sc[k] * k_isum16_neon(q + 16 * k, a + 16 * k);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum);
+    }
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
+}
+
+// Q4_K unpacked in registers (value 64c + l: low nibble of qs[32c + l], 64c + 32 + l: high);
+// Q5_K through the reference unpacking.
+static void k_dot_q45_k_neon(int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
+    PSV_ASSERT(n % QK_K == 0);
+    const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
+    int8_t q[QK_K];
+    int sc[8], m[8];
+    double acc[K_BLOCK_LANES] = {0};
+    for (int64_t b = 0; b < n / QK_K; b++, x += size, y += K_Q8_K_SIZE) {
+        const int8_t *a = (const int8_t *)(y + 4);
+        int32_t t[8];
+        if (five) {
+            k_unpack_q45_k(x + 48, x + 16, x + 4, q, sc, m);
+            for (int k = 0; k < 8; k++) t[k] = k_isum32_neon(q + 32 * k, a + 32 * k);
+        } else {
+            for (int k = 0; k < 8; k++) k_scale_min_k4(x + 4, k, &sc[k], &m[k]);
+            const uint8_t *qs = x + 16;
+            for (int c = 0; c < 4; c++) {
+                uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16);
+                const int8_t *ac = a + 64 * c;
+                int32x4_t lo = k_dot16_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, vdupq_n_u8(15))), vld1q_s8(ac));
+                lo = k_dot16_neon(lo, vreinterpretq_s8_u8(vandq_u8(v1, vdupq_n_u8(15))), vld1q_s8(ac + 16));
+                int32x4_t hi = k_dot16_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32));
+                hi = k_dot16_neon(hi, vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
+                t[2 * c] = vaddvq_s32(lo);
+                t[2 * c + 1] = vaddvq_s32(hi);
+            }
+        }
+        int32_t isum = 0, msum = 0;
+        for (int k = 0; k < 8; k++) {
+            isum += sc[k] * t[k];
+            msum += m[k] * (k_ld_i16(y + 260 + 4 * k) + k_ld_i16(y + 262 + 4 * k));
+        }
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) *
+                                            ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum));
+    }
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
+}
+static void k_dot_q4_k_q8_k_neon(int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(n, s, x, y, false); }
+static void k_dot_q5_k_q8_k_neon(int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(n, s, x, y, true); }
+
+// Q6_K unpacked in registers: for half h and quarter k, values 128h + 32k + l (l < 32) have their
+// low nibble in ql[64h + 32(k&1) + l] at bit 4(k>>1) and their top bits in qh[32h + l] at bit 2k;
+// the 16 values of each half of l are one sub-block.
+static void k_dot_q6_k_q8_k_neon(int64_t n, float *s, const void *vx, const void *vy) {
+    PSV_ASSERT(n % QK_K == 0);
+    const uint8_t *x = vx, *y = vy;
+    double acc[K_BLOCK_LANES] = {0};
+    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q6_K_SIZE, y += K_Q8_K_SIZE) {
+        const uint8_t *ql = x, *qh = x + 128;
+        const int8_t *sc = (const int8_t *)(x + 192), *a = (const int8_t *)(y + 4);
+        int32_t isum = 0;
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++)
+                for (int half = 0; half < 2; half++) {
+                    uint8x16_t l = vld1q_u8(ql + 64 * h + 32 * (k & 1) + 16 * half);
+                    l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+                    uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(qh + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3));
+                    int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hb, 4))), vdupq_n_s8(32));
+                    int e = 128 * h + 32 * k + 16 * half;
+                    isum += sc[e / 16] * vaddvq_s32(k_dot16_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e)));
+                }
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum);
+    }
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
+}
+
+static void k_fill_neon(k_traits *t) {
+    static const struct { uint32_t type; k_vec_dot_fn dot; } dots[] = {
+        {T_Q4_0, k_dot_q4_0_q8_0_neon}, {T_Q4_1, k_dot_q4_1_q8_1_neon}, {T_Q5_0, k_dot_q5_0_q8_0_neon},
+        {T_Q5_1, k_dot_q5_1_q8_1_neon}, {T_Q8_0, k_dot_q8_0_q8_0_neon}, {T_Q2_K, k_dot_q2_k_q8_k_neon},
+        {T_Q3_K, k_dot_q3_k_q8_k_neon}, {T_Q4_K, k_dot_q4_k_q8_k_neon}, {T_Q5_K, k_dot_q5_k_q8_k_neon},
+        {T_Q6_K, k_dot_q6_k_q8_k_neon},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
+        t[dots[i].type].vec_dot = dots[i].dot;
+        t[dots[i].type].vec_dot_rows = NULL;
+    }
+}
+#endif // PSV_ARM64
+
 // ---- Vector math: the reference, and dispatch of the element-wise kernels ----------------------
 
 // y[i] = psv_expf_poly(x[i]); y may be x.
@@ -9076,6 +9278,9 @@ static void k_sets_init(void) {
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
     k_set_vec[K_SET_AVX2] = k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_axpy_avx2};
 #endif
+#if defined(PSV_ARM64)
+    k_fill_neon(k_set_tables[K_SET_NEON]);
+#endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }
 
@@ -9104,7 +9309,7 @@ PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_get(void) {
     return &k_set_vec[k_active_set];
 }
 
-// Name of the set k_traits_get uses ("ref", "avx2", "avx512").
+// Name of the set k_traits_get uses ("ref", "avx2", "avx512", "neon").
 PSV_MAYBE_UNUSED static const char *k_kernel_set_name(void) {
     pthread_once(&k_sets_once, k_sets_init);
     return k_set_names[k_active_set];
