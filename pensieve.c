@@ -408,6 +408,14 @@ PSV_MAYBE_UNUSED static bool str_to_f32(const char *s, float lo, float hi, float
     return true;
 }
 
+// How much of the n bytes at s to quote in a message of at most max bytes: n, or less, backing off
+// so the cut never falls inside a UTF-8 sequence (an error message must stay valid text).
+static size_t str_clip_utf8(const char *s, size_t n, size_t max) {
+    if (n <= max) return n;
+    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80) max--;
+    return max;
+}
+
 // A malloc'd NUL-terminated copy of a slice (NULL on out-of-memory).
 static char *str_dup(str_t s) {
     char *r = malloc(s.n + 1);
@@ -14317,7 +14325,8 @@ static bool api_content_text(chat_req *cr, const json_value *v, const char *fiel
             return false;
         }
         if (strcmp(type, "text") != 0) {
-            snprintf(err, err_cap, "%s.%zu.type: content blocks of type '%.40s' are not supported (only 'text')", field, i, type);
+            snprintf(err, err_cap, "%s.%zu.type: content blocks of type '%.*s' are not supported (only 'text')", field, i,
+                     (int)str_clip_utf8(type, strlen(type), 40), type);
             buf_free(&b);
             return false;
         }
@@ -15336,7 +15345,7 @@ static bool srv_route(http_conn *c, http_req *r) {
     api_kind api = is_oai || (str_eq_c(r->path, "/v1/models") && !http_header_get(r, "anthropic-version").p) ? API_OPENAI : API_ANTHROPIC;
     if (!srv_host_ok(s, r))
         return api_error(c, api, 403, false, "Host '%.*s' is not allowed: this server listens on loopback only "
-                                             "(DNS rebinding protection)", (int)PSV_MIN(http_header_get(r, "host").n, 100),
+                                             "(DNS rebinding protection)", (int)str_clip_utf8(http_header_get(r, "host").p, http_header_get(r, "host").n, 100),
                          http_header_get(r, "host").p);
     if (!strcmp(r->method, "OPTIONS") && s->conf.cors_origin) {
         buf_t h = {0};
@@ -15369,9 +15378,9 @@ static bool srv_route(http_conn *c, http_req *r) {
     if (str_eq_c(r->path, "/metrics") && !strcmp(r->method, "GET")) return handle_metrics(c, r) && r->keep_alive;
     if (str_eq_c(r->path, "/v1/models") && !strcmp(r->method, "GET")) return handle_models(c, r) && r->keep_alive;
     if (!is_anth && !is_oai)
-        return api_error(c, api, 404, r->keep_alive, "no route for %s %.*s", r->method, (int)PSV_MIN(r->path.n, 200), r->path.p) &&
+        return api_error(c, api, 404, r->keep_alive, "no route for %s %.*s", r->method, (int)str_clip_utf8(r->path.p, r->path.n, 200), r->path.p) &&
                r->keep_alive;
-    if (strcmp(r->method, "POST") != 0) return api_error(c, api, 405, r->keep_alive, "use POST for %.*s", (int)r->path.n, r->path.p) && r->keep_alive;
+    if (strcmp(r->method, "POST") != 0) return api_error(c, api, 405, r->keep_alive, "use POST for %.*s", (int)str_clip_utf8(r->path.p, r->path.n, 200), r->path.p) && r->keep_alive;
     json_doc *doc = NULL;
     psv_error err = {0};
     if (json_parse(r->body.data ? r->body.data : "", r->body.len, &doc, &err) != PSV_OK) {

@@ -345,6 +345,10 @@ def test_api_hostile(s):
     for path, body, status, what in cases:
         r, e = s.json("POST", path, body)
         envelope("openai" if path != A else "anthropic", status, r, e, what)
+    # client text quoted in a message is cut at a character boundary, never inside one
+    r, e = s.json("POST", A, {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "x" * 39 + "\u00e9z"}]}]})
+    check(r.status == 400 and e and "\ufffd" not in e["error"]["message"] and "x" * 39 + "'" in e["error"]["message"],
+          "quoted text cut on a character boundary: %r" % (e,))
     # a body whose declared size is 2^31 bytes is refused before any of it is read or tokenized
     for path, api in ((A, "anthropic"), (O, "openai")):
         raw = s.raw(b"POST %s HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2147483648\r\n\r\n{" % path.encode())
