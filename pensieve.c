@@ -14199,16 +14199,22 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
+// Whether a prompt of n_prompt tokens plus max_tokens fits a slot's context; false with the
+// message naming both numbers (a 400: nothing is ever truncated).
+static bool srv_fits_ctx(const server_t *s, size_t n_prompt, int64_t max_tokens, char *err, size_t cap) {
+    if ((uint64_t)n_prompt + (uint64_t)max_tokens <= s->conf.ctx) return true;
+    snprintf(err, cap, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
+             n_prompt, max_tokens, (uint64_t)n_prompt + (uint64_t)max_tokens, s->conf.ctx);
+    return false;
+}
+
 // Submit a job and relay its text to the client until it ends. Runs on the connection thread.
 static void srv_generate(server_t *s, gen_job *j) {
     j->stop = STOP_ERROR;
     j->stop_index = -1;
     j->slot = -1;
-    if ((uint64_t)j->n_prompt + (uint64_t)j->max_tokens > s->conf.ctx) {
+    if (!srv_fits_ctx(s, j->n_prompt, j->max_tokens, j->err, sizeof j->err)) {
         j->err_status = 400;
-        snprintf(j->err, sizeof j->err,
-                 "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
-                 j->n_prompt, j->max_tokens, (uint64_t)j->n_prompt + (uint64_t)j->max_tokens, s->conf.ctx);
         return;
     }
     if (j->n_prompt == 0) {
@@ -14636,12 +14642,7 @@ static bool anth_prepare(server_t *s, const json_value *root, bool count_only, c
         snprintf(err, cap, "%s", perr.message);
         return false;
     }
-    if (!count_only && (uint64_t)*n_ids + (uint64_t)j->max_tokens > s->conf.ctx) {
-        snprintf(err, cap, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
-                 *n_ids, j->max_tokens, (uint64_t)*n_ids + (uint64_t)j->max_tokens, s->conf.ctx);
-        return false;
-    }
-    return true;
+    return count_only || srv_fits_ctx(s, *n_ids, j->max_tokens, err, cap);
 }
 
 static bool srv_check_ctx_error(http_conn *c, api_kind api, gen_job *j, bool keep_alive) {
@@ -15019,12 +15020,7 @@ static bool oai_decode(server_t *s, const json_value *root, bool chat, chat_req 
     o->include_usage = iu && iu->kind == JSON_BOOL && iu->u.b;
     o->model = json_str(json_get(root, "model"));
     if (!o->model) o->model = s->conf.model_name;
-    if ((uint64_t)*n_ids + (uint64_t)j->max_tokens > s->conf.ctx) {
-        snprintf(err, cap, "prompt (%zu tokens) + max_tokens (%" PRId64 ") = %" PRIu64 " exceeds the context size (%u tokens)",
-                 *n_ids, j->max_tokens, (uint64_t)*n_ids + (uint64_t)j->max_tokens, s->conf.ctx);
-        return false;
-    }
-    return true;
+    return srv_fits_ctx(s, *n_ids, j->max_tokens, err, cap);
 }
 
 static bool handle_openai(http_conn *c, const http_req *r, const json_value *root, bool chat) {
@@ -15341,12 +15337,13 @@ static bool srv_route(http_conn *c, http_req *r) {
     s->m_requests++;
     pthread_mutex_unlock(&s->mu);
     bool is_anth = str_eq_c(r->path, "/v1/messages") || str_eq_c(r->path, "/v1/messages/count_tokens");
-    bool is_oai = str_eq_c(r->path, "/v1/chat/completions") || str_eq_c(r->path, "/v1/completions");
+    bool is_oai = r->oai;
     api_kind api = is_oai || (str_eq_c(r->path, "/v1/models") && !http_header_get(r, "anthropic-version").p) ? API_OPENAI : API_ANTHROPIC;
-    if (!srv_host_ok(s, r))
+    if (!srv_host_ok(s, r)) {
+        str_t host = http_header_get(r, "host");
         return api_error(c, api, 403, false, "Host '%.*s' is not allowed: this server listens on loopback only "
-                                             "(DNS rebinding protection)", (int)str_clip_utf8(http_header_get(r, "host").p, http_header_get(r, "host").n, 100),
-                         http_header_get(r, "host").p);
+                                             "(DNS rebinding protection)", (int)str_clip_utf8(host.p, host.n, 100), host.p);
+    }
     if (!strcmp(r->method, "OPTIONS") && s->conf.cors_origin) {
         buf_t h = {0};
         buf_puts(&h, "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n");

@@ -151,7 +151,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf_t all = {0}; // the text so far
     bool stopped = false;
     size_t want_len = 0;
-    int want_which = -1;
     size_t prev_out = 0;
     for (; f < n_fields; f++) {
         buf_append(&all, fields[f], lens[f]);
@@ -166,7 +165,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (which >= 0) {
             fuzz_check(!more && j.stop == STOP_SEQUENCE && j.stop_index == which);
             want_len = at;
-            want_which = which;
             stopped = true;
             break;
         }
@@ -180,7 +178,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         want_len = all.len;
     }
     fuzz_check(j.outbox.len == want_len && (want_len == 0 || memcmp(j.outbox.data, all.data, want_len) == 0));
-    PSV_UNUSED(want_which);
     buf_free(&all);
     buf_free(&j.hold);
     buf_free(&j.outbox);
