@@ -7188,12 +7188,21 @@ typedef void (*k_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y);
 typedef void (*k_vec_dot_rows_fn)(int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
                                   size_t y_stride, int nr);
 #define K_ROWS_MAX 4
+// A panel of nw (1..K_PANEL) weight rows packed by k_panel_pack against nr (1..K_GEMM_ROWS)
+// activation rows y + r*ys (bytes) with their k_act_sums at asum + r*as_stride (elements):
+// out[r][i] = weight row i . activation row r, bit-identical to vec_dot (section 12).
+typedef void (*k_gemm_fn)(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const int16_t *asum,
+                          size_t as_stride, int nr, float *const *out, int nw);
+// k_panel_pack: nw weight rows of n values, w_stride bytes apart, into a panel.
+typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel);
 typedef struct {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
     k_vec_dot_fn vec_dot;   // x of this type, y of vec_dot_type; NULL for activation-only types
     uint32_t vec_dot_type;  // T_* the activation row must be quantized to (with its from_float)
     k_vec_dot_rows_fn vec_dot_rows; // optional (NULL in the reference set): see k_dot_rows
+    k_gemm_fn gemm;                 // optional (NULL in the reference set): see "GEMM panels"
+    k_pack_fn pack;                 // the panel packer gemm's set uses (set with gemm)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8199,6 +8208,159 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
     return best;
 }
 
+// ---- GEMM panels (prompt processing) -----------------------------------------------------------
+// For many activation rows at once (a prompt, or several sequences decoded together), the GEMM
+// kernels take K_PANEL = 8 weight rows together, rearranged into a "panel" where one 32-byte
+// vector holds four consecutive quants of each of the eight rows. One vpdpbusd of that vector
+// against four activation bytes broadcast to every lane adds to eight dot products at once: no
+// horizontal sums, which are most of the work of the one-row kernels. A panel is built per
+// product in a thread's scratch (k_panel_pack, portable C) and reused for every activation row,
+// so weights stay in place in the mmap (nothing is repacked at load time). From each block's
+// exact integer sums the kernels form the reference's double terms, lane for lane and in the
+// reference's order (section 11), so every result is bit-identical to vec_dot's, whatever the
+// batch it is computed in.
+//
+// A packed block, one per weight block (lane r: weight row r of the panel; unused lanes zero):
+//   q      blck_size/4 vectors of 32 bytes: vector s has quants 4s..4s+3 of each row as unsigned
+//          bytes, the stored value plus the type's offset (k_panel_off: the signed types' 8, 16,
+//          128, 4, 32), which the kernels take off again with the activation's sums
+//   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
+//          Q5_K: each of their 8 scales of 32 values twice)
+//   cor    k-quants: 8 vectors of int16 pairs, the coefficients of the activation's sums of 16
+//          values in isum (Q3_K, Q6_K: -offset * scale)
+//   mco    k-quants: the same for the minimum's msum (Q2_K, Q4_K, Q5_K: the minimums)
+//   dx, dm 8 doubles each: the block's scale and its minimum's scale (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
+// The activation side: the quantized rows as vec_dot takes them, plus k_act_sums of each row
+// (int16 sums of 16 consecutive quants, computed from the quants: a Q8_K row's stored bsums are
+// what the reference uses for the minimums, and are used for those alone).
+#define K_PANEL 8
+#define K_GEMM_ROWS 4                      // activation rows per kernel call
+#define K_PANEL_Q32 (32 * 8)               // bytes of q in a 32-value block
+#define K_PANEL_SC (QK_K * 8)              // offsets in a 256-value block
+#define K_PANEL_COR (K_PANEL_SC + 16 * 32)
+#define K_PANEL_MCO (K_PANEL_COR + 8 * 32)
+#define K_PANEL_DX256 (K_PANEL_MCO + 8 * 32)
+
+static bool k_panel_has(uint32_t type) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: return true;
+    default: return false;
+    }
+}
+
+// What the packed quants carry on top of the stored value, to make them unsigned.
+static int k_panel_off(uint32_t type) {
+    switch (type) {
+    case T_Q4_0: return 8;
+    case T_Q5_0: return 16;
+    case T_Q8_0: return 128;
+    case T_Q3_K: return 4;
+    case T_Q6_K: return 32;
+    default: return 0;
+    }
+}
+
+// Offset of dx in a packed block (dm follows it), and the packed block's size.
+static size_t k_panel_dx(uint32_t type) { return type_table[type].blck_size == QK_K ? K_PANEL_DX256 : K_PANEL_Q32; }
+static size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + 2 * 8 * sizeof(double); }
+
+// Bytes of a panel of rows of n values.
+static size_t k_panel_size(uint32_t type, int64_t n) { return (size_t)(n / type_table[type].blck_size) * k_panel_blk(type); }
+
+// One weight block as the panel holds it: quants plus offset in value order, sub-block scales,
+// coefficients of the activation's sums of 16 (cor: in isum, mco: in msum), scales.
+static void k_panel_unpack(uint32_t type, const uint8_t *x, uint8_t q[QK_K], int sc[16], int cor[16], int mco[16],
+                           double *dx, double *dm) {
+    int8_t v[QK_K];
+    const int off = k_panel_off(type);
+    int n = type_table[type].blck_size;
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: {
+        const uint8_t *qs = x + (type == T_Q4_0 ? 2 : 4);
+        for (int j = 0; j < 16; j++) v[j] = (int8_t)(qs[j] & 15), v[j + 16] = (int8_t)(qs[j] >> 4);
+        for (int j = 0; j < 32; j++) v[j] = (int8_t)(v[j] - (type == T_Q4_0 ? 8 : 0));
+        break;
+    }
+    case T_Q5_0: case T_Q5_1: {
+        const uint8_t *qh = x + (type == T_Q5_0 ? 2 : 4);
+        for (int j = 0; j < 32; j++) v[j] = (int8_t)(k_q5_value(qh + 4, ld_u32(qh), j) - (type == T_Q5_0 ? 16 : 0));
+        break;
+    }
+    case T_Q8_0: memcpy(v, x + 2, 32); break;
+    case T_Q2_K:
+        k_unpack_q2_k(x, v);
+        for (int k = 0; k < 16; k++) sc[k] = x[k] & 15, mco[k] = x[k] >> 4;
+        break;
+    case T_Q3_K:
+        k_unpack_q3_k(x, v, sc);
+        for (int k = 0; k < 16; k++) cor[k] = -off * sc[k];
+        break;
+    case T_Q4_K: case T_Q5_K: {
+        bool five = type == T_Q5_K;
+        int m[8];
+        int s8[8];
+        k_unpack_q45_k(five ? x + 48 : x + 16, five ? x + 16 : NULL, x + 4, v, s8, m);
+        for (int k = 0; k < 16; k++) sc[k] = s8[k / 2], mco[k] = m[k / 2]; // as 16 sub-blocks of 16
+        break;
+    }
+    case T_Q6_K:
+        k_unpack_q6_k(x, v);
+        for (int k = 0; k < 16; k++) sc[k] = (int8_t)x[192 + k], cor[k] = -off * sc[k];
+        break;
+    default: PSV_ASSERT(!"k_panel_unpack: type without a panel");
+    }
+    for (int j = 0; j < n; j++) q[j] = (uint8_t)(v[j] + off);
+    // the scales: where the reference reads them (block scale first, then the minimum's)
+    size_t dpos = type == T_Q2_K ? 80 : type == T_Q3_K ? 108 : type == T_Q6_K ? 208 : 0;
+    *dx = (double)k_ld_f16(x + dpos);
+    bool has_min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    *dm = has_min ? (double)k_ld_f16(x + dpos + 2) : 0.0;
+}
+
+// Packs nw (1..K_PANEL) weight rows of n values, row r at w + r * w_stride, into `panel`
+// (k_panel_size bytes); lanes nw and up are zero.
+PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    const int64_t qb = type_table[type].blck_size, nb = n / qb;
+    const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
+    PSV_ASSERT(k_panel_has(type) && n % qb == 0 && nw >= 1 && nw <= K_PANEL);
+    if (nw < K_PANEL) memset(panel, 0, (size_t)nb * bb);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        for (int r = 0; r < nw; r++) {
+            uint8_t q[QK_K];
+            int sc[16] = {0}, cor[16] = {0}, mco[16] = {0};
+            double dx, dm;
+            k_panel_unpack(type, w + (size_t)r * w_stride + (size_t)b * xs, q, sc, cor, mco, &dx, &dm);
+            for (int64_t s = 0; s < qb / 4; s++) memcpy(pb + 32 * s + 4 * r, q + 4 * s, 4);
+            if (qb == QK_K)
+                for (int k = 0; k < 16; k++) {
+                    wr_u32(pb + K_PANEL_SC + 32 * k + 4 * r, (uint32_t)sc[k]);
+                    wr_u16(pb + K_PANEL_COR + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[k]);
+                    wr_u16(pb + K_PANEL_MCO + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
+                }
+            memcpy(pb + dxo + 8 * r, &dx, 8);
+            memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
+        }
+    }
+}
+
+// The sums of each 16 consecutive quants of a quantized activation row of n values (Q8_0, Q8_1
+// or Q8_K), as int16 (|sum| <= 16 * 128).
+static void k_act_sums(uint32_t atype, const uint8_t *y, int64_t n, int16_t *sums) {
+    const size_t bs = atype == T_Q8_K ? K_Q8_K_SIZE : atype == T_Q8_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
+    const size_t qo = atype == T_Q8_0 ? 2 : 4;
+    const int64_t qb = atype == T_Q8_K ? QK_K : 32;
+    for (int64_t b = 0; b < n / qb; b++) {
+        const int8_t *a = (const int8_t *)(y + (size_t)b * bs + qo);
+        for (int64_t k = 0; k < qb / 16; k++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += a[16 * k + l];
+            sums[b * (qb / 16) + k] = (int16_t)s;
+        }
+    }
+}
+
 #if defined(PSV_X86)
 
 #define K_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -8413,7 +8575,9 @@ K_AVX2 K_INLINE __m256i k_sc_chunk_avx2(__m256i s16, int c) {
     return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(c)), pick);
 }
 
-K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
+// The quants, minimums and scales of a block; returns the 16 int16 sub-block scales (sub-block
+// k in lane k; Q4_K/Q5_K: each of the 8 scales twice). w->sc is left unset.
+K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
     const __m128i m4x = _mm_set1_epi8(15);
     __m256i s16;
@@ -8504,6 +8668,11 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
         w->d = k_f16_avx2(x + 208);
         w->off = 32;
     }
+    return s16;
+}
+
+K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
+    __m256i s16 = k_wk_unpack_q_avx2(type, x, w);
     K_UNROLL
     for (int c = 0; c < 8; c++) w->sc[c] = k_sc_chunk_avx2(s16, c);
 }
@@ -8600,6 +8769,120 @@ K_DEF_ROWS(q3_k_q8_k_avx2, k_rowsk_avx2, T_Q3_K, K_AVX2)
 K_DEF_ROWS(q4_k_q8_k_avx2, k_rowsk_avx2, T_Q4_K, K_AVX2)
 K_DEF_ROWS(q5_k_q8_k_avx2, k_rowsk_avx2, T_Q5_K, K_AVX2)
 K_DEF_ROWS(q6_k_q8_k_avx2, k_rowsk_avx2, T_Q6_K, K_AVX2)
+
+// ---- AVX2: packing GEMM panels -----------------------------------------------------------------
+// k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
+// of unsigned quants in value order (exactly the panel's bytes, lane by lane), and an 8 x 8
+// transpose of 32-bit elements turns eight rows' vectors into the panel's vectors of four quants
+// of each row. Byte-identical to k_panel_pack (tested).
+
+// v[i] (row i, elements 0..7) -> v[s] = element s of each row.
+K_AVX2 K_INLINE void k_transpose8_avx2(__m256i v[8]) {
+    __m256i t[8], u[8];
+    K_UNROLL
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    K_UNROLL
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    K_UNROLL
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+K_AVX2 K_INLINE void k_transpose8_store_avx2(__m256i v[8], uint8_t *dst) {
+    k_transpose8_avx2(v);
+    K_UNROLL
+    for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * s), v[s]);
+}
+
+K_AVX2 K_INLINE void k_store_pd8_avx2(uint8_t *dst, const float f[8]) {
+    _mm256_storeu_pd((double *)(void *)dst, _mm256_cvtps_pd(_mm_loadu_ps(f)));
+    _mm256_storeu_pd((double *)(void *)(dst + 32), _mm256_cvtps_pd(_mm_loadu_ps(f + 4)));
+}
+
+K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    const int64_t qb = type_table[type].blck_size, nb = n / qb;
+    const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
+    const bool min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    PSV_ASSERT(n % qb == 0 && nw >= 1 && nw <= K_PANEL);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        const uint8_t *xb = w + (size_t)b * xs;
+        float d[8] = {0}, dm[8] = {0};
+        if (qb == 32) {
+            __m256i v[8];
+            K_UNROLL
+            for (int r = 0; r < 8; r++) {
+                v[r] = _mm256_setzero_si256();
+                if (r >= nw) continue;
+                const uint8_t *x = xb + (size_t)r * ws;
+                if (type == T_Q8_0) v[r] = _mm256_xor_si256(k_load256(x + 2), _mm256_set1_epi8((char)0x80));
+                else v[r] = k_w32_unpack_avx2(type, x).a;
+                d[r] = k_f16_avx2(x);
+                if (min) dm[r] = k_f16_avx2(x + 2);
+            }
+            k_transpose8_store_avx2(v, pb);
+        } else {
+            __m256i s16[8], mn[8];
+            k_wk_avx2 u[8];
+            for (int r = 0; r < 8; r++) {
+                s16[r] = mn[r] = _mm256_setzero_si256();
+                if (r >= nw) {
+                    for (int c = 0; c < 8; c++) u[r].q[c] = _mm256_setzero_si256();
+                    continue;
+                }
+                s16[r] = k_wk_unpack_q_avx2(type, xb + (size_t)r * ws, &u[r]);
+                mn[r] = u[r].mins;
+                d[r] = u[r].d;
+                dm[r] = u[r].dmin;
+            }
+            for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
+                __m256i v[8];
+                K_UNROLL
+                for (int r = 0; r < 8; r++) v[r] = u[r].q[c];
+                k_transpose8_store_avx2(v, pb + 256 * c);
+            }
+            __m256i lo[8], hi[8], co[8];
+            const __m256i noff = _mm256_set1_epi16((short)-k_panel_off(type));
+            K_UNROLL
+            for (int r = 0; r < 8; r++) {
+                lo[r] = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[r]));
+                hi[r] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[r], 1));
+                co[r] = _mm256_mullo_epi16(s16[r], noff);
+            }
+            k_transpose8_store_avx2(lo, pb + K_PANEL_SC);
+            k_transpose8_store_avx2(hi, pb + K_PANEL_SC + 256);
+            k_transpose8_store_avx2(co, pb + K_PANEL_COR);
+            k_transpose8_store_avx2(mn, pb + K_PANEL_MCO);
+        }
+        k_store_pd8_avx2(pb + dxo, d);
+        k_store_pd8_avx2(pb + dxo + 64, dm);
+    }
+}
+
+#define K_DEF_PACK(name, type)                                                                             \
+    K_AVX2 static void k_pack_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
+        k_pack_core_avx2(type, n, w, ws, nw, panel);                                                       \
+    }
+K_DEF_PACK(q4_0, T_Q4_0)
+K_DEF_PACK(q4_1, T_Q4_1)
+K_DEF_PACK(q5_0, T_Q5_0)
+K_DEF_PACK(q5_1, T_Q5_1)
+K_DEF_PACK(q8_0, T_Q8_0)
+K_DEF_PACK(q2_k, T_Q2_K)
+K_DEF_PACK(q3_k, T_Q3_K)
+K_DEF_PACK(q4_k, T_Q4_K)
+K_DEF_PACK(q5_k, T_Q5_K)
+K_DEF_PACK(q6_k, T_Q6_K)
 
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
 // The K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
@@ -8943,6 +9226,165 @@ K_DEF_ROWS(q4_k_q8_k_avx512, k_rowsk_avx512, T_Q4_K, K_AVX512)
 K_DEF_ROWS(q5_k_q8_k_avx512, k_rowsk_avx512, T_Q5_K, K_AVX512)
 K_DEF_ROWS(q6_k_q8_k_avx512, k_rowsk_avx512, T_Q6_K, K_AVX512)
 
+// ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
+// K_GEMM_ROWS activation rows against one panel (see "GEMM panels"): per block, every quant
+// vector of the panel is loaded once and multiplied with each row's four broadcast activation
+// bytes (vpdpbusd: unsigned packed quants times signed activations), giving each row's eight
+// integer block sums in one vector; the k-quants weight them by their sub-block scales (vpmulld)
+// and add the offset and minimum terms from the activation's sums of 16 (vpdpwssd on int16
+// pairs). The block's double term is then formed for the eight weight rows at once, exactly as
+// the reference forms it, and added to lane b % 4 of each row's four accumulators. Bounds: the
+// dot of 32 values is at most 32 * 255 * 128 < 2^21, the k-quants' isum and msum are the
+// reference's (section 11), far inside int32.
+K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+K_AVX512 K_INLINE __m256i k_bcast4_avx512(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// Block b of the panel against R activation rows: the term of each, added to acc[r].
+K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
+                                         const int16_t *const *ar, __m512d *acc) {
+    const bool min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
+    const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
+    __m256i is[K_GEMM_ROWS], ms[K_GEMM_ROWS];
+    if (type_table[type].blck_size == 32) {
+        const bool q81 = type == T_Q4_1 || type == T_Q5_1;
+        const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
+        const int off = k_panel_off(type);
+        K_UNROLL
+        for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
+        K_UNROLL
+        for (int s = 0; s < 8; s++) {
+            __m256i w = k_load256(pb + 32 * s);
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_dpbusd_epi32(is[r], w, k_bcast4_avx512(yr[r] + (size_t)b * as + qo + 4 * s));
+        }
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            const uint8_t *yb = yr[r] + (size_t)b * as;
+            if (off) is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(off * (ar[r][2 * b] + ar[r][2 * b + 1])));
+            // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
+            __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd((double)k_f16_avx2(yb))), _mm512_cvtepi32_pd(is[r]));
+            if (q81) t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd((double)k_f16_avx2(yb + 2))));
+            acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
+        }
+        return;
+    }
+    const int sub = 16, steps = sub / 4;
+    const bool cor = type == T_Q3_K || type == T_Q6_K;
+    for (int k = 0; k < QK_K / sub; k++) {
+        __m256i d[K_GEMM_ROWS];
+        K_UNROLL
+        for (int r = 0; r < R; r++) d[r] = _mm256_setzero_si256();
+        K_UNROLL
+        for (int s = 0; s < steps; s++) {
+            __m256i w = k_load256(pb + 32 * (k * steps + s));
+            K_UNROLL
+            for (int r = 0; r < R; r++)
+                d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
+        }
+        __m256i sc = k_load256(pb + K_PANEL_SC + 32 * k);
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            __m256i p = _mm256_mullo_epi32(d[r], sc);
+            is[r] = k == 0 ? p : _mm256_add_epi32(is[r], p);
+        }
+    }
+    K_UNROLL
+    for (int r = 0; r < R; r++) ms[r] = _mm256_setzero_si256();
+    K_UNROLL
+    for (int j = 0; j < 8; j++) {
+        if (cor) {
+            __m256i c = k_load256(pb + K_PANEL_COR + 32 * j);
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_dpwssd_epi32(is[r], c, k_bcast4_avx512(ar[r] + 16 * b + 2 * j));
+        }
+        if (min) {
+            __m256i c = k_load256(pb + K_PANEL_MCO + 32 * j);
+            K_UNROLL
+            for (int r = 0; r < R; r++)
+                ms[r] = _mm256_dpwssd_epi32(ms[r], c, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j));
+        }
+    }
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        __m512d dy = _mm512_set1_pd((double)k_ld_f32(yr[r] + (size_t)b * K_Q8_K_SIZE)), t;
+        if (min) // reference: dy * (dx * isum - dmin * msum)
+            t = _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, _mm512_cvtepi32_pd(is[r])),
+                                                _mm512_mul_pd(dm, _mm512_cvtepi32_pd(ms[r]))));
+        else // reference: dx * dy * isum
+            t = _mm512_mul_pd(_mm512_mul_pd(dx, dy), _mm512_cvtepi32_pd(is[r]));
+        acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
+    }
+}
+
+// R (1..K_GEMM_ROWS) activation rows y + r * ys, with their k_act_sums at asum + r * as_stride,
+// against a panel of nw weight rows: results to out[r][0..nw-1].
+K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y,
+                                          size_t ys, const int16_t *asum, size_t as_stride, float *const *out, int nw) {
+    const int64_t nb = n / type_table[type].blck_size;
+    const size_t bb = k_panel_blk(type);
+    const uint8_t *yr[K_GEMM_ROWS];
+    const int16_t *ar[K_GEMM_ROWS];
+    __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS];
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        yr[r] = y + (size_t)r * ys;
+        ar[r] = asum + (size_t)r * as_stride;
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][r] = _mm512_setzero_pd();
+    }
+    int64_t b = 0;
+    for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
+        const uint8_t *pb = panel + (size_t)b * bb;
+        k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[0]);
+        k_gemm_blk_avx512(type, R, pb + bb, b + 1, yr, ar, acc[1]);
+        k_gemm_blk_avx512(type, R, pb + 2 * bb, b + 2, yr, ar, acc[2]);
+        k_gemm_blk_avx512(type, R, pb + 3 * bb, b + 3, yr, ar, acc[3]);
+    }
+    for (; b < nb; b++) {
+        const uint8_t *pb = panel + (size_t)b * bb;
+        switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
+        case 0: k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[0]); break;
+        case 1: k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[1]); break;
+        default: k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[2]); break;
+        }
+    }
+    const __mmask8 mask = (__mmask8)((1u << nw) - 1);
+    K_UNROLL
+    for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        __m512d v = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0][r], acc[1][r]), acc[2][r]), acc[3][r]);
+        _mm256_mask_storeu_ps(out[r], mask, _mm512_cvtpd_ps(v));
+    }
+}
+
+#define K_DEF_GEMM(name, type)                                                                            \
+    K_AVX512 static void k_gemm_##name##_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, \
+                                                const int16_t *asum, size_t as_stride, int nr, float *const *out, int nw) { \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);                              \
+        if (nr == K_GEMM_ROWS) k_gemm_core_avx512(type, K_GEMM_ROWS, n, panel, y, ys, asum, as_stride, out, nw); \
+        else                                                                                               \
+            for (int r = 0; r < nr; r++)                                                                   \
+                k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, asum + (size_t)r * as_stride, as_stride, out + r, nw); \
+    }
+K_DEF_GEMM(q4_0, T_Q4_0)
+K_DEF_GEMM(q4_1, T_Q4_1)
+K_DEF_GEMM(q5_0, T_Q5_0)
+K_DEF_GEMM(q5_1, T_Q5_1)
+K_DEF_GEMM(q8_0, T_Q8_0)
+K_DEF_GEMM(q2_k, T_Q2_K)
+K_DEF_GEMM(q3_k, T_Q3_K)
+K_DEF_GEMM(q4_k, T_Q4_K)
+K_DEF_GEMM(q5_k, T_Q5_K)
+K_DEF_GEMM(q6_k, T_Q6_K)
+
+
 // ---- AVX2: exp and SwiGLU -----------------------------------------------------------------------
 // psv_expf_poly on 8 lanes with the hardware FMA, which rounds exactly as psv_fmaf does wherever
 // no value involved is a float subnormal. That holds whenever |n| <= 125 (n: the power of two);
@@ -9272,6 +9714,17 @@ static void k_fill_avx512(k_traits *t) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
         t[dots[i].type].vec_dot = dots[i].dot;
         t[dots[i].type].vec_dot_rows = dots[i].rows;
+    }
+    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
+        {T_Q4_0, k_gemm_q4_0_avx512, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx512, k_pack_q4_1_avx2},
+        {T_Q5_0, k_gemm_q5_0_avx512, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack_q5_1_avx2},
+        {T_Q8_0, k_gemm_q8_0_avx512, k_pack_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack_q2_k_avx2},
+        {T_Q3_K, k_gemm_q3_k_avx512, k_pack_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack_q4_k_avx2},
+        {T_Q5_K, k_gemm_q5_k_avx512, k_pack_q5_k_avx2}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack_q6_k_avx2},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
+        t[gemms[i].type].gemm = gemms[i].gemm;
+        t[gemms[i].type].pack = gemms[i].pack;
     }
 }
 #endif
@@ -9909,6 +10362,9 @@ typedef struct {
     float *logits; // where to write this token's logits (n_vocab floats), or NULL
 } fwd_item;
 
+// Products of at least this many activation rows use the GEMM kernels (see op_matmul_rows).
+#define MM_GEMM_MIN 8
+
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
 typedef struct {
     int64_t n_batch, n_ctx_max;
@@ -9917,6 +10373,9 @@ typedef struct {
     float *scores;                                      // (n_threads, n_ctx_max)
     uint8_t *qbuf;                                      // quantized activations
     size_t qbuf_size;
+    int16_t *asums;       // (n_batch, widest input / 16) k_act_sums of the quantized activations
+    uint8_t *panels;      // (n_threads) GEMM panel buffers of panel_size bytes
+    size_t panel_size;
     int n_threads;
     float **out_rows;       // (n_batch) logits destinations of the output product
     int64_t *out_item_of;   // (n_batch) the item each row of the output product belongs to
@@ -9928,6 +10387,7 @@ static void scratch_free(fwd_scratch *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att);
     free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
+    free(s->asums); free(s->panels);
     memset(s, 0, sizeof *s);
 }
 
@@ -9951,6 +10411,12 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     int64_t widest_in = PSV_MAX(PSV_MAX(m->n_embd, nq), m->n_ff);
     s->qbuf_size = B * (size_t)widest_in * 5 + 1024;
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
+    // GEMM (batches of at least MM_GEMM_MIN rows): a panel takes at most 12.5 bytes per value
+    if (n_batch >= MM_GEMM_MIN) {
+        s->panel_size = (size_t)widest_in * 13 + 64;
+        ok = ok && (s->asums = malloc(B * (size_t)(widest_in / 16 + 1) * sizeof(int16_t))) &&
+             (s->panels = malloc((size_t)s->n_threads * s->panel_size));
+    }
     if (!ok) {
         scratch_free(s);
         return err_set(err, PSV_ERR_NOMEM, "model: out of memory for scratch (n_batch %" PRId64 ")", n_batch);
@@ -9962,7 +10428,10 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
 
 // y = W x for each of n_tok rows of x (length W->n_in), written to y with row stride y_stride.
 // Activations are quantized once to the weight type's dot-product type; threads split the
-// output rows so each weight row is read once per call and reused across all tokens.
+// output rows so each weight row is read once per call and reused across all tokens. From
+// MM_GEMM_MIN rows on, and where the kernel set has them, the GEMM kernels do the products:
+// each thread packs K_PANEL weight rows at a time into its panel buffer and runs every
+// activation row against it (results bit-identical to the one-row kernels either way).
 typedef struct {
     const mtensor *w;
     const uint8_t *xq;
@@ -9973,6 +10442,10 @@ typedef struct {
     float *const *y_rows; // when set: row t of the result goes to y_rows[t] instead of y + t*y_stride
     const k_traits *tr;
     const float *x; // quantize phase
+    int16_t *asums; // GEMM: k_act_sums of each row, as_stride apart; NULL: no GEMM
+    size_t as_stride;
+    uint8_t *panels; // GEMM: the threads' panel buffers
+    size_t panel_size;
 } mm_job;
 
 static void mm_quant_task(void *arg, int ith, int nth) {
@@ -9980,12 +10453,39 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     int64_t lo, hi;
     pool_share(j->n_tok, ith, nth, &lo, &hi);
     const k_traits *at = eng_traits(j->tr->vec_dot_type);
-    for (int64_t t = lo; t < hi; t++)
-        at->from_float(j->x + t * j->w->n_in, (uint8_t *)j->xq + (size_t)t * j->xq_row, j->w->n_in);
+    for (int64_t t = lo; t < hi; t++) {
+        uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
+        at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
+        if (j->asums) k_act_sums(j->tr->vec_dot_type, row, j->w->n_in, j->asums + (size_t)t * j->as_stride);
+    }
+}
+
+// The GEMM path of mm_dot_task: this thread's share of the panels.
+static void mm_gemm_task(const mm_job *j, int ith, int nth) {
+    const mtensor *w = j->w;
+    int64_t lo, hi;
+    pool_share((w->n_out + K_PANEL - 1) / K_PANEL, ith, nth, &lo, &hi);
+    uint8_t *panel = j->panels + (size_t)ith * j->panel_size;
+    for (int64_t p = lo; p < hi; p++) {
+        int64_t o = p * K_PANEL;
+        int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
+        j->tr->pack(w->n_in, w->data + (size_t)o * w->row_size, w->row_size, nw, panel);
+        for (int64_t t = 0; t < j->n_tok; t += K_GEMM_ROWS) {
+            int nr = (int)PSV_MIN((int64_t)K_GEMM_ROWS, j->n_tok - t);
+            float *out[K_GEMM_ROWS];
+            for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
+            j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row, j->asums + (size_t)t * j->as_stride,
+                        j->as_stride, nr, out, nw);
+        }
+    }
 }
 
 static void mm_dot_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
+    if (j->asums) {
+        mm_gemm_task(j, ith, nth);
+        return;
+    }
     int64_t lo, hi;
     pool_share(j->w->n_out, ith, nth, &lo, &hi);
     for (int64_t o = lo; o < hi; o++) {
@@ -10050,6 +10550,13 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
+    if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
+        PSV_ASSERT(k_panel_size(w->type, w->n_in) <= s->panel_size);
+        j.asums = s->asums;
+        j.as_stride = (size_t)(w->n_in / 16);
+        j.panels = s->panels;
+        j.panel_size = s->panel_size;
+    }
 #ifdef PSV_TESTING
     test_note_ties(s, x, n_tok, w->n_in, j.tr->vec_dot_type);
 #endif

@@ -273,6 +273,76 @@ static void st_check_dots(k_set set) {
     }
 }
 
+// One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
+// packed by k_panel_pack) against every count of activation rows, each result compared with the
+// reference vec_dot of its pair; nothing outside the panel's width may be written.
+static void st_check_gemm(k_set set) {
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        uint32_t wt = st_weight_types[ti];
+        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
+        if (!sk || !sk->gemm) continue;
+        CHECK(k_panel_has(wt) && sk->pack);
+        uint32_t at = ref->vec_dot_type;
+        int64_t lens[16];
+        int nl = st_lengths(wt, lens);
+        int mismatches = 0, checked = 0;
+        for (int li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n);
+            const int nrow = K_GEMM_ROWS + 1;
+            uint8_t *x = malloc(xs * K_PANEL), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
+                    *panel2 = malloc(k_panel_size(wt, n));
+            int16_t *sums = malloc(sizeof(int16_t) * (size_t)(n / 16) * nrow);
+            PSV_ASSERT(x && y && panel && panel2 && sums);
+            int reps = n >= 4096 ? 4 : 12;
+            for (int rep = 0; rep < reps; rep++) {
+                bool wild = rep % 5 == 4;
+                int nw = 1 + rep % K_PANEL;
+                if (rep == reps - 1) nw = K_PANEL;
+                for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xs, wild);
+                for (int r = 0; r < nrow; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
+                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
+                for (int r = 0; r < nrow; r++) k_act_sums(at, y + (size_t)r * ys, n, sums + (size_t)r * (n / 16));
+                k_panel_pack(wt, n, x, xs, nw, panel);
+                // the set's packer writes the same bytes (every lane, padding included)
+                memset(panel2, 0xa5, k_panel_size(wt, n));
+                sk->pack(n, x, xs, nw, panel2);
+                if (memcmp(panel, panel2, k_panel_size(wt, n)) != 0 && mismatches++ < 5)
+                    fprintf(stderr, "%s pack %s n=%lld nw=%d: differs from k_panel_pack\n", k_set_names[set],
+                            type_get(wt)->name, (long long)n, nw);
+                for (int nr = 1; nr <= K_GEMM_ROWS; nr++) {
+                    float res[K_GEMM_ROWS][K_PANEL + 1], *out[K_GEMM_ROWS];
+                    for (int r = 0; r < K_GEMM_ROWS; r++) {
+                        out[r] = res[r];
+                        for (int i = 0; i <= K_PANEL; i++) res[r][i] = -1.0f;
+                    }
+                    int r0 = nrow - nr; // the last nr rows
+                    sk->gemm(n, panel, y + (size_t)r0 * ys, ys, sums + (size_t)r0 * (n / 16), (size_t)(n / 16), nr, out, nw);
+                    for (int r = 0; r < nr; r++) {
+                        for (int i = 0; i < nw; i++) {
+                            float want;
+                            ref->vec_dot(n, &want, x + (size_t)i * xs, y + (size_t)(r0 + r) * ys);
+                            checked++;
+                            if (!st_same(want, res[r][i]) && mismatches++ < 5)
+                                fprintf(stderr, "%s gemm %s n=%lld rep %d nw=%d nr=%d w%d a%d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                                        k_set_names[set], type_get(wt)->name, (long long)n, rep, nw, nr, i, r, want,
+                                        f32_bits(want), res[r][i], f32_bits(res[r][i]));
+                        }
+                        CHECK(res[r][nw] == -1.0f); // nothing beyond the panel's rows
+                    }
+                }
+            }
+            free(x);
+            free(y);
+            free(panel);
+            free(panel2);
+            free(sums);
+        }
+        CHECKF(mismatches == 0, "%s gemm %s: %d of %d products differ from the reference", k_set_names[set],
+               type_get(wt)->name, mismatches, checked);
+    }
+}
+
 // ---- quantizers ------------------------------------------------------------------------------
 
 static const uint32_t st_act_types[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16, T_F32};
@@ -494,6 +564,7 @@ int main(void) {
             continue;
         }
         st_check_dots((k_set)s);
+        st_check_gemm((k_set)s);
         st_check_quantizers((k_set)s);
         st_check_vec((k_set)s);
     }
