@@ -7189,10 +7189,10 @@ typedef void (*k_vec_dot_rows_fn)(int64_t n, float *s, int64_t s_stride, const v
                                   size_t y_stride, int nr);
 #define K_ROWS_MAX 4
 // A panel of nw (1..K_PANEL) weight rows packed by k_panel_pack against nr (1..K_GEMM_ROWS)
-// activation rows y + r*ys (bytes) with their k_act_sums at asum + r*as_stride (elements):
+// activation rows y + r*ys with their k_act_side at side + r*side_stride (bytes):
 // out[r][i] = weight row i . activation row r, bit-identical to vec_dot (section 12).
-typedef void (*k_gemm_fn)(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const int16_t *asum,
-                          size_t as_stride, int nr, float *const *out, int nw);
+typedef void (*k_gemm_fn)(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                          size_t side_stride, int nr, float *const *out, int nw);
 // k_panel_pack: nw weight rows of n values, w_stride bytes apart, into a panel.
 typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel);
 typedef struct {
@@ -8345,19 +8345,33 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
     }
 }
 
-// The sums of each 16 consecutive quants of a quantized activation row of n values (Q8_0, Q8_1
-// or Q8_K), as int16 (|sum| <= 16 * 128).
-static void k_act_sums(uint32_t atype, const uint8_t *y, int64_t n, int16_t *sums) {
+// What the GEMM kernels need of a quantized activation row of n values (Q8_0, Q8_1 or Q8_K)
+// besides the row ("side data", k_act_side_size bytes, 8-aligned when `side` is): at 0, the
+// int16 sums of each 16 consecutive quants (|sum| <= 16 * 128), computed from the quants; at
+// k_act_side_d, each block's scale as a double (exactly the stored fp16 or float), and for Q8_1
+// after those its s.
+static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
+static size_t k_act_side_size(uint32_t atype, int64_t n) {
+    int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
+    return k_act_side_d(n) + (size_t)nb * 8 * (atype == T_Q8_1 ? 2 : 1);
+}
+
+static void k_act_side(uint32_t atype, const uint8_t *y, int64_t n, uint8_t *side) {
     const size_t bs = atype == T_Q8_K ? K_Q8_K_SIZE : atype == T_Q8_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const size_t qo = atype == T_Q8_0 ? 2 : 4;
-    const int64_t qb = atype == T_Q8_K ? QK_K : 32;
-    for (int64_t b = 0; b < n / qb; b++) {
-        const int8_t *a = (const int8_t *)(y + (size_t)b * bs + qo);
+    const int64_t qb = atype == T_Q8_K ? QK_K : 32, nb = n / qb;
+    int16_t *sums = (int16_t *)(void *)side;
+    double *d = (double *)(void *)(side + k_act_side_d(n));
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *yb = y + (size_t)b * bs;
+        const int8_t *a = (const int8_t *)(yb + qo);
         for (int64_t k = 0; k < qb / 16; k++) {
-            int s = 0;
-            for (int l = 0; l < 16; l++) s += a[16 * k + l];
-            sums[b * (qb / 16) + k] = (int16_t)s;
+            int t = 0;
+            for (int l = 0; l < 16; l++) t += a[16 * k + l];
+            sums[b * (qb / 16) + k] = (int16_t)t;
         }
+        d[b] = atype == T_Q8_K ? (double)k_ld_f32(yb) : (double)k_ld_f16(yb);
+        if (atype == T_Q8_1) d[nb + b] = (double)k_ld_f16(yb + 2);
     }
 }
 
@@ -8861,8 +8875,10 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             }
             k_transpose8_store_avx2(lo, pb + K_PANEL_SC);
             k_transpose8_store_avx2(hi, pb + K_PANEL_SC + 256);
-            k_transpose8_store_avx2(co, pb + K_PANEL_COR);
-            k_transpose8_store_avx2(mn, pb + K_PANEL_MCO);
+            if (k_panel_off(type)) k_transpose8_store_avx2(co, pb + K_PANEL_COR);
+            else memset(pb + K_PANEL_COR, 0, 256);
+            if (min) k_transpose8_store_avx2(mn, pb + K_PANEL_MCO);
+            else memset(pb + K_PANEL_MCO, 0, 256);
         }
         k_store_pd8_avx2(pb + dxo, d);
         k_store_pd8_avx2(pb + dxo + 64, dm);
@@ -9249,7 +9265,7 @@ K_AVX512 K_INLINE __m256i k_bcast4_avx512(const void *p) {
 
 // Block b of the panel against R activation rows: the term of each, added to acc[r].
 K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
-                                         const int16_t *const *ar, __m512d *acc) {
+                                         const int16_t *const *ar, const double *const *dr, int64_t nb, __m512d *acc) {
     const bool min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
@@ -9268,16 +9284,16 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
-            const uint8_t *yb = yr[r] + (size_t)b * as;
             if (off) is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(off * (ar[r][2 * b] + ar[r][2 * b + 1])));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
-            __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd((double)k_f16_avx2(yb))), _mm512_cvtepi32_pd(is[r]));
-            if (q81) t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd((double)k_f16_avx2(yb + 2))));
+            __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b])), _mm512_cvtepi32_pd(is[r]));
+            if (q81) t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
             acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
         }
         return;
     }
-    const int sub = 16, steps = sub / 4;
+    // Q4_K/Q5_K: sub-blocks of 32 (the panel has each scale twice, as for 16-value sub-blocks)
+    const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 4;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
     for (int k = 0; k < QK_K / sub; k++) {
         __m256i d[K_GEMM_ROWS];
@@ -9290,7 +9306,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
             for (int r = 0; r < R; r++)
                 d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
         }
-        __m256i sc = k_load256(pb + K_PANEL_SC + 32 * k);
+        __m256i sc = k_load256(pb + K_PANEL_SC + 32 * (k * sub / 16));
         K_UNROLL
         for (int r = 0; r < R; r++) {
             __m256i p = _mm256_mullo_epi32(d[r], sc);
@@ -9315,7 +9331,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     }
     K_UNROLL
     for (int r = 0; r < R; r++) {
-        __m512d dy = _mm512_set1_pd((double)k_ld_f32(yr[r] + (size_t)b * K_Q8_K_SIZE)), t;
+        __m512d dy = _mm512_set1_pd(dr[r][b]), t;
         if (min) // reference: dy * (dx * isum - dmin * msum)
             t = _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, _mm512_cvtepi32_pd(is[r])),
                                                 _mm512_mul_pd(dm, _mm512_cvtepi32_pd(ms[r]))));
@@ -9325,35 +9341,37 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     }
 }
 
-// R (1..K_GEMM_ROWS) activation rows y + r * ys, with their k_act_sums at asum + r * as_stride,
+// R (1..K_GEMM_ROWS) activation rows y + r * ys, with their k_act_side at side + r * side_stride,
 // against a panel of nw weight rows: results to out[r][0..nw-1].
 K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y,
-                                          size_t ys, const int16_t *asum, size_t as_stride, float *const *out, int nw) {
+                                          size_t ys, const uint8_t *side, size_t side_stride, float *const *out, int nw) {
     const int64_t nb = n / type_table[type].blck_size;
     const size_t bb = k_panel_blk(type);
     const uint8_t *yr[K_GEMM_ROWS];
     const int16_t *ar[K_GEMM_ROWS];
+    const double *dr[K_GEMM_ROWS];
     __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS];
     K_UNROLL
     for (int r = 0; r < R; r++) {
         yr[r] = y + (size_t)r * ys;
-        ar[r] = asum + (size_t)r * as_stride;
+        ar[r] = (const int16_t *)(const void *)(side + (size_t)r * side_stride);
+        dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][r] = _mm512_setzero_pd();
     }
     int64_t b = 0;
     for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
         const uint8_t *pb = panel + (size_t)b * bb;
-        k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[0]);
-        k_gemm_blk_avx512(type, R, pb + bb, b + 1, yr, ar, acc[1]);
-        k_gemm_blk_avx512(type, R, pb + 2 * bb, b + 2, yr, ar, acc[2]);
-        k_gemm_blk_avx512(type, R, pb + 3 * bb, b + 3, yr, ar, acc[3]);
+        k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[0]);
+        k_gemm_blk_avx512(type, R, pb + bb, b + 1, yr, ar, dr, nb, acc[1]);
+        k_gemm_blk_avx512(type, R, pb + 2 * bb, b + 2, yr, ar, dr, nb, acc[2]);
+        k_gemm_blk_avx512(type, R, pb + 3 * bb, b + 3, yr, ar, dr, nb, acc[3]);
     }
     for (; b < nb; b++) {
         const uint8_t *pb = panel + (size_t)b * bb;
         switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
-        case 0: k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[0]); break;
-        case 1: k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[1]); break;
-        default: k_gemm_blk_avx512(type, R, pb, b, yr, ar, acc[2]); break;
+        case 0: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[0]); break;
+        case 1: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[1]); break;
+        default: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[2]); break;
         }
     }
     const __mmask8 mask = (__mmask8)((1u << nw) - 1);
@@ -9366,12 +9384,12 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
 
 #define K_DEF_GEMM(name, type)                                                                            \
     K_AVX512 static void k_gemm_##name##_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, \
-                                                const int16_t *asum, size_t as_stride, int nr, float *const *out, int nw) { \
+                                                const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw) { \
         PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);                              \
-        if (nr == K_GEMM_ROWS) k_gemm_core_avx512(type, K_GEMM_ROWS, n, panel, y, ys, asum, as_stride, out, nw); \
+        if (nr == K_GEMM_ROWS) k_gemm_core_avx512(type, K_GEMM_ROWS, n, panel, y, ys, side, side_stride, out, nw); \
         else                                                                                               \
             for (int r = 0; r < nr; r++)                                                                   \
-                k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, asum + (size_t)r * as_stride, as_stride, out + r, nw); \
+                k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw); \
     }
 K_DEF_GEMM(q4_0, T_Q4_0)
 K_DEF_GEMM(q4_1, T_Q4_1)
@@ -10373,7 +10391,7 @@ typedef struct {
     float *scores;                                      // (n_threads, n_ctx_max)
     uint8_t *qbuf;                                      // quantized activations
     size_t qbuf_size;
-    int16_t *asums;       // (n_batch, widest input / 16) k_act_sums of the quantized activations
+    uint8_t *sides;       // (n_batch) k_act_side of the quantized activations, side_size bytes each
     uint8_t *panels;      // (n_threads) GEMM panel buffers of panel_size bytes
     size_t panel_size;
     int n_threads;
@@ -10387,7 +10405,7 @@ static void scratch_free(fwd_scratch *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att);
     free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
-    free(s->asums); free(s->panels);
+    free(s->sides); free(s->panels);
     memset(s, 0, sizeof *s);
 }
 
@@ -10414,7 +10432,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     // GEMM (batches of at least MM_GEMM_MIN rows): a panel takes at most 12.5 bytes per value
     if (n_batch >= MM_GEMM_MIN) {
         s->panel_size = (size_t)widest_in * 13 + 64;
-        ok = ok && (s->asums = malloc(B * (size_t)(widest_in / 16 + 1) * sizeof(int16_t))) &&
+        ok = ok && (s->sides = malloc(B * k_act_side_size(T_Q8_1, widest_in))) &&
              (s->panels = malloc((size_t)s->n_threads * s->panel_size));
     }
     if (!ok) {
@@ -10442,8 +10460,8 @@ typedef struct {
     float *const *y_rows; // when set: row t of the result goes to y_rows[t] instead of y + t*y_stride
     const k_traits *tr;
     const float *x; // quantize phase
-    int16_t *asums; // GEMM: k_act_sums of each row, as_stride apart; NULL: no GEMM
-    size_t as_stride;
+    uint8_t *sides; // GEMM: k_act_side of each row, side_stride apart; NULL: no GEMM
+    size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers
     size_t panel_size;
 } mm_job;
@@ -10456,7 +10474,7 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     for (int64_t t = lo; t < hi; t++) {
         uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
         at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
-        if (j->asums) k_act_sums(j->tr->vec_dot_type, row, j->w->n_in, j->asums + (size_t)t * j->as_stride);
+        if (j->sides) k_act_side(j->tr->vec_dot_type, row, j->w->n_in, j->sides + (size_t)t * j->side_stride);
     }
 }
 
@@ -10474,15 +10492,15 @@ static void mm_gemm_task(const mm_job *j, int ith, int nth) {
             int nr = (int)PSV_MIN((int64_t)K_GEMM_ROWS, j->n_tok - t);
             float *out[K_GEMM_ROWS];
             for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
-            j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row, j->asums + (size_t)t * j->as_stride,
-                        j->as_stride, nr, out, nw);
+            j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row, j->sides + (size_t)t * j->side_stride,
+                        j->side_stride, nr, out, nw);
         }
     }
 }
 
 static void mm_dot_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    if (j->asums) {
+    if (j->sides) {
         mm_gemm_task(j, ith, nth);
         return;
     }
@@ -10552,8 +10570,8 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
     j.xq = s->qbuf;
     if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
         PSV_ASSERT(k_panel_size(w->type, w->n_in) <= s->panel_size);
-        j.asums = s->asums;
-        j.as_stride = (size_t)(w->n_in / 16);
+        j.sides = s->sides;
+        j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
         j.panels = s->panels;
         j.panel_size = s->panel_size;
     }

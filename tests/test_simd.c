@@ -292,8 +292,9 @@ static void st_check_gemm(k_set set) {
             const int nrow = K_GEMM_ROWS + 1;
             uint8_t *x = malloc(xs * K_PANEL), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
                     *panel2 = malloc(k_panel_size(wt, n));
-            int16_t *sums = malloc(sizeof(int16_t) * (size_t)(n / 16) * nrow);
-            PSV_ASSERT(x && y && panel && panel2 && sums);
+            const size_t ss = k_act_side_size(at, n);
+            uint8_t *sides = malloc(ss * nrow);
+            PSV_ASSERT(x && y && panel && panel2 && sides);
             int reps = n >= 4096 ? 4 : 12;
             for (int rep = 0; rep < reps; rep++) {
                 bool wild = rep % 5 == 4;
@@ -302,7 +303,7 @@ static void st_check_gemm(k_set set) {
                 for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xs, wild);
                 for (int r = 0; r < nrow; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
-                for (int r = 0; r < nrow; r++) k_act_sums(at, y + (size_t)r * ys, n, sums + (size_t)r * (n / 16));
+                for (int r = 0; r < nrow; r++) k_act_side(at, y + (size_t)r * ys, n, sides + (size_t)r * ss);
                 k_panel_pack(wt, n, x, xs, nw, panel);
                 // the set's packer writes the same bytes (every lane, padding included)
                 memset(panel2, 0xa5, k_panel_size(wt, n));
@@ -317,7 +318,7 @@ static void st_check_gemm(k_set set) {
                         for (int i = 0; i <= K_PANEL; i++) res[r][i] = -1.0f;
                     }
                     int r0 = nrow - nr; // the last nr rows
-                    sk->gemm(n, panel, y + (size_t)r0 * ys, ys, sums + (size_t)r0 * (n / 16), (size_t)(n / 16), nr, out, nw);
+                    sk->gemm(n, panel, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw);
                     for (int r = 0; r < nr; r++) {
                         for (int i = 0; i < nw; i++) {
                             float want;
@@ -336,7 +337,7 @@ static void st_check_gemm(k_set set) {
             free(y);
             free(panel);
             free(panel2);
-            free(sums);
+            free(sides);
         }
         CHECKF(mismatches == 0, "%s gemm %s: %d of %d products differ from the reference", k_set_names[set],
                type_get(wt)->name, mismatches, checked);
