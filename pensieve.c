@@ -8924,7 +8924,7 @@ K_AVX2 K_INLINE void k_lanes_fma_avx2(__m256 x0, __m256 x1, __m256 y0, __m256 y1
     a[3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(y1, 1)), a[3]);
 }
 
-K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+K_AVX2 K_INLINE void k_dot_f32_core_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const uint8_t *x = vx, *y = vy;
     __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
     int64_t i = 0;
@@ -8940,6 +8940,13 @@ K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const
         k_lanes_fma_avx2(_mm256_loadu_ps(tx), _mm256_loadu_ps(tx + 8), _mm256_loadu_ps(ty), _mm256_loadu_ps(ty + 8), a);
     }
     *s = k_lanes_sum_avx2(a[0], a[1], a[2], a[3]);
+}
+
+K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) { k_dot_f32_core_avx2(n, s, vx, vy); }
+
+// k_dot_keys_ref: the F32 dot product inlined in the loop over the keys.
+K_AVX2 static void k_dot_keys_avx2(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p++) k_dot_f32_core_avx2(n, &s[p], k + (size_t)p * stride, q);
 }
 
 // F16: the float product of two halves is exact, so it is formed in float and widened.
@@ -9402,6 +9409,71 @@ K_DEF_GEMM(q4_k, T_Q4_K)
 K_DEF_GEMM(q5_k, T_Q5_K)
 K_DEF_GEMM(q6_k, T_Q6_K)
 
+// ---- AVX-512: attention's dot products -----------------------------------------------------------
+// k_dot_keys_ref for eight keys at a time: each key's K_LANES = 16 double lanes in two registers
+// (query converted to double once), exact products added by FMA as in the AVX2 kernel; then an
+// 8 x 8 transpose puts lane l of the eight keys in one register, so the reference's in-order
+// lane sum runs for eight keys at once. Rows of n % 16 != 0 values (or very long ones) and the
+// last nk % 8 keys use the AVX2 kernel.
+
+// v[i] (row i, elements 0..7) -> v[e] = element e of each row.
+K_AVX512 K_INLINE void k_transpose8_pd512(__m512d v[8]) {
+    __m512d t[8], u[8];
+    K_UNROLL
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_pd(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_pd(v[i], v[i + 1]);
+    }
+    K_UNROLL
+    for (int h = 0; h < 8; h += 4) { // rows h..h+3
+        u[h] = _mm512_shuffle_f64x2(t[h], t[h + 2], 0x88);     // elements 0, 4
+        u[h + 1] = _mm512_shuffle_f64x2(t[h], t[h + 2], 0xdd); // 2, 6
+        u[h + 2] = _mm512_shuffle_f64x2(t[h + 1], t[h + 3], 0x88); // 1, 5
+        u[h + 3] = _mm512_shuffle_f64x2(t[h + 1], t[h + 3], 0xdd); // 3, 7
+    }
+    v[0] = _mm512_shuffle_f64x2(u[0], u[4], 0x88);
+    v[4] = _mm512_shuffle_f64x2(u[0], u[4], 0xdd);
+    v[2] = _mm512_shuffle_f64x2(u[1], u[5], 0x88);
+    v[6] = _mm512_shuffle_f64x2(u[1], u[5], 0xdd);
+    v[1] = _mm512_shuffle_f64x2(u[2], u[6], 0x88);
+    v[5] = _mm512_shuffle_f64x2(u[2], u[6], 0xdd);
+    v[3] = _mm512_shuffle_f64x2(u[3], u[7], 0x88);
+    v[7] = _mm512_shuffle_f64x2(u[3], u[7], 0xdd);
+}
+
+K_AVX512 static void k_dot_keys_avx512(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n) {
+    enum { MAX_N = 512 };
+    int64_t p = 0;
+    if (n % 16 == 0 && n <= MAX_N) {
+        double qd[MAX_N];
+        for (int64_t i = 0; i < n; i++) qd[i] = (double)q[i];
+        for (; p + 8 <= nk; p += 8) {
+            __m512d lo[8], hi[8]; // key j's lanes 0-7 and 8-15
+            K_UNROLL
+            for (int j = 0; j < 8; j++) lo[j] = hi[j] = _mm512_setzero_pd();
+            const float *kp = k + (size_t)p * stride;
+            for (int64_t i = 0; i < n; i += 16) {
+                __m512d q0 = _mm512_loadu_pd(qd + i), q1 = _mm512_loadu_pd(qd + i + 8);
+                K_UNROLL
+                for (int j = 0; j < 8; j++) {
+                    const float *kr = kp + (size_t)j * stride + i;
+                    lo[j] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(kr)), q0, lo[j]);
+                    hi[j] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(kr + 8)), q1, hi[j]);
+                }
+            }
+            k_transpose8_pd512(lo);
+            k_transpose8_pd512(hi);
+            __m512d t = lo[0]; // ((lane0 + lane1) + lane2) + ... + lane15, for the eight keys
+            K_UNROLL
+            for (int l = 1; l < 8; l++) t = _mm512_add_pd(t, lo[l]);
+            K_UNROLL
+            for (int l = 0; l < 8; l++) t = _mm512_add_pd(t, hi[l]);
+            _mm256_storeu_ps(s + p, _mm512_cvtpd_ps(t));
+        }
+    }
+    for (; p < nk; p++) k_dot_f32_core_avx2(n, &s[p], k + (size_t)p * stride, q);
+}
+
 
 // ---- AVX2: exp and SwiGLU -----------------------------------------------------------------------
 // psv_expf_poly on 8 lanes with the hardware FMA, which rounds exactly as psv_fmaf does wherever
@@ -9453,13 +9525,36 @@ K_AVX2 static void k_swiglu_avx2(float *y, const float *g, const float *u, int64
     for (; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
 }
 
-// y[i] += a * x[i]: a product then a sum, each rounded (no FMA), as the reference does.
-K_AVX2 static void k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
+// k_axpy_rows_ref: a product then a sum, each rounded (no FMA), as the reference does. y stays
+// in registers, 32 values at a time, across all the rows; a tail of n % 8 values goes through
+// masked loads and stores.
+K_AVX2 static void k_axpy_rows_avx2(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
     int64_t i = 0;
-    __m256 av = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
+        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+        const float *vp = v + i;
+        for (int64_t p = 0; p < nk; p++, vp += stride) {
+            __m256 wv = _mm256_set1_ps(w[p]);
+            y0 = _mm256_add_ps(y0, _mm256_mul_ps(wv, _mm256_loadu_ps(vp)));
+            y1 = _mm256_add_ps(y1, _mm256_mul_ps(wv, _mm256_loadu_ps(vp + 8)));
+            y2 = _mm256_add_ps(y2, _mm256_mul_ps(wv, _mm256_loadu_ps(vp + 16)));
+            y3 = _mm256_add_ps(y3, _mm256_mul_ps(wv, _mm256_loadu_ps(vp + 24)));
+        }
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2);
+        _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i < n; i += 8) {
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)PSV_MIN(n - i, (int64_t)8)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 y0 = _mm256_maskload_ps(y + i, mask);
+        const float *vp = v + i;
+        for (int64_t p = 0; p < nk; p++, vp += stride)
+            y0 = _mm256_add_ps(y0, _mm256_mul_ps(_mm256_set1_ps(w[p]), _mm256_maskload_ps(vp, mask)));
+        _mm256_maskstore_ps(y + i, mask, y0);
+    }
 }
 
 #endif // PSV_X86
@@ -9675,18 +9770,27 @@ static void k_swiglu_ref(float *y, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
 }
 
-// y[i] += a * x[i], the product rounded before the sum (attention's weighted sum of values).
-static void k_axpy_ref(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float t = a * x[i];
-        y[i] += t;
-    }
+// Attention's two products, over the rows of a KV cache (row p at p * stride floats):
+// dot_keys: s[p] = the F32 vec_dot of key row p with q (n values each), for p < nk.
+static void k_dot_keys_ref(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p++) k_dot_f32_f32_ref(n, &s[p], k + (size_t)p * stride, q);
+}
+
+// axpy_rows: y[i] += w[p] * v[p][i] for p = 0, 1, ..., nk - 1 in turn, each product rounded
+// before its sum (the weighted sum of the value rows).
+static void k_axpy_rows_ref(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p++)
+        for (int64_t i = 0; i < n; i++) {
+            float t = w[p] * v[(size_t)p * stride + (size_t)i];
+            y[i] += t;
+        }
 }
 
 typedef struct {
     void (*expf)(float *y, const float *x, int64_t n);
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
-    void (*axpy)(float *y, float a, const float *x, int64_t n);
+    void (*dot_keys)(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n);
+    void (*axpy_rows)(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -9750,12 +9854,13 @@ static void k_fill_avx512(k_traits *t) {
 static void k_sets_init(void) {
     for (int s = 0; s < K_SET_COUNT; s++) {
         memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
-        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_axpy_ref};
+        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref};
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
-    k_set_vec[K_SET_AVX2] = k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_axpy_avx2};
+    k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2};
+    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx2};
 #endif
 #if defined(PSV_ARM64)
     k_fill_neon(k_set_tables[K_SET_NEON]);
@@ -10680,7 +10785,6 @@ static void att_task(void *arg, int ith, int nth) {
     const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const float scale = (float)(1.0 / psv_sqrt((double)hd));
     float *sc = j->s->scores + (size_t)ith * (size_t)j->s->n_ctx_max;
-    const k_traits *f32 = eng_traits(T_F32);
     const k_vec_ops *vec = k_vec_get();
     int64_t lo, hi;
     pool_share(j->n * m->n_head, ith, nth, &lo, &hi);
@@ -10692,16 +10796,18 @@ static void att_task(void *arg, int ith, int nth) {
         int64_t n_kv = it->pos + 1;
         size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
         float mx = -3.4e38f;
-        for (int64_t p = 0; p < n_kv; p++) {
-            float d = 0;
-            size_t off = base + (size_t)p * (size_t)kv->kv_dim;
-            if (kv->type == PSV_KV_F16) {
-                const uint16_t *kr = (const uint16_t *)kv->k + off;
+        if (kv->type == PSV_KV_F16) {
+            for (int64_t p = 0; p < n_kv; p++) {
+                float d = 0;
+                const uint16_t *kr = (const uint16_t *)kv->k + base + (size_t)p * (size_t)kv->kv_dim;
                 for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
-            } else {
-                f32->vec_dot(hd, &d, (const float *)kv->k + off, q);
+                sc[p] = d;
             }
-            sc[p] = d * scale;
+        } else {
+            vec->dot_keys(sc, q, (const float *)kv->k + base, (size_t)kv->kv_dim, n_kv, hd);
+        }
+        for (int64_t p = 0; p < n_kv; p++) {
+            sc[p] = sc[p] * scale;
             if (sc[p] > mx) mx = sc[p];
         }
         double sum = 0;
@@ -10711,15 +10817,14 @@ static void att_task(void *arg, int ith, int nth) {
         float inv = (float)(1.0 / sum);
         float *out = j->s->att + t * m->n_head * hd + h * hd;
         for (int64_t i = 0; i < hd; i++) out[i] = 0;
-        for (int64_t p = 0; p < n_kv; p++) {
-            float w = sc[p] * inv;
-            size_t off = base + (size_t)p * (size_t)kv->kv_dim;
-            if (kv->type == PSV_KV_F16) {
-                const uint16_t *vr = (const uint16_t *)kv->v + off;
-                for (int64_t i = 0; i < hd; i++) out[i] += w * psv_fp16_to_f32(vr[i]);
-            } else {
-                vec->axpy(out, w, (const float *)kv->v + off, hd);
+        for (int64_t p = 0; p < n_kv; p++) sc[p] = sc[p] * inv; // the weights
+        if (kv->type == PSV_KV_F16) {
+            for (int64_t p = 0; p < n_kv; p++) {
+                const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
+                for (int64_t i = 0; i < hd; i++) out[i] += sc[p] * psv_fp16_to_f32(vr[i]);
             }
+        } else {
+            vec->axpy_rows(out, sc, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
         }
     }
 }

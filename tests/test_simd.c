@@ -496,6 +496,59 @@ static void st_check_vec(k_set set) {
     CHECK(memcmp(a, b, 100 * sizeof *a) == 0);
     CHECKF(bad_exp == 0, "%s exp: %lld of %lld differ", k_set_names[set], (long long)bad_exp, (long long)checked);
     CHECKF(bad_glu == 0, "%s swiglu: %lld of %lld differ", k_set_names[set], (long long)bad_glu, (long long)checked);
+    // attention's products over KV rows: many lengths (tails of every size, long rows), key
+    // counts around the kernels' groups of eight, a row stride wider than the rows, values of
+    // every magnitude, sometimes non-finite
+    static const int64_t lens[] = {1, 3, 8, 15, 16, 17, 31, 32, 40, 64, 80, 96, 100, 128, 256, 512, 528, 1024};
+    static const int64_t counts[] = {1, 2, 7, 8, 9, 15, 16, 17, 33, 100};
+    int64_t bad_keys = 0, bad_axpy = 0, checked_att = 0;
+    for (size_t li = 0; li < PSV_ARRAY_LEN(lens); li++)
+        for (size_t ci = 0; ci < PSV_ARRAY_LEN(counts); ci++) {
+            int64_t n = lens[li], nk = counts[ci];
+            size_t stride = (size_t)n + 8 * (ci % 3);
+            PSV_ASSERT(stride * (size_t)nk + (size_t)n <= CAP);
+            bool wild = (li + ci) % 7 == 3;
+            for (size_t i = 0; i < stride * (size_t)nk; i++) {
+                uint64_t r = st_rng() % 64;
+                x[i] = st_sym() * (r == 0 ? 1e30f : r == 1 ? 1e-30f : 3.0f);
+                if (wild && r == 2) x[i] = f32_from_bits(r & 1 ? 0x7f800000u : 0x7fc00000u);
+            }
+            for (int64_t i = 0; i < n; i++) u[i] = st_sym() * (i % 9 == 0 ? 1e20f : 1.0f);
+            if (ci % 2 == 0 && n >= 4) { // order-revealing: pairs of huge products that cancel among small ones
+                for (int64_t i = 0; i < n; i++) u[i] = 1.0f;
+                for (int64_t p = 0; p < nk; p++) {
+                    float *row = x + (size_t)p * stride;
+                    for (int64_t i = 0; i < n; i++) row[i] = st_sym();
+                    for (int pair = 0; pair < 2; pair++) {
+                        int64_t i = (int64_t)(st_rng() % (uint64_t)n), j = (int64_t)(st_rng() % (uint64_t)n);
+                        if (i == j) continue;
+                        row[i] = 1e30f;
+                        row[j] = -1e30f;
+                    }
+                }
+            }
+            ref->dot_keys(a, u, x, stride, nk, n);
+            sk->dot_keys(b, u, x, stride, nk, n);
+            for (int64_t p = 0; p < nk; p++) bad_keys += !st_same(a[p], b[p]);
+            // weights: softmax-like in [0, 1], and some of any size
+            float *w = a + 2048;
+            for (int64_t p = 0; p < nk; p++) w[p] = (p % 5 == 4) ? st_sym() * 1e10f : st_unit();
+            float *ya = b + 2048, *yb = b + 2048 + 1024;
+            for (int64_t i = 0; i < n; i++) ya[i] = yb[i] = st_sym();
+            ref->axpy_rows(ya, w, x, stride, nk, n);
+            sk->axpy_rows(yb, w, x, stride, nk, n);
+            for (int64_t i = 0; i < n; i++) bad_axpy += !st_same(ya[i], yb[i]);
+            checked_att += nk + n;
+        }
+    { // nothing written beyond the n values of y
+        for (int i = 0; i < 16; i++) a[i] = -7.0f;
+        x[0] = 1.0f;
+        float w1 = 1.0f;
+        sk->axpy_rows(a, &w1, x, 5, 1, 5);
+        for (int i = 5; i < 16; i++) CHECK(a[i] == -7.0f);
+    }
+    CHECKF(bad_keys == 0 && bad_axpy == 0, "%s attention products: %lld dot_keys and %lld axpy_rows of %lld differ",
+           k_set_names[set], (long long)bad_keys, (long long)bad_axpy, (long long)checked_att);
     // the reference is the engine's formula
     float g = 1.5f, uu = -2.0f, r;
     ref->swiglu(&r, &g, &uu, 1);
