@@ -80,7 +80,7 @@ typedef enum psv_kv_type { PSV_KV_F32 = 0, PSV_KV_F16 = 1 } psv_kv_type;
 
 typedef struct psv_ctx_params {
     uint32_t n_ctx;      // context size in tokens; 0 = min(model's training context, 4096)
-    uint32_t n_batch;    // most tokens per forward pass (prompt chunk); 0 = 512
+    uint32_t n_batch;    // most tokens per forward pass (prompt chunk); 0 = 128
     psv_kv_type kv_type; // KV cache precision
 } psv_ctx_params;
 
