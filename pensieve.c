@@ -2538,9 +2538,14 @@ static psv_status gguf_parse_kv(gguf_file *f, rd_t *r, uint64_t idx, psv_error *
     kv->strs = calloc(n ? (size_t)n : 1, sizeof *kv->strs);
     if (!kv->strs) return err_set(err, PSV_ERR_NOMEM, "gguf: %s: out of memory for %" PRIu64 " strings", what, n);
     for (uint64_t k = 0; k < n; k++) {
+        size_t at = r->off;
+        if (gguf_rd_str(r, &kv->strs[k], PSV_GGUF_MAX_STRING, what, NULL) == PSV_OK) continue;
+        // read again for the message naming the element (formatting it for each of a vocabulary's
+        // 200,000 strings took a tenth of the model's open time)
         char ewhat[200];
         snprintf(ewhat, sizeof ewhat, "%s: element %" PRIu64, what, k);
-        if ((st = gguf_rd_str(r, &kv->strs[k], PSV_GGUF_MAX_STRING, ewhat, err))) return st;
+        r->off = at;
+        return gguf_rd_str(r, &kv->strs[k], PSV_GGUF_MAX_STRING, ewhat, err);
     }
     return PSV_OK;
 }
@@ -8115,21 +8120,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).

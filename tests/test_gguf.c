@@ -126,6 +126,17 @@ static void c_bad_bool_arr(buf_t *b) {
     tb_u64(b, 3);
     buf_append(b, "\1\0\7", 3);
 }
+static void c_str_elem_past_end(buf_t *b) { // the third string of an array runs past the end
+    tb_hdr(b, 3, 0, 1);
+    tb_str(b, "tokenizer.ggml.tokens");
+    tb_u32(b, GGUF_T_ARRAY);
+    tb_u32(b, GGUF_T_STRING);
+    tb_u64(b, 3);
+    tb_str(b, "one");
+    tb_str(b, "two");
+    tb_u64(b, 900);
+    buf_puts(b, "three, but short of 900 bytes; padding to pass the array's size check........");
+}
 static void c_dup_key(buf_t *b) { tb_hdr(b, 3, 0, 2); tb_kv_u32(b, "a.b", 1); tb_kv_u32(b, "a.b", 2); }
 static void c_empty_key(buf_t *b) { tb_hdr(b, 3, 0, 1); tb_kv_u32(b, "", 1); }
 static void c_nul_key(buf_t *b) {
@@ -233,6 +244,8 @@ static const bad_case bad_cases[] = {
     {"unknown element type", c_bad_elem_type, PSV_ERR_FORMAT, "unknown array element type 99"},
     {"bool 2", c_bad_bool, PSV_ERR_FORMAT, "bool value 2 (expected 0 or 1)"},
     {"bool array 7", c_bad_bool_arr, PSV_ERR_FORMAT, "element 2: bool value 7"},
+    {"string array element past end", c_str_elem_past_end, PSV_ERR_FORMAT,
+     "key 'tokenizer.ggml.tokens': element 2: string of 900 bytes runs past the end"},
     {"duplicate key", c_dup_key, PSV_ERR_FORMAT, "duplicate key 'a.b' (entries #0 and #1)"},
     {"empty key", c_empty_key, PSV_ERR_FORMAT, "key: empty name"},
     {"NUL in key", c_nul_key, PSV_ERR_FORMAT, "name contains a NUL byte"},
