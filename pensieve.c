@@ -8236,23 +8236,24 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 // A packed block, one per weight block (lane r: weight row r of the panel; unused lanes zero):
 //   q      blck_size/4 vectors of 32 bytes: vector s has quants 4s..4s+3 of each row as unsigned
 //          bytes, the stored value plus the type's offset (k_panel_off: the signed types' 8, 16,
-//          128, 4, 32), which the kernels take off again with the activation's sums
+//          128, 4, 32), which the kernels take off again with the activation's sums. The 4-bit
+//          types (k_panel_nibbles: Q4_0, Q4_1, Q4_K) keep their quant bytes as stored instead,
+//          half as many vectors: vector s has bytes 4s..4s+3 of each row's quants, whose low
+//          nibbles are the quants of step s and high nibbles those of step s + 4 (Q4_0, Q4_1:
+//          a byte holds values j and j + 16) or s + 8 (Q4_K, in each 32-byte chunk: values 64c + l
+//          and 64c + 32 + l). Packing is then a transpose, and the kernels split the nibbles.
 //   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
 //          Q5_K: each of their 8 scales of 32 values twice)
 //   cor    k-quants: 8 vectors of int16 pairs, the coefficients of the activation's sums of 16
 //          values in isum (Q3_K, Q6_K: -offset * scale)
 //   mco    k-quants: the same for the minimum's msum (Q2_K, Q4_K, Q5_K: the minimums)
-//   dx, dm 8 doubles each: the block's scale and its minimum's scale (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
+//   dx, dm 8 doubles each: the block's scale and (types with a minimum: Q4_1, Q5_1, Q2_K, Q4_K,
+//          Q5_K) its minimum's scale
 // The activation side: the quantized rows as vec_dot takes them, plus k_act_sums of each row
 // (int16 sums of 16 consecutive quants, computed from the quants: a Q8_K row's stored bsums are
 // what the reference uses for the minimums, and are used for those alone).
 #define K_PANEL 8
 #define K_GEMM_ROWS 4                      // activation rows per kernel call
-#define K_PANEL_Q32 (32 * 8)               // bytes of q in a 32-value block
-#define K_PANEL_SC (QK_K * 8)              // offsets in a 256-value block
-#define K_PANEL_COR (K_PANEL_SC + 16 * 32)
-#define K_PANEL_MCO (K_PANEL_COR + 8 * 32)
-#define K_PANEL_DX256 (K_PANEL_MCO + 8 * 32)
 
 static bool k_panel_has(uint32_t type) {
     switch (type) {
@@ -8274,9 +8275,17 @@ static int k_panel_off(uint32_t type) {
     }
 }
 
-// Offset of dx in a packed block (dm follows it), and the packed block's size.
-static size_t k_panel_dx(uint32_t type) { return type_table[type].blck_size == QK_K ? K_PANEL_DX256 : K_PANEL_Q32; }
-static size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + 2 * 8 * sizeof(double); }
+static bool k_panel_nibbles(uint32_t type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K; }
+static bool k_panel_min(uint32_t type) {
+    return type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+}
+
+// Offsets of the fields of a packed block, and its size.
+static size_t k_panel_sc(uint32_t type) { return (size_t)type_table[type].blck_size * (k_panel_nibbles(type) ? 4 : 8); }
+static size_t k_panel_cor(uint32_t type) { return k_panel_sc(type) + 16 * 32; }
+static size_t k_panel_mco(uint32_t type) { return k_panel_cor(type) + 8 * 32; }
+static size_t k_panel_dx(uint32_t type) { return type_table[type].blck_size == QK_K ? k_panel_mco(type) + 8 * 32 : k_panel_sc(type); }
+static size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + (k_panel_min(type) ? 128 : 64); }
 
 // Bytes of a panel of rows of n values.
 static size_t k_panel_size(uint32_t type, int64_t n) { return (size_t)(n / type_table[type].blck_size) * k_panel_blk(type); }
@@ -8344,16 +8353,22 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
             uint8_t q[QK_K];
             int sc[16] = {0}, cor[16] = {0}, mco[16] = {0};
             double dx, dm;
-            k_panel_unpack(type, w + (size_t)r * w_stride + (size_t)b * xs, q, sc, cor, mco, &dx, &dm);
-            for (int64_t s = 0; s < qb / 4; s++) memcpy(pb + 32 * s + 4 * r, q + 4 * s, 4);
+            const uint8_t *x = w + (size_t)r * w_stride + (size_t)b * xs;
+            k_panel_unpack(type, x, q, sc, cor, mco, &dx, &dm);
+            if (k_panel_nibbles(type)) { // the stored quant bytes (see above)
+                const uint8_t *qs = x + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 16);
+                for (int64_t s = 0; s < qb / 8; s++) memcpy(pb + 32 * s + 4 * r, qs + 4 * s, 4);
+            } else {
+                for (int64_t s = 0; s < qb / 4; s++) memcpy(pb + 32 * s + 4 * r, q + 4 * s, 4);
+            }
             if (qb == QK_K)
                 for (int k = 0; k < 16; k++) {
-                    wr_u32(pb + K_PANEL_SC + 32 * k + 4 * r, (uint32_t)sc[k]);
-                    wr_u16(pb + K_PANEL_COR + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[k]);
-                    wr_u16(pb + K_PANEL_MCO + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
+                    wr_u32(pb + k_panel_sc(type) + 32 * k + 4 * r, (uint32_t)sc[k]);
+                    wr_u16(pb + k_panel_cor(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[k]);
+                    wr_u16(pb + k_panel_mco(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
                 }
             memcpy(pb + dxo + 8 * r, &dx, 8);
-            memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
+            if (k_panel_min(type)) memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
         }
     }
 }
@@ -8853,11 +8868,30 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 if (r >= nw) continue;
                 const uint8_t *x = xb + (size_t)r * ws;
                 if (type == T_Q8_0) v[r] = _mm256_xor_si256(k_load256(x + 2), _mm256_set1_epi8((char)0x80));
-                else v[r] = k_w32_unpack_avx2(type, x).a;
+                else if (!k_panel_nibbles(type)) v[r] = k_w32_unpack_avx2(type, x).a;
                 d[r] = k_f16_avx2(x);
                 if (min) dm[r] = k_f16_avx2(x + 2);
             }
-            k_transpose8_store_avx2(v, pb);
+            if (k_panel_nibbles(type)) { // rows r and r + 4 in one vector, then a 4 x 4 transpose per half
+                const size_t qo = type == T_Q4_0 ? 2 : 4;
+                __m256i a[4], t[4];
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    __m128i lo = r < nw ? k_load128(xb + (size_t)r * ws + qo) : _mm_setzero_si128();
+                    __m128i hi = r + 4 < nw ? k_load128(xb + (size_t)(r + 4) * ws + qo) : _mm_setzero_si128();
+                    a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+                }
+                t[0] = _mm256_unpacklo_epi32(a[0], a[1]);
+                t[1] = _mm256_unpackhi_epi32(a[0], a[1]);
+                t[2] = _mm256_unpacklo_epi32(a[2], a[3]);
+                t[3] = _mm256_unpackhi_epi32(a[2], a[3]);
+                _mm256_storeu_si256((__m256i *)(void *)pb, _mm256_unpacklo_epi64(t[0], t[2]));
+                _mm256_storeu_si256((__m256i *)(void *)(pb + 32), _mm256_unpackhi_epi64(t[0], t[2]));
+                _mm256_storeu_si256((__m256i *)(void *)(pb + 64), _mm256_unpacklo_epi64(t[1], t[3]));
+                _mm256_storeu_si256((__m256i *)(void *)(pb + 96), _mm256_unpackhi_epi64(t[1], t[3]));
+            } else {
+                k_transpose8_store_avx2(v, pb);
+            }
         } else {
             __m256i s16[8], mn[8];
             k_wk_avx2 u[8];
@@ -8872,11 +8906,20 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 d[r] = u[r].d;
                 dm[r] = u[r].dmin;
             }
-            for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
-                __m256i v[8];
-                K_UNROLL
-                for (int r = 0; r < 8; r++) v[r] = u[r].q[c];
-                k_transpose8_store_avx2(v, pb + 256 * c);
+            if (type == T_Q4_K) { // the quant bytes, 32 per chunk: vectors 8c..8c+7
+                for (int c = 0; c < 4; c++) {
+                    __m256i v[8];
+                    K_UNROLL
+                    for (int r = 0; r < 8; r++) v[r] = r < nw ? k_load256(xb + (size_t)r * ws + 16 + 32 * c) : _mm256_setzero_si256();
+                    k_transpose8_store_avx2(v, pb + 256 * c);
+                }
+            } else {
+                for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
+                    __m256i v[8];
+                    K_UNROLL
+                    for (int r = 0; r < 8; r++) v[r] = u[r].q[c];
+                    k_transpose8_store_avx2(v, pb + 256 * c);
+                }
             }
             __m256i lo[8], hi[8], co[8];
             const __m256i noff = _mm256_set1_epi16((short)-k_panel_off(type));
@@ -8886,15 +8929,15 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 hi[r] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[r], 1));
                 co[r] = _mm256_mullo_epi16(s16[r], noff);
             }
-            k_transpose8_store_avx2(lo, pb + K_PANEL_SC);
-            k_transpose8_store_avx2(hi, pb + K_PANEL_SC + 256);
-            if (k_panel_off(type)) k_transpose8_store_avx2(co, pb + K_PANEL_COR);
-            else memset(pb + K_PANEL_COR, 0, 256);
-            if (min) k_transpose8_store_avx2(mn, pb + K_PANEL_MCO);
-            else memset(pb + K_PANEL_MCO, 0, 256);
+            k_transpose8_store_avx2(lo, pb + k_panel_sc(type));
+            k_transpose8_store_avx2(hi, pb + k_panel_sc(type) + 256);
+            if (k_panel_off(type)) k_transpose8_store_avx2(co, pb + k_panel_cor(type));
+            else memset(pb + k_panel_cor(type), 0, 256);
+            if (min) k_transpose8_store_avx2(mn, pb + k_panel_mco(type));
+            else memset(pb + k_panel_mco(type), 0, 256);
         }
         k_store_pd8_avx2(pb + dxo, d);
-        k_store_pd8_avx2(pb + dxo + 64, dm);
+        if (min) k_store_pd8_avx2(pb + dxo + 64, dm);
     }
 }
 
@@ -9296,11 +9339,26 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         const int off = k_panel_off(type);
         K_UNROLL
         for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
-        K_UNROLL
-        for (int s = 0; s < 8; s++) {
-            __m256i w = k_load256(pb + 32 * s);
+        if (k_panel_nibbles(type)) {
             K_UNROLL
-            for (int r = 0; r < R; r++) is[r] = _mm256_dpbusd_epi32(is[r], w, k_bcast4_avx512(yr[r] + (size_t)b * as + qo + 4 * s));
+            for (int s = 0; s < 4; s++) { // steps s (low nibbles) and s + 4 (high)
+                __m256i v = k_load256(pb + 32 * s), m4 = _mm256_set1_epi8(15);
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                K_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *a = yr[r] + (size_t)b * as + qo;
+                    is[r] = _mm256_dpbusd_epi32(is[r], lo, k_bcast4_avx512(a + 4 * s));
+                    is[r] = _mm256_dpbusd_epi32(is[r], hi, k_bcast4_avx512(a + 16 + 4 * s));
+                }
+            }
+        } else {
+            K_UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i w = k_load256(pb + 32 * s);
+                K_UNROLL
+                for (int r = 0; r < R; r++)
+                    is[r] = _mm256_dpbusd_epi32(is[r], w, k_bcast4_avx512(yr[r] + (size_t)b * as + qo + 4 * s));
+            }
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
@@ -9315,6 +9373,30 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     // Q4_K/Q5_K: sub-blocks of 32 (the panel has each scale twice, as for 16-value sub-blocks)
     const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 4;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
+    if (type == T_Q4_K) // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
+        for (int c = 0; c < 4; c++) {
+            __m256i d0[K_GEMM_ROWS], d1[K_GEMM_ROWS];
+            K_UNROLL
+            for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm256_setzero_si256();
+            K_UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i v = k_load256(pb + 32 * (8 * c + s)), m4 = _mm256_set1_epi8(15);
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                K_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *a = yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c + 4 * s;
+                    d0[r] = _mm256_dpbusd_epi32(d0[r], lo, k_bcast4_avx512(a));
+                    d1[r] = _mm256_dpbusd_epi32(d1[r], hi, k_bcast4_avx512(a + 32));
+                }
+            }
+            __m256i sc0 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c)), sc1 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c + 2));
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                __m256i p = _mm256_add_epi32(_mm256_mullo_epi32(d0[r], sc0), _mm256_mullo_epi32(d1[r], sc1));
+                is[r] = c == 0 ? p : _mm256_add_epi32(is[r], p);
+            }
+        }
+    else
     for (int k = 0; k < QK_K / sub; k++) {
         __m256i d[K_GEMM_ROWS];
         K_UNROLL
@@ -9326,7 +9408,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
             for (int r = 0; r < R; r++)
                 d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
         }
-        __m256i sc = k_load256(pb + K_PANEL_SC + 32 * (k * sub / 16));
+        __m256i sc = k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16));
         K_UNROLL
         for (int r = 0; r < R; r++) {
             __m256i p = _mm256_mullo_epi32(d[r], sc);
@@ -9338,12 +9420,12 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     K_UNROLL
     for (int j = 0; j < 8; j++) {
         if (cor) {
-            __m256i c = k_load256(pb + K_PANEL_COR + 32 * j);
+            __m256i c = k_load256(pb + k_panel_cor(type) + 32 * j);
             K_UNROLL
             for (int r = 0; r < R; r++) is[r] = _mm256_dpwssd_epi32(is[r], c, k_bcast4_avx512(ar[r] + 16 * b + 2 * j));
         }
         if (min) {
-            __m256i c = k_load256(pb + K_PANEL_MCO + 32 * j);
+            __m256i c = k_load256(pb + k_panel_mco(type) + 32 * j);
             K_UNROLL
             for (int r = 0; r < R; r++)
                 ms[r] = _mm256_dpwssd_epi32(ms[r], c, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j));
@@ -10498,8 +10580,11 @@ typedef struct {
     float *logits; // where to write this token's logits (n_vocab floats), or NULL
 } fwd_item;
 
-// Products of at least this many activation rows use the GEMM kernels (see op_matmul_rows).
-#define MM_GEMM_MIN 5
+// Products of at least this many activation rows use the GEMM kernels (see op_matmul_rows):
+// from 5 on they are faster than the multi-row kernels for every type, from 4 on already for
+// Q4_0 and Q4_1, whose panels are just a transpose (measured on Zen 4).
+#define MM_GEMM_MIN 4
+static int64_t mm_gemm_min(uint32_t type) { return type == T_Q4_0 || type == T_Q4_1 ? MM_GEMM_MIN : MM_GEMM_MIN + 1; }
 
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
 typedef struct {
@@ -10606,6 +10691,11 @@ static void mm_gemm_task(const mm_job *j, int ith, int nth) {
         int64_t o = p * K_PANEL;
         int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
         j->tr->pack(w->n_in, w->data + (size_t)o * w->row_size, w->row_size, nw, panel);
+        if (p + 1 < hi) { // the next panel's weights come from memory while this one computes
+            const uint8_t *next = w->data + (size_t)(o + K_PANEL) * w->row_size;
+            size_t bytes = (size_t)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL) * w->row_size;
+            for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off, 0, 3);
+        }
         for (int64_t t = 0; t < j->n_tok; t += K_GEMM_ROWS) {
             int nr = (int)PSV_MIN((int64_t)K_GEMM_ROWS, j->n_tok - t);
             float *out[K_GEMM_ROWS];
@@ -10686,7 +10776,7 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
-    if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
+    if (n_tok >= mm_gemm_min(w->type) && j.tr->gemm && s->panels) {
         PSV_ASSERT(k_panel_size(w->type, w->n_in) <= s->panel_size);
         j.sides = s->sides;
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
