@@ -8160,13 +8160,19 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later): the integer dot
 //           products use VNNI's vpdpbusd/vpdpwssd, on 256-bit vectors. Blocks are 32 bytes, and
 //           Zen 4 runs a 512-bit operation as two 256-bit halves: a two-blocks-per-zmm variant of
-//           the 32-value kernels measured 20-40 % slower there (more shuffles, same work).
-// Float dot products, quantizers and element-wise kernels are the AVX2 ones in both x86 sets.
+//           the 32-value kernels measured 20-40 % slower there (more shuffles, same work). This
+//           set also has the GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM
+//           panels") and attention's eight-keys-at-a-time dot products, using 512-bit vectors
+//           for the double-precision sums.
+// Float dot products, quantizers, panel packers and the other element-wise kernels are the AVX2
+// ones in both x86 sets.
 //
 // Internal API (the engine and the CLI use these):
 //   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
-//   k_dot_rows(...)         one weight row against many activation rows (prompt processing)
-//   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU and axpy (attention)
+//   k_dot_rows(...)         one weight row against many activation rows
+//   k_traits.pack/.gemm     panels of 8 weight rows against many activation rows (prompts)
+//   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU, and attention's
+//                           products over the KV cache rows (dot_keys, axpy_rows)
 //   k_kernel_set_name()     "ref", "avx2", "avx512" or "neon"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
