@@ -498,6 +498,7 @@ static inline uint16_t ld_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1]
 static inline uint32_t ld_u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
+static inline uint64_t ld_u64(const uint8_t *p) { return (uint64_t)ld_u32(p) | ((uint64_t)ld_u32(p + 4) << 32); }
 
 // Whole-file helpers. plat_map_file maps read-only; a size-0 file gives an empty map.
 static psv_status plat_map_file(const char *path, plat_map *m, psv_error *err) {
@@ -2294,7 +2295,9 @@ static bool gguf_vtype_is_signed(uint32_t t) {
 // One metadata pair. Scalars are decoded: integers in v.i (signed types) or v.u (unsigned types
 // and BOOL), floats in v.f, strings in v.s (a slice of the mapping, not NUL-terminated, any
 // bytes). Arrays keep their raw little-endian elements in the mapping (possibly unaligned: read
-// them with gguf_arr_*); string arrays also get strs[k], slices into the mapping.
+// them with gguf_arr_*); string arrays also get str_off[k], where element k starts (its length
+// field) relative to arr_data: 4 bytes per element, not a 16-byte slice (a vocabulary and its
+// merges have 300,000 strings); read them with gguf_arr_str.
 typedef struct {
     str_t key;     // a NUL-terminated copy owned by the file: key.p is also a C string
     uint32_t type; // gguf_vtype
@@ -2307,7 +2310,7 @@ typedef struct {
     uint32_t arr_type;
     uint64_t arr_n;
     const uint8_t *arr_data;
-    str_t *strs;
+    uint32_t *str_off;
 } gguf_kv;
 
 typedef struct {
@@ -2535,17 +2538,21 @@ static psv_status gguf_parse_kv(gguf_file *f, rd_t *r, uint64_t idx, psv_error *
     if (n > PSV_GGUF_MAX_ARRAY)
         return err_set(err, PSV_ERR_RANGE, "gguf: %s: array of %" PRIu64 " elements exceeds the limit of %u", what,
                        n, (unsigned)PSV_GGUF_MAX_ARRAY);
-    kv->strs = calloc(n ? (size_t)n : 1, sizeof *kv->strs);
-    if (!kv->strs) return err_set(err, PSV_ERR_NOMEM, "gguf: %s: out of memory for %" PRIu64 " strings", what, n);
+    kv->str_off = malloc((n ? (size_t)n : 1) * sizeof *kv->str_off);
+    if (!kv->str_off) return err_set(err, PSV_ERR_NOMEM, "gguf: %s: out of memory for %" PRIu64 " strings", what, n);
     for (uint64_t k = 0; k < n; k++) {
         size_t at = r->off;
-        if (gguf_rd_str(r, &kv->strs[k], PSV_GGUF_MAX_STRING, what, NULL) == PSV_OK) continue;
+        str_t sk;
+        if ((uint64_t)(at - (size_t)(kv->arr_data - r->p)) > UINT32_MAX)
+            return err_set(err, PSV_ERR_RANGE, "gguf: %s: element %" PRIu64 " starts more than 4 GiB into the array", what, k);
+        kv->str_off[k] = (uint32_t)(at - (size_t)(kv->arr_data - r->p));
+        if (gguf_rd_str(r, &sk, PSV_GGUF_MAX_STRING, what, NULL) == PSV_OK) continue;
         // read again for the message naming the element (formatting it for each of a vocabulary's
         // 200,000 strings took a tenth of the model's open time)
         char ewhat[200];
         snprintf(ewhat, sizeof ewhat, "%s: element %" PRIu64, what, k);
         r->off = at;
-        return gguf_rd_str(r, &kv->strs[k], PSV_GGUF_MAX_STRING, ewhat, err);
+        return gguf_rd_str(r, &sk, PSV_GGUF_MAX_STRING, ewhat, err);
     }
     return PSV_OK;
 }
@@ -2775,7 +2782,7 @@ static psv_status gguf_parse(gguf_file *f, psv_error *err) {
 GGUF_API void gguf_close(gguf_file *f) {
     if (!f) return;
     if (f->kv)
-        for (uint64_t k = 0; k < f->n_kv; k++) free(f->kv[k].strs);
+        for (uint64_t k = 0; k < f->n_kv; k++) free(f->kv[k].str_off);
     free(f->kv);
     free(f->tensors);
     free(f->kv_index);
@@ -2922,7 +2929,8 @@ GGUF_API int64_t gguf_arr_int(const gguf_kv *kv, uint64_t i) {
 // Element i of a STRING array; an empty slice when out of range or not a string array.
 GGUF_API str_t gguf_arr_str(const gguf_kv *kv, uint64_t i) {
     if (!kv || kv->type != GGUF_T_ARRAY || kv->arr_type != GGUF_T_STRING || i >= kv->arr_n) return (str_t){"", 0};
-    return kv->strs[i];
+    const uint8_t *p = kv->arr_data + kv->str_off[i]; // validated by the parser: length, then bytes
+    return (str_t){(const char *)p + 8, (size_t)ld_u64(p)};
 }
 
 // ---- Writer -----------------------------------------------------------------------------------
@@ -3201,7 +3209,10 @@ GGUF_API void gguf_w_kv(gguf_writer *w, const gguf_kv *kv) {
         gw_u32(&w->meta, kv->arr_type);
         gw_u64(&w->meta, kv->arr_n);
         if (kv->arr_type == GGUF_T_STRING)
-            for (uint64_t k = 0; k < kv->arr_n; k++) gw_str(&w->meta, kv->strs[k].p, kv->strs[k].n);
+            for (uint64_t k = 0; k < kv->arr_n; k++) {
+                str_t e = gguf_arr_str(kv, k);
+                gw_str(&w->meta, e.p, e.n);
+            }
         else
             buf_append(&w->meta, kv->arr_data, (size_t)kv->arr_n * gguf_vtype_sizes[kv->arr_type]);
     } else if (kv->type == GGUF_T_FLOAT32) {
@@ -3450,7 +3461,7 @@ static void gguf_put_value(buf_t *b, const gguf_kv *kv) {
         uint64_t show = PSV_MIN(kv->arr_n, (uint64_t)(str ? 4 : 8));
         for (uint64_t k = 0; k < show; k++) {
             buf_puts(b, k ? ", " : " ");
-            if (str) gguf_put_text(b, kv->strs[k], 24, true);
+            if (str) gguf_put_text(b, gguf_arr_str(kv, k), 24, true);
             else gguf_put_elem(b, kv->arr_type, kv->arr_data + gguf_vtype_sizes[kv->arr_type] * k);
         }
         if (show < kv->arr_n) buf_puts(b, ", ...");
@@ -4731,7 +4742,7 @@ static psv_status tok_load_tokens(tok_vocab *v, const gguf_file *f, psv_error *e
     if (!v->str_off || !v->score || !v->attr) return tok_oom(err);
     v->str_off[0] = 0;
     for (int32_t i = 0; i < n; i++) {
-        str_t s = tokens->strs[i];
+        str_t s = gguf_arr_str(tokens, (uint64_t)i);
         if (v->str_buf.len + s.n > UINT32_MAX)
             return err_set(err, PSV_ERR_RANGE, "tok: tokenizer.ggml.tokens: more than 4 GiB of text");
         buf_append(&v->str_buf, s.p, s.n);
@@ -4902,7 +4913,7 @@ static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *e
     if (merges->arr_n >= (uint64_t)INT32_MAX / 4)
         return err_set(err, PSV_ERR_RANGE, "tok: tokenizer.ggml.merges: %" PRIu64 " merges is too many", merges->arr_n);
     size_t m = (size_t)merges->arr_n, cap = 16;
-    while (cap < 2 * m) cap *= 2;
+    while (2 * cap < 3 * m) cap *= 2; // load factor at most 2/3: 4 MB less than 1/2 for 150k merges
     v->merge_cap = cap;
     v->merge_key = malloc(cap * sizeof *v->merge_key);
     v->merge_rank = malloc(cap * sizeof *v->merge_rank);
@@ -4910,7 +4921,7 @@ static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *e
     if (!v->merge_key || !v->merge_rank || !v->merge_out) return tok_oom(err);
     memset(v->merge_key, 0xff, cap * sizeof *v->merge_key);
     for (size_t i = 0; i < m; i++) {
-        str_t s = merges->strs[i];
+        str_t s = gguf_arr_str(merges, (uint64_t)i);
         const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
         if (!sp) continue; // llama.cpp maps it to ("", ""), which never matches
         size_t ln = (size_t)(sp - s.p), rn = s.n - ln - 1;

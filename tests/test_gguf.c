@@ -427,11 +427,12 @@ static void check_sample(const gguf_file *f, uint64_t seed, const float *f32data
     CHECK((a = gguf_get_arr(f, "a.empty", GGUF_T_INT32)) && a->arr_n == 0);
     CHECK((a = gguf_get_arr(f, "a.str", GGUF_T_STRING)) && a->arr_n == 5);
     if (a) {
-        CHECK(str_eq_c(a->strs[0], "<unk>") && str_eq_c(a->strs[3], "\xe2\x96\x81hello") && a->strs[4].n == 0);
+        CHECK(str_eq_c(gguf_arr_str(a, 0), "<unk>") && str_eq_c(gguf_arr_str(a, 3), "\xe2\x96\x81hello") &&
+              gguf_arr_str(a, 4).n == 0);
         CHECK(str_eq_c(gguf_arr_str(a, 2), "</s>") && gguf_arr_str(a, 5).n == 0);
     }
-    CHECK((a = gguf_get_arr(f, "a.strn", GGUF_T_STRING)) && a->arr_n == 2 && a->strs[1].n == 3 &&
-          memcmp(a->strs[1].p, "c\0d", 3) == 0);
+    CHECK((a = gguf_get_arr(f, "a.strn", GGUF_T_STRING)) && a->arr_n == 2 && gguf_arr_str(a, 1).n == 3 &&
+          memcmp(gguf_arr_str(a, 1).p, "c\0d", 3) == 0);
 
     const gguf_tensor *t = gguf_find_tensor(f, "f32");
     CHECK(t && t->type == T_F32 && t->n_dims == 2 && t->ne[0] == 4 && t->ne[1] == 3 && t->ne[2] == 1 && t->size == 48);
@@ -706,7 +707,7 @@ static void test_shared(void) {
         CHECK(scores && scores->arr_n == 32000 && types && types->arr_n == 32000);
         CHECK(types && gguf_arr_int(types, 0) == 2); // <unk> is UNKNOWN (2)
         const gguf_kv *toks = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_T_STRING);
-        CHECK(toks && str_eq_c(toks->strs[1], "<s>") && str_eq_c(toks->strs[2], "</s>"));
+        CHECK(toks && str_eq_c(gguf_arr_str(toks, 1), "<s>") && str_eq_c(gguf_arr_str(toks, 2), "</s>"));
         gguf_close(f);
     } else {
         CHECKF(0, "%s", err.message);
