@@ -9390,7 +9390,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     // Q4_K/Q5_K: sub-blocks of 32 (the panel has each scale twice, as for 16-value sub-blocks)
     const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 4;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
-    if (type == T_Q4_K) // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
+    if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
         for (int c = 0; c < 4; c++) {
             __m256i d0[K_GEMM_ROWS], d1[K_GEMM_ROWS];
             K_UNROLL
@@ -9406,30 +9406,32 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                     d1[r] = _mm256_dpbusd_epi32(d1[r], hi, k_bcast4_avx512(a + 32));
                 }
             }
-            __m256i sc0 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c)), sc1 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c + 2));
+            __m256i sc0 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c));
+            __m256i sc1 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c + 2));
             K_UNROLL
             for (int r = 0; r < R; r++) {
                 __m256i p = _mm256_add_epi32(_mm256_mullo_epi32(d0[r], sc0), _mm256_mullo_epi32(d1[r], sc1));
                 is[r] = c == 0 ? p : _mm256_add_epi32(is[r], p);
             }
         }
-    else
-    for (int k = 0; k < QK_K / sub; k++) {
-        __m256i d[K_GEMM_ROWS];
-        K_UNROLL
-        for (int r = 0; r < R; r++) d[r] = _mm256_setzero_si256();
-        K_UNROLL
-        for (int s = 0; s < steps; s++) {
-            __m256i w = k_load256(pb + 32 * (k * steps + s));
+    } else {
+        for (int k = 0; k < QK_K / sub; k++) {
+            __m256i d[K_GEMM_ROWS];
             K_UNROLL
-            for (int r = 0; r < R; r++)
-                d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
-        }
-        __m256i sc = k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16));
-        K_UNROLL
-        for (int r = 0; r < R; r++) {
-            __m256i p = _mm256_mullo_epi32(d[r], sc);
-            is[r] = k == 0 ? p : _mm256_add_epi32(is[r], p);
+            for (int r = 0; r < R; r++) d[r] = _mm256_setzero_si256();
+            K_UNROLL
+            for (int s = 0; s < steps; s++) {
+                __m256i w = k_load256(pb + 32 * (k * steps + s));
+                K_UNROLL
+                for (int r = 0; r < R; r++)
+                    d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
+            }
+            __m256i sc = k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16));
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                __m256i p = _mm256_mullo_epi32(d[r], sc);
+                is[r] = k == 0 ? p : _mm256_add_epi32(is[r], p);
+            }
         }
     }
     K_UNROLL
