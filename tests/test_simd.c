@@ -277,6 +277,9 @@ static void st_check_dots(k_set set) {
 // packed by k_panel_pack) against every count of activation rows, each result compared with the
 // reference vec_dot of its pair; nothing outside the panel's width may be written.
 static void st_check_gemm(k_set set) {
+    bool any = false;
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemm;
+    if (!any) SKIP("kernel set %s: has no GEMM kernels", k_set_names[set]);
     for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
         uint32_t wt = st_weight_types[ti];
         const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
