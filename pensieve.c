@@ -8973,6 +8973,221 @@ K_DEF_PACK(q4_k, T_Q4_K)
 K_DEF_PACK(q5_k, T_Q5_K)
 K_DEF_PACK(q6_k, T_Q6_K)
 
+// ---- AVX2: GEMM on panels ----------------------------------------------------------------------
+// The AVX-512 kernel's scheme with AVX2's instructions: vpmaddubsw multiplies the unsigned panel
+// quants by the broadcast signed activation bytes into int16 pair sums, which are added up in
+// int16 over as many steps as cannot overflow (a pair is at most 2 * q_max * 128: 3840 for 4-bit
+// quants, so 8 steps; 7936 for 5-bit, 4; 16128 for Q6_K, 2), then vpmaddwd turns them into int32,
+// multiplying by the k-quants' sub-block scales on the way (as int16; every scale fits). The
+// double terms are formed for the eight weight rows in two 4-lane vectors, exactly as the
+// reference forms them, and added to accumulators kept in memory (16 registers would not hold
+// them). Two activation rows at a time. Q8_0 has no AVX2 GEMM: its unsigned quants reach 255,
+// and a pair sum could saturate.
+
+K_AVX2 K_INLINE __m256i k_bcast4_avx2(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// int32 lanes holding int16 values -> each value in both halves of its lane (a vpmaddwd factor).
+K_AVX2 K_INLINE __m256i k_dup16_avx2(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
+// Adds the block's term for 8 weight rows (dx, dm: rows 0-3 and 4-7) to acc[0..7].
+K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, __m256d t0, __m256d t1) {
+    _mm256_storeu_pd(acc, _mm256_add_pd(_mm256_loadu_pd(acc), k_no_fuse_pd_avx2(t0)));
+    _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(acc + 4), k_no_fuse_pd_avx2(t1)));
+}
+
+// Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
+K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
+                                     const int16_t *const *ar, const double *const *dr, int64_t nb, double *acc) {
+    const bool min = k_panel_min(type);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    const double *dxp = (const double *)(const void *)(pb + k_panel_dx(type));
+    const __m256d dx0 = _mm256_loadu_pd(dxp), dx1 = _mm256_loadu_pd(dxp + 4);
+    __m256i is[2], ms[2];
+    if (type_table[type].blck_size == 32) {
+        const bool q81 = type == T_Q4_1 || type == T_Q5_1;
+        const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
+        const int off = k_panel_off(type);
+        __m256i p[2];
+        K_UNROLL
+        for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
+        if (k_panel_nibbles(type)) { // 8 steps of 4-bit pairs: at most 8 * 3840 in int16
+            K_UNROLL
+            for (int s = 0; s < 4; s++) {
+                __m256i v = k_load256(pb + 32 * s);
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                K_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *a = yr[r] + (size_t)b * as + qo;
+                    p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(lo, k_bcast4_avx2(a + 4 * s)));
+                    p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(hi, k_bcast4_avx2(a + 16 + 4 * s)));
+                }
+            }
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_madd_epi16(p[r], ones);
+        } else { // Q5_0, Q5_1: 4 steps of 5-bit pairs at a time
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                K_UNROLL
+                for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
+                K_UNROLL
+                for (int s = 4 * h; s < 4 * h + 4; s++) {
+                    __m256i w = k_load256(pb + 32 * s);
+                    K_UNROLL
+                    for (int r = 0; r < R; r++)
+                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(w, k_bcast4_avx2(yr[r] + (size_t)b * as + qo + 4 * s)));
+                }
+                K_UNROLL
+                for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], ones));
+            }
+        }
+        const double *dmp = dxp + 8;
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            if (off) is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(off * (ar[r][2 * b] + ar[r][2 * b + 1])));
+            // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
+            __m256d dy = _mm256_set1_pd(dr[r][b]);
+            __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])));
+            __m256d t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1)));
+            if (q81) {
+                __m256d sy = _mm256_set1_pd(dr[r][nb + b]);
+                t0 = _mm256_add_pd(t0, _mm256_mul_pd(_mm256_loadu_pd(dmp), sy));
+                t1 = _mm256_add_pd(t1, _mm256_mul_pd(_mm256_loadu_pd(dmp + 4), sy));
+            }
+            k_gemm_term_avx2(acc + 8 * r, t0, t1);
+        }
+        return;
+    }
+    const uint8_t *psc = pb + k_panel_sc(type);
+    const bool cor = type == T_Q3_K || type == T_Q6_K;
+    K_UNROLL
+    for (int r = 0; r < R; r++) is[r] = ms[r] = _mm256_setzero_si256();
+    if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the nibbles of chunk c: 8 steps each
+        for (int c = 0; c < 4; c++) {
+            __m256i p0[2], p1[2];
+            K_UNROLL
+            for (int r = 0; r < R; r++) p0[r] = p1[r] = _mm256_setzero_si256();
+            K_UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i v = k_load256(pb + 32 * (8 * c + s));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                K_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *a = yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c + 4 * s;
+                    p0[r] = _mm256_add_epi16(p0[r], _mm256_maddubs_epi16(lo, k_bcast4_avx2(a)));
+                    p1[r] = _mm256_add_epi16(p1[r], _mm256_maddubs_epi16(hi, k_bcast4_avx2(a + 32)));
+                }
+            }
+            __m256i sc0 = k_dup16_avx2(k_load256(psc + 32 * (4 * c))), sc1 = k_dup16_avx2(k_load256(psc + 32 * (4 * c + 2)));
+            K_UNROLL
+            for (int r = 0; r < R; r++)
+                is[r] = _mm256_add_epi32(is[r], _mm256_add_epi32(_mm256_madd_epi16(p0[r], sc0), _mm256_madd_epi16(p1[r], sc1)));
+        }
+    } else {
+        // sub-blocks of 16 values (Q5_K: of 32, each scale stored twice); int16 runs of `run` steps
+        const int run = type == T_Q6_K ? 2 : 4, nsub = 16;
+        for (int k = 0; k < nsub; k++) {
+            __m256i sc = k_dup16_avx2(k_load256(psc + 32 * k));
+            K_UNROLL
+            for (int h = 0; h < 4 / run; h++) {
+                __m256i p[2];
+                K_UNROLL
+                for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
+                K_UNROLL
+                for (int s = 0; s < run; s++) {
+                    int step = 4 * k + run * h + s;
+                    __m256i w = k_load256(pb + 32 * step);
+                    K_UNROLL
+                    for (int r = 0; r < R; r++)
+                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 4 * step)));
+                }
+                K_UNROLL
+                for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], sc));
+            }
+        }
+    }
+    K_UNROLL
+    for (int j = 0; j < 8; j++) {
+        if (cor) {
+            __m256i c = k_load256(pb + k_panel_cor(type) + 32 * j);
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
+        }
+        if (min) {
+            __m256i c = k_load256(pb + k_panel_mco(type) + 32 * j);
+            K_UNROLL
+            for (int r = 0; r < R; r++)
+                ms[r] = _mm256_add_epi32(ms[r], _mm256_madd_epi16(c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j)));
+        }
+    }
+    const double *dmp = dxp + 8;
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        __m256d dy = _mm256_set1_pd(dr[r][b]), t0, t1;
+        __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1));
+        if (min) { // reference: dy * (dx * isum - dmin * msum)
+            __m256d m0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ms[r])), m1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(ms[r], 1));
+            t0 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx0, i0), _mm256_mul_pd(_mm256_loadu_pd(dmp), m0)));
+            t1 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx1, i1), _mm256_mul_pd(_mm256_loadu_pd(dmp + 4), m1)));
+        } else { // reference: dx * dy * isum
+            t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0);
+            t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1);
+        }
+        k_gemm_term_avx2(acc + 8 * r, t0, t1);
+    }
+}
+
+K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                      const uint8_t *side, size_t side_stride, float *const *out, int nw) {
+    const int64_t nb = n / type_table[type].blck_size;
+    const size_t bb = k_panel_blk(type);
+    const uint8_t *yr[2];
+    const int16_t *ar[2];
+    const double *dr[2];
+    double acc[K_BLOCK_LANES][2 * 8]; // lane l of row r's eight results at acc[l][8r ..]
+    memset(acc, 0, sizeof acc);
+    for (int r = 0; r < R; r++) {
+        yr[r] = y + (size_t)r * ys;
+        ar[r] = (const int16_t *)(const void *)(side + (size_t)r * side_stride);
+        dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
+    }
+    for (int64_t b = 0; b < nb; b++) k_gemm_blk_avx2(type, R, panel + (size_t)b * bb, b, yr, ar, dr, nb, acc[b % K_BLOCK_LANES]);
+    for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        float res[8];
+        for (int i = 0; i < 8; i++) {
+            double l[K_BLOCK_LANES] = {acc[0][8 * r + i], acc[1][8 * r + i], acc[2][8 * r + i], acc[3][8 * r + i]};
+            res[i] = k_lanes_sum(l, K_BLOCK_LANES);
+        }
+        memcpy(out[r], res, (size_t)nw * sizeof(float));
+    }
+}
+
+#define K_DEF_GEMM2(name, type)                                                                           \
+    K_AVX2 static void k_gemm_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
+                                            const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw) { \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);                              \
+        int r = 0;                                                                                         \
+        for (; r + 2 <= nr; r += 2)                                                                        \
+            k_gemm_core_avx2(type, 2, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw); \
+        if (r < nr) k_gemm_core_avx2(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw); \
+    }
+K_DEF_GEMM2(q4_0, T_Q4_0)
+K_DEF_GEMM2(q4_1, T_Q4_1)
+K_DEF_GEMM2(q5_0, T_Q5_0)
+K_DEF_GEMM2(q5_1, T_Q5_1)
+K_DEF_GEMM2(q2_k, T_Q2_K)
+K_DEF_GEMM2(q3_k, T_Q3_K)
+K_DEF_GEMM2(q4_k, T_Q4_K)
+K_DEF_GEMM2(q5_k, T_Q5_K)
+K_DEF_GEMM2(q6_k, T_Q6_K)
+
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
 // The K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
 // acc[i]); each product is exact in double (F16: already in float), so an FMA or an add rounds
@@ -9930,6 +10145,17 @@ static void k_fill_avx2(k_traits *t) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
         t[dots[i].type].vec_dot = dots[i].dot;
         t[dots[i].type].vec_dot_rows = dots[i].rows;
+    }
+    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
+        {T_Q4_0, k_gemm_q4_0_avx2, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx2, k_pack_q4_1_avx2},
+        {T_Q5_0, k_gemm_q5_0_avx2, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx2, k_pack_q5_1_avx2},
+        {T_Q2_K, k_gemm_q2_k_avx2, k_pack_q2_k_avx2}, {T_Q3_K, k_gemm_q3_k_avx2, k_pack_q3_k_avx2},
+        {T_Q4_K, k_gemm_q4_k_avx2, k_pack_q4_k_avx2}, {T_Q5_K, k_gemm_q5_k_avx2, k_pack_q5_k_avx2},
+        {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
+        t[gemms[i].type].gemm = gemms[i].gemm;
+        t[gemms[i].type].pack = gemms[i].pack;
     }
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
