@@ -8171,12 +8171,12 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later): the integer dot
 //           products use VNNI's vpdpbusd/vpdpwssd, on 256-bit vectors. Blocks are 32 bytes, and
 //           Zen 4 runs a 512-bit operation as two 256-bit halves: a two-blocks-per-zmm variant of
-//           the 32-value kernels measured 20-40 % slower there (more shuffles, same work). This
-//           set also has the GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM
-//           panels") and attention's eight-keys-at-a-time dot products, using 512-bit vectors
+//           the 32-value kernels measured 20-40 % slower there (more shuffles, same work). Its
+//           GEMM kernels and attention's eight-keys-at-a-time dot products use 512-bit vectors
 //           for the double-precision sums.
-// Float dot products, quantizers, panel packers and the other element-wise kernels are the AVX2
-// ones in both x86 sets.
+// Both x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
+// without Q8_0). Float dot products, quantizers, panel packers and the other element-wise kernels
+// are the AVX2 ones in both.
 //
 // Internal API (the engine and the CLI use these):
 //   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
