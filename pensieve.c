@@ -8255,10 +8255,11 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          bytes, the stored value plus the type's offset (k_panel_off: the signed types' 8, 16,
 //          128, 4, 32), which the kernels take off again with the activation's sums. The 4-bit
 //          types (k_panel_nibbles: Q4_0, Q4_1, Q4_K) keep their quant bytes as stored instead,
-//          half as many vectors: vector s has bytes 4s..4s+3 of each row's quants, whose low
-//          nibbles are the quants of step s and high nibbles those of step s + 4 (Q4_0, Q4_1:
-//          a byte holds values j and j + 16) or s + 8 (Q4_K, in each 32-byte chunk: values 64c + l
-//          and 64c + 32 + l). Packing is then a transpose, and the kernels split the nibbles.
+//          half as many vectors: vector s has bytes 4s..4s+3 of each row's quant bytes. For
+//          Q4_0/Q4_1 (byte j holds values j and j + 16) their low nibbles are the quants of step
+//          s and their high nibbles those of step s + 4; for Q4_K (byte 32c + l holds values
+//          64c + l and 64c + 32 + l) vector 8c + s holds steps 16c + s and 16c + 8 + s. Packing
+//          is then a transpose, and the kernels split the nibbles.
 //   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
 //          Q5_K: each of their 8 scales of 32 values twice)
 //   cor    k-quants: 8 vectors of int16 pairs, the coefficients of the activation's sums of 16
@@ -8266,9 +8267,10 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //   mco    k-quants: the same for the minimum's msum (Q2_K, Q4_K, Q5_K: the minimums)
 //   dx, dm 8 doubles each: the block's scale and (types with a minimum: Q4_1, Q5_1, Q2_K, Q4_K,
 //          Q5_K) its minimum's scale
-// The activation side: the quantized rows as vec_dot takes them, plus k_act_sums of each row
+// The activation side: the quantized rows as vec_dot takes them, plus k_act_side of each row
 // (int16 sums of 16 consecutive quants, computed from the quants: a Q8_K row's stored bsums are
-// what the reference uses for the minimums, and are used for those alone).
+// what the reference uses for the minimums, and are used for those alone; and the block scales
+// as doubles).
 #define K_PANEL 8
 #define K_GEMM_ROWS 4                      // activation rows per kernel call
 
