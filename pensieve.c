@@ -9097,8 +9097,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
         const int run = type == T_Q6_K ? 2 : 4, nsub = 16;
         for (int k = 0; k < nsub; k++) {
             __m256i sc = k_dup16_avx2(k_load256(psc + 32 * k));
-            K_UNROLL
-            for (int h = 0; h < 4 / run; h++) {
+            for (int h = 0; h < 4 / run; h++) { // (no unroll pragma: the count is not constant at -O1)
                 __m256i p[2];
                 K_UNROLL
                 for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
