@@ -8355,8 +8355,7 @@ static void k_panel_unpack(uint32_t type, const uint8_t *x, uint8_t q[QK_K], int
     // the scales: where the reference reads them (block scale first, then the minimum's)
     size_t dpos = type == T_Q2_K ? 80 : type == T_Q3_K ? 108 : type == T_Q6_K ? 208 : 0;
     *dx = (double)k_ld_f16(x + dpos);
-    bool has_min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-    *dm = has_min ? (double)k_ld_f16(x + dpos + 2) : 0.0;
+    *dm = k_panel_min(type) ? (double)k_ld_f16(x + dpos + 2) : 0.0;
 }
 
 // Packs nw (1..K_PANEL) weight rows of n values, row r at w + r * w_stride, into `panel`
@@ -8873,7 +8872,7 @@ K_AVX2 K_INLINE void k_store_pd8_avx2(uint8_t *dst, const float f[8]) {
 K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
     const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
-    const bool min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    const bool min = k_panel_min(type);
     PSV_ASSERT(n % qb == 0 && nw >= 1 && nw <= K_PANEL);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
@@ -9553,16 +9552,10 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
     return v;
 }
 
-K_AVX512 K_INLINE __m256i k_bcast4_avx512(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 // Block b of the panel against R activation rows: the term of each, added to acc[r].
 K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                          const int16_t *const *ar, const double *const *dr, int64_t nb, __m512d *acc) {
-    const bool min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    const bool min = k_panel_min(type);
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
     __m256i is[K_GEMM_ROWS], ms[K_GEMM_ROWS];
@@ -9580,8 +9573,8 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                 K_UNROLL
                 for (int r = 0; r < R; r++) {
                     const uint8_t *a = yr[r] + (size_t)b * as + qo;
-                    is[r] = _mm256_dpbusd_epi32(is[r], lo, k_bcast4_avx512(a + 4 * s));
-                    is[r] = _mm256_dpbusd_epi32(is[r], hi, k_bcast4_avx512(a + 16 + 4 * s));
+                    is[r] = _mm256_dpbusd_epi32(is[r], lo, k_bcast4_avx2(a + 4 * s));
+                    is[r] = _mm256_dpbusd_epi32(is[r], hi, k_bcast4_avx2(a + 16 + 4 * s));
                 }
             }
         } else {
@@ -9590,7 +9583,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                 __m256i w = k_load256(pb + 32 * s);
                 K_UNROLL
                 for (int r = 0; r < R; r++)
-                    is[r] = _mm256_dpbusd_epi32(is[r], w, k_bcast4_avx512(yr[r] + (size_t)b * as + qo + 4 * s));
+                    is[r] = _mm256_dpbusd_epi32(is[r], w, k_bcast4_avx2(yr[r] + (size_t)b * as + qo + 4 * s));
             }
         }
         K_UNROLL
@@ -9618,8 +9611,8 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                 K_UNROLL
                 for (int r = 0; r < R; r++) {
                     const uint8_t *a = yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c + 4 * s;
-                    d0[r] = _mm256_dpbusd_epi32(d0[r], lo, k_bcast4_avx512(a));
-                    d1[r] = _mm256_dpbusd_epi32(d1[r], hi, k_bcast4_avx512(a + 32));
+                    d0[r] = _mm256_dpbusd_epi32(d0[r], lo, k_bcast4_avx2(a));
+                    d1[r] = _mm256_dpbusd_epi32(d1[r], hi, k_bcast4_avx2(a + 32));
                 }
             }
             __m256i sc0 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c));
@@ -9640,7 +9633,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                 __m256i w = k_load256(pb + 32 * (k * steps + s));
                 K_UNROLL
                 for (int r = 0; r < R; r++)
-                    d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
+                    d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
             }
             __m256i sc = k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16));
             K_UNROLL
@@ -9657,13 +9650,13 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         if (cor) {
             __m256i c = k_load256(pb + k_panel_cor(type) + 32 * j);
             K_UNROLL
-            for (int r = 0; r < R; r++) is[r] = _mm256_dpwssd_epi32(is[r], c, k_bcast4_avx512(ar[r] + 16 * b + 2 * j));
+            for (int r = 0; r < R; r++) is[r] = _mm256_dpwssd_epi32(is[r], c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j));
         }
         if (min) {
             __m256i c = k_load256(pb + k_panel_mco(type) + 32 * j);
             K_UNROLL
             for (int r = 0; r < R; r++)
-                ms[r] = _mm256_dpwssd_epi32(ms[r], c, k_bcast4_avx512(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j));
+                ms[r] = _mm256_dpwssd_epi32(ms[r], c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j));
         }
     }
     K_UNROLL
