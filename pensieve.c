@@ -9552,9 +9552,9 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
     return v;
 }
 
-// Block b of the panel against R activation rows: the term of each, added to acc[r].
+// Block b of the panel against R activation rows: the term of each, to term[r].
 K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
-                                         const int16_t *const *ar, const double *const *dr, int64_t nb, __m512d *acc) {
+                                         const int16_t *const *ar, const double *const *dr, int64_t nb, __m512d *term) {
     const bool min = k_panel_min(type);
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
@@ -9592,7 +9592,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b])), _mm512_cvtepi32_pd(is[r]));
             if (q81) t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
-            acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
+            term[r] = k_no_fuse_pd512(t);
         }
         return;
     }
@@ -9667,7 +9667,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                                                 _mm512_mul_pd(dm, _mm512_cvtepi32_pd(ms[r]))));
         else // reference: dx * dy * isum
             t = _mm512_mul_pd(_mm512_mul_pd(dx, dy), _mm512_cvtepi32_pd(is[r]));
-        acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
+        term[r] = k_no_fuse_pd512(t);
     }
 }
 
@@ -9688,20 +9688,29 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
         dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][r] = _mm512_setzero_pd();
     }
+    // Block b's terms go to lane b % 4. The k-quants' large block body is inlined once and only
+    // the additions are switched on the lane (a copy of the body per lane made the file slow to
+    // compile; the branch repeats with period four, so it is predicted). The small 32-value
+    // blocks go four at a time first, where that branch would cost more than the copies.
     int64_t b = 0;
-    for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
-        const uint8_t *pb = panel + (size_t)b * bb;
-        k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[0]);
-        k_gemm_blk_avx512(type, R, pb + bb, b + 1, yr, ar, dr, nb, acc[1]);
-        k_gemm_blk_avx512(type, R, pb + 2 * bb, b + 2, yr, ar, dr, nb, acc[2]);
-        k_gemm_blk_avx512(type, R, pb + 3 * bb, b + 3, yr, ar, dr, nb, acc[3]);
-    }
+    if (type_table[type].blck_size == 32)
+        for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
+            K_UNROLL
+            for (int l = 0; l < K_BLOCK_LANES; l++) {
+                __m512d t[K_GEMM_ROWS];
+                k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, nb, t);
+                K_UNROLL
+                for (int r = 0; r < R; r++) acc[l][r] = _mm512_add_pd(acc[l][r], t[r]);
+            }
+        }
     for (; b < nb; b++) {
-        const uint8_t *pb = panel + (size_t)b * bb;
+        __m512d t[K_GEMM_ROWS];
+        k_gemm_blk_avx512(type, R, panel + (size_t)b * bb, b, yr, ar, dr, nb, t);
         switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
-        case 0: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[0]); break;
-        case 1: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[1]); break;
-        default: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, nb, acc[2]); break;
+        case 0: K_UNROLL for (int r = 0; r < R; r++) acc[0][r] = _mm512_add_pd(acc[0][r], t[r]); break;
+        case 1: K_UNROLL for (int r = 0; r < R; r++) acc[1][r] = _mm512_add_pd(acc[1][r], t[r]); break;
+        case 2: K_UNROLL for (int r = 0; r < R; r++) acc[2][r] = _mm512_add_pd(acc[2][r], t[r]); break;
+        default: K_UNROLL for (int r = 0; r < R; r++) acc[3][r] = _mm512_add_pd(acc[3][r], t[r]); break;
         }
     }
     const __mmask8 mask = (__mmask8)((1u << nw) - 1);
