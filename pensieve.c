@@ -46,6 +46,17 @@
 
 #include "pensieve.h"
 
+// Floating-point results must not depend on how the file is compiled. Compilers may fuse a
+// multiply and an add into one FMA, rounding once instead of twice: GCC across statements in its
+// default GNU mode at -O1 and above (not with -std=c11), clang within an expression, wherever the
+// target has FMA (every AVX2/AVX-512 function here, all of aarch64). The reference models turn such
+// a last-bit change into visible logit differences, so contraction is off for the whole file.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 // ----------------------------------------------------------------------------
 // 1. Config
 // Every limit on untrusted input is a named macro so embedders can tighten it.

@@ -1,0 +1,48 @@
+#!/bin/sh
+# tests/cli_buildflags.sh — the numbers pensieve computes must not depend on how pensieve.c is
+# compiled. Compilers fuse a * b + c into one FMA unless told not to (GCC in its default GNU mode
+# at -O2, clang within expressions), which changes last bits, and the reference models turn last
+# bits into visible logit changes. Builds pensieve.c with gcc and clang at -O2 in their default
+# (GNU) language mode and checks that `pensieve logits` prints exactly what $PSV_BIN prints, for
+# the first case of every reference model. Needs $PSV_BIN and ../shared ($PSV_SHARED).
+# Ends with `N passed, N failed, N skipped`.
+
+pass=0 fail=0 skip=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+finish() { echo "$pass passed, $fail failed, $skip skipped"; [ "$fail" -eq 0 ]; exit; }
+
+if [ -z "$PSV_BIN" ] || [ ! -x "$PSV_BIN" ]; then
+    bad "PSV_BIN is not set to an executable (got '$PSV_BIN')"; finish
+fi
+src=$(cd "$(dirname "$0")/.." && pwd)/pensieve.c
+ref=${PSV_SHARED:-../shared}/reference
+if [ ! -d "$ref/expected" ]; then
+    skip=$((skip + 1)); echo "skipped: $ref/expected is absent: no reference models to compute"
+    finish
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psv_cli_buildflags.XXXXXX") || { bad "mktemp -d failed"; finish; }
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' INT TERM HUP
+
+for cc in gcc clang; do
+    if ! command -v $cc >/dev/null 2>&1; then
+        skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue
+    fi
+    if ! $cc -O2 "$src" -o "$tmp/pensieve-$cc" -lpthread 2>"$tmp/cc.err"; then
+        bad "$cc -O2 pensieve.c failed"; cat "$tmp/cc.err"; continue
+    fi
+    for exp in "$ref"/expected/*.json; do
+        name=$(basename "$exp" .json)
+        # the first case's prompt and generated ids, with the contract's context and KV type
+        ids=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(",".join(map(str, c["prompt_ids"] + c["gen_ids"])))' "$exp") ||
+            { bad "$name: cannot read $exp"; continue; }
+        for b in "$PSV_BIN" "$tmp/pensieve-$cc"; do
+            "$b" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 >"$tmp/$(basename "$b").out" 2>&1
+        done
+        if cmp -s "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out"; then ok
+        else bad "$name: '$cc -O2' build computes other logits than $PSV_BIN"; diff "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out" | head -n 4
+        fi
+    done
+done
+finish
