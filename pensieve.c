@@ -7230,6 +7230,9 @@ typedef void (*k_gemm_fn)(int64_t n, const uint8_t *panel, const uint8_t *y, siz
                           size_t side_stride, int nr, float *const *out, int nw);
 // k_panel_pack: nw weight rows of n values, w_stride bytes apart, into a panel.
 typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel);
+// vec_dot of weight row x with activation row y given y's k_act_side (section 12), which lets
+// generation skip work that depends only on the activation; bit-identical to vec_dot.
+typedef void (*k_gemv_fn)(int64_t n, float *s, const uint8_t *x, const uint8_t *y, const uint8_t *side);
 typedef struct {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
@@ -7238,6 +7241,7 @@ typedef struct {
     k_vec_dot_rows_fn vec_dot_rows; // optional (NULL in the reference set): see k_dot_rows
     k_gemm_fn gemm;                 // optional (NULL in the reference set): see "GEMM panels"
     k_pack_fn pack;                 // the panel packer gemm's set uses (set with gemm)
+    k_gemv_fn gemv;                 // optional (NULL in the reference set): see k_gemv_fn
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8142,21 +8146,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -9524,6 +9528,61 @@ K_DEF_ROWS(q5_0_q8_0_avx512, k_rows32_avx512, T_Q5_0, K_AVX512)
 K_DEF_ROWS(q5_1_q8_1_avx512, k_rows32_avx512, T_Q5_1, K_AVX512)
 K_DEF_ROWS(q8_0_q8_0_avx512, k_rows32_avx512, T_Q8_0, K_AVX512)
 
+// Generation's products for the types against Q8_0 (k_gemv_fn): the weight quants as unsigned
+// bytes u (Q4_0 and Q5_0 keep their +8/+16 offset, Q8_0 gets +128 by flipping its sign bit), so
+// one vpdpbusd per block gives sum(u * a); the offset times the activation block's sum (from the
+// side data, computed once per activation row instead of once per weight row) is then taken off:
+// isum = sum(u * a) - off * sum(a), the reference's isum exactly. |sum(u * a)| <= 32 * 255 * 128.
+// The block scales of the activation come from the side data as doubles.
+K_AVX512 K_INLINE __m256i k_gemv_u8_avx512(uint32_t type, const uint8_t *xb) {
+    if (type == T_Q8_0) return _mm256_xor_si256(k_load256(xb + 2), _mm256_set1_epi8((char)0x80));
+    return k_w32_unpack_avx2(type, xb).a;
+}
+
+K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y,
+                                       const uint8_t *side) {
+    PSV_ASSERT(n % 32 == 0);
+    const size_t xs = k_w32_size(type);
+    const int64_t nb = n / 32;
+    const int sh = type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : 7; // off = 8, 16, 128
+    const int16_t *sums = (const int16_t *)(const void *)side;
+    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
+    const __m256i z = _mm256_setzero_si256();
+    __m256d accv = _mm256_setzero_pd();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *xb = x + (size_t)b * xs, *yb = y + (size_t)b * K_Q8_0_SIZE;
+        __m128i is = k_hsum4_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yb + 2)),
+                                      _mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb + xs), k_load256(yb + 36)),
+                                      _mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb + 2 * xs), k_load256(yb + 70)),
+                                      _mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb + 3 * xs), k_load256(yb + 104)));
+        __m128i sa = _mm_madd_epi16(k_load128((const uint8_t *)(sums + 2 * b)), _mm_set1_epi16(1));
+        is = _mm_sub_epi32(is, _mm_slli_epi32(sa, sh));
+        __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs));
+        // reference: (double)dx * (double)dy * (double)isum
+        __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_loadu_pd(dy + b)), _mm256_cvtepi32_pd(is));
+        accv = _mm256_add_pd(accv, k_no_fuse_pd_avx2(t));
+    }
+    double acc[K_BLOCK_LANES];
+    _mm256_storeu_pd(acc, accv);
+    for (; b < nb; b++) {
+        const uint8_t *xb = x + (size_t)b * xs, *yb = y + (size_t)b * K_Q8_0_SIZE;
+        int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yb + 2)));
+        isum -= (sums[2 * b] + sums[2 * b + 1]) * (1 << sh);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_avx2(xb) * dy[b] * (double)isum);
+    }
+    *s = k_lanes_sum(acc, K_BLOCK_LANES);
+}
+
+#define K_DEF_GEMV(name, type)                                                                                \
+    K_AVX512 static void k_gemv_##name##_avx512(int64_t n, float *s, const uint8_t *x, const uint8_t *y,      \
+                                                const uint8_t *side) {                                          \
+        k_gemv32_avx512(type, n, s, x, y, side);                                                                \
+    }
+K_DEF_GEMV(q4_0, T_Q4_0)
+K_DEF_GEMV(q5_0, T_Q5_0)
+K_DEF_GEMV(q8_0, T_Q8_0)
+
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
 K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
     const uint8_t *a = yb + 4;
@@ -10202,6 +10261,9 @@ static void k_fill_avx512(k_traits *t) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
     }
+    t[T_Q4_0].gemv = k_gemv_q4_0_avx512;
+    t[T_Q5_0].gemv = k_gemv_q5_0_avx512;
+    t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
 }
 #endif
 
@@ -10843,6 +10905,7 @@ typedef struct {
 // from 5 on they are faster than the multi-row kernels for every type, from 4 on already for
 // Q4_0 and Q4_1, whose panels are just a transpose (measured on Zen 4).
 #define MM_GEMM_MIN 4
+#define MM_GEMV_MAX 2 // products of at most this many rows use the set's gemv kernels where it has them (measured: at 3 rows the multi-row kernels are faster)
 static int64_t mm_gemm_min(uint32_t type) { return type == T_Q4_0 || type == T_Q4_1 ? MM_GEMM_MIN : MM_GEMM_MIN + 1; }
 
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
@@ -10891,11 +10954,12 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     int64_t widest_in = PSV_MAX(PSV_MAX(m->n_embd, nq), m->n_ff);
     s->qbuf_size = B * (size_t)widest_in * 5 + 1024;
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
-    // GEMM (batches of at least MM_GEMM_MIN rows): a panel takes at most 12.5 bytes per value
+    // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
+    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 12.5 bytes per value
+    ok = ok && (s->sides = malloc(B * k_act_side_size(T_Q8_1, widest_in)));
     if (n_batch >= MM_GEMM_MIN) {
         s->panel_size = (size_t)widest_in * 13 + 64;
-        ok = ok && (s->sides = malloc(B * k_act_side_size(T_Q8_1, widest_in))) &&
-             (s->panels = malloc((size_t)s->n_threads * s->panel_size));
+        ok = ok && (s->panels = malloc((size_t)s->n_threads * s->panel_size));
     }
     if (!ok) {
         scratch_free(s);
@@ -10922,8 +10986,9 @@ typedef struct {
     float *const *y_rows; // when set: row t of the result goes to y_rows[t] instead of y + t*y_stride
     const k_traits *tr;
     const float *x; // quantize phase
-    uint8_t *sides; // GEMM: k_act_side of each row, side_stride apart; NULL: no GEMM
+    uint8_t *sides; // GEMM or GEMV: k_act_side of each row, side_stride apart; NULL: neither
     size_t side_stride;
+    bool gemv;       // the set's gemv kernel for each product (else GEMM when sides is set)
     uint8_t *panels; // GEMM: the threads' panel buffers
     size_t panel_size;
 } mm_job;
@@ -10967,12 +11032,20 @@ static void mm_gemm_task(const mm_job *j, int ith, int nth) {
 
 static void mm_dot_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    if (j->sides) {
+    if (j->sides && !j->gemv) {
         mm_gemm_task(j, ith, nth);
         return;
     }
     int64_t lo, hi;
     pool_share(j->w->n_out, ith, nth, &lo, &hi);
+    if (j->gemv) {
+        for (int64_t o = lo; o < hi; o++)
+            for (int64_t t = 0; t < j->n_tok; t++)
+                j->tr->gemv(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o],
+                            j->w->data + (size_t)o * j->w->row_size, j->xq + (size_t)t * j->xq_row,
+                            j->sides + (size_t)t * j->side_stride);
+        return;
+    }
     for (int64_t o = lo; o < hi; o++) {
         const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
         int64_t t = 0;
@@ -11041,6 +11114,10 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
         j.panels = s->panels;
         j.panel_size = s->panel_size;
+    } else if (n_tok <= MM_GEMV_MAX && j.tr->gemv) {
+        j.sides = s->sides;
+        j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
+        j.gemv = true;
     }
 #ifdef PSV_TESTING
     test_note_ties(s, x, n_tok, w->n_in, j.tr->vec_dot_type);

@@ -347,6 +347,47 @@ static void st_check_gemm(k_set set) {
     }
 }
 
+// The set's gemv kernels (generation's products with the activation's side data) against the
+// reference vec_dot, bit for bit, on the same adversarial rows as the dot products.
+static void st_check_gemv(k_set set) {
+    bool any = false;
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemv;
+    if (!any) SKIP("kernel set %s: has no gemv kernels", k_set_names[set]);
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        uint32_t wt = st_weight_types[ti];
+        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
+        if (!sk || !sk->gemv) continue;
+        uint32_t at = ref->vec_dot_type;
+        int64_t lens[16];
+        int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+        for (int li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n), ss = k_act_side_size(at, n);
+            uint8_t *x = malloc(xs + 1), *y = malloc(ys + 1), *side = malloc(ss + 8);
+            PSV_ASSERT(x && y && side);
+            for (int rep = 0; rep < (n >= 4096 ? 8 : 40); rep++) {
+                bool wild = rep % 5 == 4;
+                st_random_row(wt, n, x, wild);
+                st_random_row(at, n, y, wild);
+                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, 1, ys);
+                k_act_side(at, y, n, side);
+                float want, got = -1.0f;
+                ref->vec_dot(n, &want, x, y);
+                sk->gemv(n, &got, x, y, side);
+                checked++;
+                if (!st_same(want, got) && mismatches++ < 5)
+                    fprintf(stderr, "%s gemv %s n=%lld rep %d: ref %.9g (%08x) vs %.9g (%08x)\n", k_set_names[set],
+                            type_get(wt)->name, (long long)n, rep, want, f32_bits(want), got, f32_bits(got));
+            }
+            free(x);
+            free(y);
+            free(side);
+        }
+        CHECKF(mismatches == 0, "%s gemv %s: %d of %d products differ from the reference", k_set_names[set],
+               type_get(wt)->name, mismatches, checked);
+    }
+}
+
 // ---- quantizers ------------------------------------------------------------------------------
 
 static const uint32_t st_act_types[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16, T_F32};
@@ -622,6 +663,7 @@ int main(void) {
         }
         st_check_dots((k_set)s);
         st_check_gemm((k_set)s);
+        st_check_gemv((k_set)s);
         st_check_quantizers((k_set)s);
         st_check_vec((k_set)s);
     }
