@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""tools/llama_compare.py: pensieve side by side with llama.cpp, on this machine.
+
+  llama_compare.py setup                      fetch and build llama.cpp (once)
+  llama_compare.py bench -m MODEL [-p 128,512] [-n 128] [-t 1,2] [-r 3] [--rounds 2]
+  llama_compare.py conformance [--threads 2]
+
+llama.cpp comes from the npm registry: node-llama-cpp ships the llama.cpp source it was built
+from (a git bundle) and prebuilt CPU libraries for several x86 levels. `setup` builds that
+source for this CPU (llama-bench and the library), builds tools/llama_logits.c against it, and
+links the same program against the prebuilt AVX2 ("haswell") and baseline ("x64") libraries.
+Everything goes to $LLAMA_DIR (default /tmp/pensieve-llama); nothing enters the repository.
+
+`bench` runs `pensieve bench` and `llama-bench` on the same file with the same settings, in
+alternating rounds (this machine's speed drifts), and prints both with their ratio. A benchmark:
+it asserts nothing.
+
+`conformance` evaluates every case of ../shared/reference/expected with teacher forcing, as
+tests/test_engine.c does, with pensieve (batch and one by one) and with llama.cpp (the
+reference's own split of prompt batch + one-by-one generation, all in one batch, all one by
+one, and the prebuilt AVX2 and baseline builds), and counts the positions outside the contract
+(a top-8 logit or the log-sum-exp more than 0.15 away).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DIR = os.environ.get("LLAMA_DIR", "/tmp/pensieve-llama")
+NLC = "3.22.1"  # node-llama-cpp release whose llama.cpp is built (its bundle: llama.cpp as of late 2026)
+SRC = os.path.join(DIR, "llama.cpp")
+BIN = os.path.join(SRC, "build", "bin")
+VARIANTS = ("haswell", "x64")
+
+
+def run(cmd, **kw):
+    print("+", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def setup(_):
+    os.makedirs(DIR, exist_ok=True)
+    run(["npm", "install", "--prefix", DIR, "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
+         "node-llama-cpp@" + NLC, "@node-llama-cpp/linux-x64@" + NLC])
+    nlc = os.path.join(DIR, "node_modules", "node-llama-cpp", "llama")
+    if not os.path.isdir(SRC):
+        run(["git", "clone", "-q", os.path.join(nlc, "gitRelease.bundle"), SRC])
+    run(["cmake", "-S", SRC, "-B", os.path.join(SRC, "build"), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"], stdout=subprocess.DEVNULL)
+    run(["cmake", "--build", os.path.join(SRC, "build"), "-j", str(os.cpu_count() or 2), "--target", "llama-bench",
+         "llama"], stdout=subprocess.DEVNULL)
+    inc = ["-I", os.path.join(SRC, "include"), "-I", os.path.join(SRC, "ggml", "include")]
+    src = os.path.join(HERE, "llama_logits.c")
+    run(["cc", "-O2"] + inc + [src, "-o", os.path.join(DIR, "llama_logits"), "-L", BIN, "-lllama", "-lggml",
+                               "-lggml-base", "-lm", "-Wl,-rpath," + BIN])
+    pre = os.path.join(DIR, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64")
+    for v in VARIANTS:  # ggml loads the best libggml-cpu-*.so beside the program: give it only one
+        d = os.path.join(DIR, "variant-" + v)
+        os.makedirs(d, exist_ok=True)
+        libs = glob.glob(os.path.join(pre, "libllama.v*.so")) + glob.glob(os.path.join(pre, "libggml.v*.so"))
+        for f in libs + [os.path.join(pre, "libggml-base.so"), os.path.join(pre, "libggml-cpu-%s.so" % v)]:
+            shutil.copy(f, d)
+        names = ["-l:" + os.path.basename(f) for f in libs] + ["-l:libggml-base.so"]
+        run(["cc", "-O2"] + inc + [src, "-o", os.path.join(d, "llama_logits"), "-L", d] + names +
+            ["-lm", "-Wl,-rpath,$ORIGIN"])
+    print("llama.cpp ready in", DIR)
+
+
+def bench(a):
+    rows = {}
+    for _ in range(a.rounds):
+        out = subprocess.run([a.bin, "bench", "-m", a.model, "-p", a.p, "-n", str(a.n), "-t", a.t, "-r", str(a.r),
+                              "--json"], check=True, capture_output=True, text=True).stdout
+        for t in json.loads(out)["tests"]:
+            rows.setdefault((t["name"], t["threads"]), {}).setdefault("pensieve", []).append(t["tps_mean"])
+        out = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", a.model, "-p", a.p, "-n", str(a.n), "-t", a.t,
+                              "-r", str(a.r), "-o", "json"], check=True, capture_output=True, text=True).stdout
+        for t in json.loads(out):
+            name = "pp%d" % t["n_prompt"] if t["n_prompt"] else "tg%d" % t["n_gen"]
+            rows.setdefault((name, t["n_threads"]), {}).setdefault("llama.cpp", []).append(t["avg_ts"])
+    print("| %s | threads | pensieve t/s | llama.cpp t/s | ratio |" % os.path.basename(a.model))
+    print("| --- | --- | --- | --- | --- |")
+    for (name, thr), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0][:2] != "pp", kv[0][0])):
+        p = sum(v.get("pensieve", [0])) / max(1, len(v.get("pensieve", [])))
+        q = sum(v.get("llama.cpp", [0])) / max(1, len(v.get("llama.cpp", [])))
+        print("| %s | %d | %.1f | %.1f | %.2f |" % (name, thr, p, q, p / q if q else 0))
+
+
+def misses(case, lines):
+    refs = case["prompt_logits"] + case["gen_logits"][1:]
+    rows = [json.loads(x) for x in lines]
+    bad, worst = 0, 0.0
+    for i, r in enumerate(refs):
+        got = dict((t, v) for t, v in rows[i]["top"])
+        d = abs(rows[i]["lse"] - r["lse"])
+        for t, v in r["top"]:
+            d = max(d, abs(got[t] - v)) if t in got else float("inf")
+        bad += d > 0.15
+        worst = max(worst, d)
+    return len(refs), bad, worst
+
+
+def conformance(a):
+    shared = os.environ.get("PSV_SHARED", os.path.join(REPO, "..", "shared"))
+    runners = [
+        ("pensieve, batch", lambda m, c: [a.bin, "logits", "-m", m, "--ids", ids(c, True), "--ctx", "512",
+                                          "--kv-type", "f32", "--top", "50", "--threads", str(a.threads), "--batch"]),
+        ("pensieve, one by one", lambda m, c: [a.bin, "logits", "-m", m, "--ids", ids(c, True), "--ctx", "512",
+                                               "--kv-type", "f32", "--top", "50", "--threads", str(a.threads),
+                                               "--one-by-one"]),
+    ]
+    for mode in ("ref", "batch", "one"):
+        runners.append(("llama.cpp native, " + mode, lambda m, c, mode=mode: [
+            os.path.join(DIR, "llama_logits"), m, str(a.threads), mode, ids(c, False), ",".join(map(str, c["gen_ids"]))]))
+    for v in VARIANTS:
+        runners.append(("llama.cpp %s, ref" % v, lambda m, c, v=v: [
+            os.path.join(DIR, "variant-" + v, "llama_logits"), m, str(a.threads), "ref", ids(c, False),
+            ",".join(map(str, c["gen_ids"]))]))
+    files = sorted(glob.glob(os.path.join(shared, "reference", "expected", "*.json")))
+    print("| runner | " + " | ".join(os.path.basename(f)[:-5] for f in files) + " | total |")
+    print("| --- " * (len(files) + 2) + "|")
+    for name, cmd in runners:
+        cells, tot_n, tot_bad = [], 0, 0
+        for f in files:
+            exp = json.load(open(f))
+            model = os.path.join(shared, "reference", "models", os.path.basename(f)[:-5] + ".gguf")
+            n = bad = 0
+            worst = 0.0
+            for c in exp["cases"]:
+                out = subprocess.run(cmd(model, c), check=True, capture_output=True, text=True).stdout.splitlines()
+                cn, cb, cw = misses(c, out)
+                n, bad, worst = n + cn, bad + cb, max(worst, cw)
+            cells.append("%d (%.2f)" % (bad, worst))
+            tot_n, tot_bad = tot_n + n, tot_bad + bad
+        print("| %s | %s | %d of %d |" % (name, " | ".join(cells), tot_bad, tot_n))
+    print("\ncells: positions outside the contract (largest logit difference)")
+
+
+def ids(case, with_gen):
+    v = case["prompt_ids"] + (case["gen_ids"][:-1] if with_gen else [])
+    return ",".join(map(str, v))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("setup")
+    b = sub.add_parser("bench")
+    b.add_argument("-m", dest="model", required=True)
+    b.add_argument("-p", default="128,512")
+    b.add_argument("-n", type=int, default=128)
+    b.add_argument("-t", default="1,2")
+    b.add_argument("-r", type=int, default=3)
+    b.add_argument("--rounds", type=int, default=2)
+    b.add_argument("--bin", default=os.path.join(REPO, "pensieve"))
+    c = sub.add_parser("conformance")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--bin", default=os.path.join(REPO, "pensieve"))
+    a = ap.parse_args()
+    {"setup": setup, "bench": bench, "conformance": conformance}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
