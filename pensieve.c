@@ -7230,9 +7230,11 @@ typedef void (*k_gemm_fn)(int64_t n, const uint8_t *panel, const uint8_t *y, siz
                           size_t side_stride, int nr, float *const *out, int nw);
 // k_panel_pack: nw weight rows of n values, w_stride bytes apart, into a panel.
 typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel);
-// vec_dot of weight row x with activation row y given y's k_act_side (section 12), which lets
-// generation skip work that depends only on the activation; bit-identical to vec_dot.
-typedef void (*k_gemv_fn)(int64_t n, float *s, const uint8_t *x, const uint8_t *y, const uint8_t *side);
+// vec_dot_rows given each activation row's k_act_side (section 12) at side + r*side_stride,
+// which lets generation skip work that depends only on the activation: weight row x against nr
+// (1..K_ROWS_MAX) activation rows y + r*y_stride, results to s[r*s_stride], bit-identical to vec_dot.
+typedef void (*k_gemv_fn)(int64_t n, float *s, int64_t s_stride, const uint8_t *x, const uint8_t *y, size_t y_stride,
+                          const uint8_t *side, size_t side_stride, int nr);
 typedef struct {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
@@ -9539,45 +9541,55 @@ K_AVX512 K_INLINE __m256i k_gemv_u8_avx512(uint32_t type, const uint8_t *xb) {
     return k_w32_unpack_avx2(type, xb).a;
 }
 
-K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y,
-                                       const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0);
+K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
+                                       const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride, int nr) {
+    PSV_ASSERT(n % 32 == 0 && nr >= 1 && nr <= K_ROWS_MAX);
     const size_t xs = k_w32_size(type);
     const int64_t nb = n / 32;
     const int sh = type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : 7; // off = 8, 16, 128
-    const int16_t *sums = (const int16_t *)(const void *)side;
-    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
     const __m256i z = _mm256_setzero_si256();
-    __m256d accv = _mm256_setzero_pd();
+    __m256d accv[K_ROWS_MAX];
+    for (int r = 0; r < nr; r++) accv[r] = _mm256_setzero_pd();
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        const uint8_t *xb = x + (size_t)b * xs, *yb = y + (size_t)b * K_Q8_0_SIZE;
-        __m128i is = k_hsum4_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yb + 2)),
-                                      _mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb + xs), k_load256(yb + 36)),
-                                      _mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb + 2 * xs), k_load256(yb + 70)),
-                                      _mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb + 3 * xs), k_load256(yb + 104)));
-        __m128i sa = _mm_madd_epi16(k_load128((const uint8_t *)(sums + 2 * b)), _mm_set1_epi16(1));
-        is = _mm_sub_epi32(is, _mm_slli_epi32(sa, sh));
-        __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs));
-        // reference: (double)dx * (double)dy * (double)isum
-        __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_loadu_pd(dy + b)), _mm256_cvtepi32_pd(is));
-        accv = _mm256_add_pd(accv, k_no_fuse_pd_avx2(t));
+    for (; b + 4 <= nb; b += 4) { // four weight blocks, unpacked once for all the rows
+        const uint8_t *xb = x + (size_t)b * xs;
+        const __m256i u0 = k_gemv_u8_avx512(type, xb), u1 = k_gemv_u8_avx512(type, xb + xs);
+        const __m256i u2 = k_gemv_u8_avx512(type, xb + 2 * xs), u3 = k_gemv_u8_avx512(type, xb + 3 * xs);
+        const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs));
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_0_SIZE, *sd = side + (size_t)r * side_stride;
+            __m128i is = k_hsum4_i32_avx2(_mm256_dpbusd_epi32(z, u0, k_load256(yb + 2)), _mm256_dpbusd_epi32(z, u1, k_load256(yb + 36)),
+                                          _mm256_dpbusd_epi32(z, u2, k_load256(yb + 70)), _mm256_dpbusd_epi32(z, u3, k_load256(yb + 104)));
+            __m128i sa = _mm_madd_epi16(k_load128(sd + 4 * b), _mm_set1_epi16(1)); // sums of 16, pairwise
+            is = _mm_sub_epi32(is, _mm_slli_epi32(sa, sh));
+            __m256d dy = _mm256_loadu_pd((const double *)(const void *)(sd + k_act_side_d(n)) + b);
+            // reference: (double)dx * (double)dy * (double)isum
+            __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), _mm256_cvtepi32_pd(is));
+            accv[r] = _mm256_add_pd(accv[r], k_no_fuse_pd_avx2(t));
+        }
     }
-    double acc[K_BLOCK_LANES];
-    _mm256_storeu_pd(acc, accv);
-    for (; b < nb; b++) {
-        const uint8_t *xb = x + (size_t)b * xs, *yb = y + (size_t)b * K_Q8_0_SIZE;
-        int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yb + 2)));
-        isum -= (sums[2 * b] + sums[2 * b + 1]) * (1 << sh);
-        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_avx2(xb) * dy[b] * (double)isum);
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *yr = y + (size_t)r * ys, *sd = side + (size_t)r * side_stride;
+        const int16_t *sums = (const int16_t *)(const void *)sd;
+        const double *dy = (const double *)(const void *)(sd + k_act_side_d(n));
+        double acc[K_BLOCK_LANES];
+        _mm256_storeu_pd(acc, accv[r]);
+        for (int64_t c = b; c < nb; c++) {
+            const uint8_t *xb = x + (size_t)c * xs;
+            int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yr + (size_t)c * K_Q8_0_SIZE + 2)));
+            isum -= (sums[2 * c] + sums[2 * c + 1]) * (1 << sh);
+            acc[c % K_BLOCK_LANES] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
+        }
+        s[r * ss] = k_lanes_sum(acc, K_BLOCK_LANES);
     }
-    *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
 #define K_DEF_GEMV(name, type)                                                                                \
-    K_AVX512 static void k_gemv_##name##_avx512(int64_t n, float *s, const uint8_t *x, const uint8_t *y,      \
-                                                const uint8_t *side) {                                          \
-        k_gemv32_avx512(type, n, s, x, y, side);                                                                \
+    K_AVX512 static void k_gemv_##name##_avx512(int64_t n, float *s, int64_t ss, const uint8_t *x,              \
+                                                const uint8_t *y, size_t ys, const uint8_t *side,               \
+                                                size_t side_stride, int nr) {                                   \
+        if (nr == 1) k_gemv32_avx512(type, n, s, ss, x, y, ys, side, side_stride, 1); /* generation: a copy */ \
+        else k_gemv32_avx512(type, n, s, ss, x, y, ys, side, side_stride, nr);   /* for one row alone */        \
     }
 K_DEF_GEMV(q4_0, T_Q4_0)
 K_DEF_GEMV(q5_0, T_Q5_0)
@@ -10905,7 +10917,7 @@ typedef struct {
 // from 5 on they are faster than the multi-row kernels for every type, from 4 on already for
 // Q4_0 and Q4_1, whose panels are just a transpose (measured on Zen 4).
 #define MM_GEMM_MIN 4
-#define MM_GEMV_MAX 2 // products of at most this many rows use the set's gemv kernels where it has them (measured: at 3 rows the multi-row kernels are faster)
+#define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
 static int64_t mm_gemm_min(uint32_t type) { return type == T_Q4_0 || type == T_Q4_1 ? MM_GEMM_MIN : MM_GEMM_MIN + 1; }
 
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
@@ -11040,10 +11052,15 @@ static void mm_dot_task(void *arg, int ith, int nth) {
     pool_share(j->w->n_out, ith, nth, &lo, &hi);
     if (j->gemv) {
         for (int64_t o = lo; o < hi; o++)
-            for (int64_t t = 0; t < j->n_tok; t++)
-                j->tr->gemv(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o],
-                            j->w->data + (size_t)o * j->w->row_size, j->xq + (size_t)t * j->xq_row,
-                            j->sides + (size_t)t * j->side_stride);
+            for (int64_t t = 0; t < j->n_tok; t += K_ROWS_MAX) {
+                int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
+                float tmp[K_ROWS_MAX];
+                j->tr->gemv(j->w->n_in, j->y_rows ? tmp : &j->y[t * j->y_stride + o], j->y_rows ? 1 : j->y_stride,
+                            j->w->data + (size_t)o * j->w->row_size, j->xq + (size_t)t * j->xq_row, j->xq_row,
+                            j->sides + (size_t)t * j->side_stride, j->side_stride, nr);
+                if (j->y_rows)
+                    for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
+            }
         return;
     }
     for (int64_t o = lo; o < hi; o++) {
@@ -11108,16 +11125,16 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
-    if (n_tok >= mm_gemm_min(w->type) && j.tr->gemm && s->panels) {
+    if (n_tok <= MM_GEMV_MAX && j.tr->gemv) {
+        j.sides = s->sides;
+        j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
+        j.gemv = true;
+    } else if (n_tok >= mm_gemm_min(w->type) && j.tr->gemm && s->panels) {
         PSV_ASSERT(k_panel_size(w->type, w->n_in) <= s->panel_size);
         j.sides = s->sides;
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
         j.panels = s->panels;
         j.panel_size = s->panel_size;
-    } else if (n_tok <= MM_GEMV_MAX && j.tr->gemv) {
-        j.sides = s->sides;
-        j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
-        j.gemv = true;
     }
 #ifdef PSV_TESTING
     test_note_ties(s, x, n_tok, w->n_in, j.tr->vec_dot_type);

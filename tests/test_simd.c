@@ -363,21 +363,28 @@ static void st_check_gemv(k_set set) {
         for (int li = 0; li < nl; li++) {
             int64_t n = lens[li];
             size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n), ss = k_act_side_size(at, n);
-            uint8_t *x = malloc(xs + 1), *y = malloc(ys + 1), *side = malloc(ss + 8);
+            uint8_t *x = malloc(xs), *y = malloc(ys * K_ROWS_MAX), *side = malloc(ss * K_ROWS_MAX);
             PSV_ASSERT(x && y && side);
             for (int rep = 0; rep < (n >= 4096 ? 8 : 40); rep++) {
                 bool wild = rep % 5 == 4;
+                int nr = 1 + rep % K_ROWS_MAX;
                 st_random_row(wt, n, x, wild);
-                st_random_row(at, n, y, wild);
-                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, 1, ys);
-                k_act_side(at, y, n, side);
-                float want, got = -1.0f;
-                ref->vec_dot(n, &want, x, y);
-                sk->gemv(n, &got, x, y, side);
-                checked++;
-                if (!st_same(want, got) && mismatches++ < 5)
-                    fprintf(stderr, "%s gemv %s n=%lld rep %d: ref %.9g (%08x) vs %.9g (%08x)\n", k_set_names[set],
-                            type_get(wt)->name, (long long)n, rep, want, f32_bits(want), got, f32_bits(got));
+                for (int r = 0; r < nr; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
+                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nr, ys);
+                for (int r = 0; r < nr; r++) k_act_side(at, y + (size_t)r * ys, n, side + (size_t)r * ss);
+                float got[2 * K_ROWS_MAX];
+                for (int i = 0; i < 2 * K_ROWS_MAX; i++) got[i] = -1.0f;
+                sk->gemv(n, got, 2, x, y, ys, side, ss, nr); // results two apart: the stride is honoured
+                for (int r = 0; r < nr; r++) {
+                    float want;
+                    ref->vec_dot(n, &want, x, y + (size_t)r * ys);
+                    checked++;
+                    if (!st_same(want, got[2 * r]) && mismatches++ < 5)
+                        fprintf(stderr, "%s gemv %s n=%lld rep %d nr=%d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                                k_set_names[set], type_get(wt)->name, (long long)n, rep, nr, r, want, f32_bits(want),
+                                got[2 * r], f32_bits(got[2 * r]));
+                    CHECK(got[2 * r + 1] == -1.0f);
+                }
             }
             free(x);
             free(y);
