@@ -8794,7 +8794,30 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
         __m256d accv[K_BLOCK_LANES];                                                                       \
         for (int l = 0; l < K_BLOCK_LANES; l++) accv[l] = _mm256_setzero_pd();                            \
         k_wk_avx2 w;                                                                                       \
-        for (int64_t b = 0; b < n / QK_K; b++) {                                                           \
+        int64_t b = 0;                                                                                     \
+        if (nr == 1) { /* four blocks per reduction, their terms side by side: lane l = block b + l */    \
+            for (; b + K_BLOCK_LANES <= n / QK_K; b += K_BLOCK_LANES) {                                   \
+                __m256i iv[4], mv[4];                                                                      \
+                double d[4], dm[4], dyv[4];                                                                \
+                for (int l = 0; l < 4; l++) {                                                              \
+                    k_wk_unpack_avx2(type, x + (size_t)(b + l) * xs, &w);                                  \
+                    const uint8_t *yb = y + (size_t)(b + l) * K_Q8_K_SIZE;                                 \
+                    k_wk_dot_##isa(&w, yb, has_min, &iv[l], &mv[l]);                                       \
+                    d[l] = (double)w.d, dm[l] = (double)w.dmin, dyv[l] = (double)k_ld_f32(yb);             \
+                }                                                                                          \
+                __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));             \
+                __m256d dy = _mm256_loadu_pd(dyv), dx = _mm256_loadu_pd(d), t;                             \
+                if (has_min) { /* the reference: dy * (d * isum - dmin * msum) */                          \
+                    __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));         \
+                    t = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(_mm256_loadu_pd(dm), ms))); \
+                } else { /* d * dy * isum */                                                               \
+                    t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), is);                                          \
+                }                                                                                          \
+                accv[0] = _mm256_add_pd(accv[0], k_no_fuse_pd_avx2(t));                                    \
+            }                                                                                              \
+            _mm256_storeu_pd(acc1, accv[0]);                                                               \
+        }                                                                                                  \
+        for (; b < n / QK_K; b++) {                                                                        \
             k_wk_unpack_avx2(type, x + (size_t)b * xs, &w);                                                \
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;                                               \
             if (nr == 1) {                                                                                 \
