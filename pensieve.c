@@ -8640,6 +8640,7 @@ typedef struct {
     __m256i q[8];   // quants, chunk c = values 32c .. 32c+31
     __m256i sc[8];  // int16 scales for chunk c
     __m256i mins;   // int16 minimum per 16 activation values (Q2_K, Q4_K, Q5_K), paired with bsums
+    __m256i s16;    // the 16 sub-block scales as int16, in order (Q2_K, Q3_K, Q6_K)
     float d, dmin;
     int off;        // quant offset (Q3_K 4, Q6_K 32, others 0)
 } k_wk_avx2;
@@ -8750,6 +8751,7 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
 
 K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
     __m256i s16 = k_wk_unpack_q_avx2(type, x, w);
+    w->s16 = s16;
     K_UNROLL
     for (int c = 0; c < 8; c++) w->sc[c] = k_sc_chunk_avx2(s16, c);
 }
@@ -8757,7 +8759,16 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
 // An unpacked block against an activation block: 8 int32 lanes summing to isum (*iv) and, for
 // the formats with a minimum, to msum through the activation's bsums (*mv).
 // Pair bounds: q*a <= 2*63*128 = 16128, off*a <= 2*32*128 = 8192, (q - off)*a <= 8192.
-K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
+// With sums (the activation block's 16 sums of 16 from its side data), the offset is taken off
+// once per block as off * sum_k(scale_k * sum_k) instead of once per chunk; every intermediate
+// stays inside int32 (|sum_k| <= 2048, |scale| <= 128: the correction is below 2^28).
+K_AVX2 K_INLINE __m256i k_wk_off_avx2(const k_wk_avx2 *w, __m256i acc, const uint8_t *sums) {
+    __m256i corr = _mm256_madd_epi16(w->s16, k_load256(sums));
+    return _mm256_sub_epi32(acc, w->off == 32 ? _mm256_slli_epi32(corr, 5) : _mm256_mullo_epi32(corr, _mm256_set1_epi32(w->off)));
+}
+
+K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min, __m256i *iv,
+                                   __m256i *mv) {
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
@@ -8765,9 +8776,10 @@ K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, bool h
     for (int c = 0; c < 8; c++) {
         __m256i av = k_load256(a + 32 * c);
         __m256i p = _mm256_maddubs_epi16(w->q[c], av);
-        if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+        if (w->off && !sums) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, w->sc[c]));
     }
+    if (w->off && sums) acc = k_wk_off_avx2(w, acc, sums);
     *iv = acc;
     *mv = has_min ? _mm256_madd_epi16(w->mins, k_load256(yb + 260)) : _mm256_setzero_si256();
 }
@@ -8786,7 +8798,8 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
 // side by side in a vector (element r: row r), the block lanes kept as one vector each.
 #define K_DEF_ROWSK(isa, tgt)                                                                              \
     tgt K_INLINE void k_rowsk_##isa(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,      \
-                                    const uint8_t *y, size_t ys, int nr) {                                 \
+                                    const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,  \
+                                    int nr) {                                                              \
         PSV_ASSERT(n % QK_K == 0);                                                                         \
         const size_t xs = type_table[type].type_size;                                                      \
         const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;                           \
@@ -8802,7 +8815,7 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
                 for (int l = 0; l < 4; l++) {                                                              \
                     k_wk_unpack_avx2(type, x + (size_t)(b + l) * xs, &w);                                  \
                     const uint8_t *yb = y + (size_t)(b + l) * K_Q8_K_SIZE;                                 \
-                    k_wk_dot_##isa(&w, yb, has_min, &iv[l], &mv[l]);                                       \
+                    k_wk_dot_##isa(&w, yb, side ? side + 32 * (b + l) : NULL, has_min, &iv[l], &mv[l]);   \
                     d[l] = (double)w.d, dm[l] = (double)w.dmin, dyv[l] = (double)k_ld_f32(yb);             \
                 }                                                                                          \
                 __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));             \
@@ -8823,7 +8836,7 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
             if (nr == 1) {                                                                                 \
                 __m256i iv, mv;                                                                            \
                 int32_t isum, msum;                                                                        \
-                k_wk_dot_##isa(&w, yb, has_min, &iv, &mv);                                                 \
+                k_wk_dot_##isa(&w, yb, side ? side + 32 * b : NULL, has_min, &iv, &mv);                    \
                 k_hsum2_i32_avx2(iv, mv, &isum, &msum);                                                    \
                 double dy = (double)k_ld_f32(yb), t; /* the reference's expressions */                    \
                 if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);       \
@@ -8835,7 +8848,8 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
             float dyf[4] = {0};                                                                            \
             for (int r = 0; r < 4; r++) iv[r] = mv[r] = _mm256_setzero_si256();                           \
             for (int r = 0; r < nr; r++) {                                                                 \
-                k_wk_dot_##isa(&w, yb + (size_t)r * ys, has_min, &iv[r], &mv[r]);                          \
+                k_wk_dot_##isa(&w, yb + (size_t)r * ys, side ? side + (size_t)r * side_stride + 32 * b : NULL, \
+                               has_min, &iv[r], &mv[r]);                                                   \
                 dyf[r] = k_ld_f32(yb + (size_t)r * ys);                                                    \
             }                                                                                              \
             __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));                 \
@@ -8864,11 +8878,28 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
 
 K_DEF_ROWSK(avx2, K_AVX2)
 
-K_DEF_ROWS(q2_k_q8_k_avx2, k_rowsk_avx2, T_Q2_K, K_AVX2)
-K_DEF_ROWS(q3_k_q8_k_avx2, k_rowsk_avx2, T_Q3_K, K_AVX2)
-K_DEF_ROWS(q4_k_q8_k_avx2, k_rowsk_avx2, T_Q4_K, K_AVX2)
-K_DEF_ROWS(q5_k_q8_k_avx2, k_rowsk_avx2, T_Q5_K, K_AVX2)
-K_DEF_ROWS(q6_k_q8_k_avx2, k_rowsk_avx2, T_Q6_K, K_AVX2)
+// vec_dot's form (no side data) for K_DEF_ROWS.
+K_AVX2 K_INLINE void k_rowsk_avx2_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y,
+                                    size_t ys, int nr) {
+    k_rowsk_avx2(type, n, s, ss, x, y, ys, NULL, 0, nr);
+}
+
+K_DEF_ROWS(q2_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q2_K, K_AVX2)
+K_DEF_ROWS(q3_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q3_K, K_AVX2)
+K_DEF_ROWS(q4_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q4_K, K_AVX2)
+K_DEF_ROWS(q5_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q5_K, K_AVX2)
+K_DEF_ROWS(q6_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q6_K, K_AVX2)
+
+// Generation's products for the k-quants with a quant offset (Q3_K, Q6_K): the offset comes off
+// through the activation's sums of 16 (k_wk_off_avx2). Bit-identical to vec_dot.
+#define K_DEF_GEMVK_AVX2(name, type)                                                                     \
+    K_AVX2 static void k_gemv_##name##_avx2(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, \
+                                        size_t ys, const uint8_t *side, size_t side_stride, int nr) {        \
+        if (nr == 1) k_rowsk_avx2(type, n, s, ss, x, y, ys, side, side_stride, 1);                            \
+        else k_rowsk_avx2(type, n, s, ss, x, y, ys, side, side_stride, nr);                                   \
+    }
+K_DEF_GEMVK_AVX2(q3_k, T_Q3_K)
+K_DEF_GEMVK_AVX2(q6_k, T_Q6_K)
 
 // ---- AVX2: packing GEMM panels -----------------------------------------------------------------
 // k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
@@ -9619,7 +9650,8 @@ K_DEF_GEMV(q5_0, T_Q5_0)
 K_DEF_GEMV(q8_0, T_Q8_0)
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
-K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
+K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min,
+                                       __m256i *iv, __m256i *mv) {
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
@@ -9627,20 +9659,38 @@ K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, bo
     for (int c = 0; c < 8; c++) {
         __m256i av = k_load256(a + 32 * c);
         __m256i p = _mm256_maddubs_epi16(w->q[c], av);
-        if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+        if (w->off && !sums) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
         acc = _mm256_dpwssd_epi32(acc, p, w->sc[c]);
     }
+    if (w->off && sums) acc = k_wk_off_avx2(w, acc, sums);
     *iv = acc;
     *mv = has_min ? _mm256_madd_epi16(w->mins, k_load256(yb + 260)) : _mm256_setzero_si256();
 }
 
 K_DEF_ROWSK(avx512, K_AVX512)
 
-K_DEF_ROWS(q2_k_q8_k_avx512, k_rowsk_avx512, T_Q2_K, K_AVX512)
-K_DEF_ROWS(q3_k_q8_k_avx512, k_rowsk_avx512, T_Q3_K, K_AVX512)
-K_DEF_ROWS(q4_k_q8_k_avx512, k_rowsk_avx512, T_Q4_K, K_AVX512)
-K_DEF_ROWS(q5_k_q8_k_avx512, k_rowsk_avx512, T_Q5_K, K_AVX512)
-K_DEF_ROWS(q6_k_q8_k_avx512, k_rowsk_avx512, T_Q6_K, K_AVX512)
+// vec_dot's form (no side data) for K_DEF_ROWS.
+K_AVX512 K_INLINE void k_rowsk_avx512_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y,
+                                    size_t ys, int nr) {
+    k_rowsk_avx512(type, n, s, ss, x, y, ys, NULL, 0, nr);
+}
+
+K_DEF_ROWS(q2_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q2_K, K_AVX512)
+K_DEF_ROWS(q3_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q3_K, K_AVX512)
+K_DEF_ROWS(q4_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q4_K, K_AVX512)
+K_DEF_ROWS(q5_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q5_K, K_AVX512)
+K_DEF_ROWS(q6_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q6_K, K_AVX512)
+
+// Generation's products for the k-quants with a quant offset (Q3_K, Q6_K): the offset comes off
+// through the activation's sums of 16 (k_wk_off_avx2). Bit-identical to vec_dot.
+#define K_DEF_GEMVK_AVX512(name, type)                                                                     \
+    K_AVX512 static void k_gemv_##name##_avx512(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, \
+                                        size_t ys, const uint8_t *side, size_t side_stride, int nr) {        \
+        if (nr == 1) k_rowsk_avx512(type, n, s, ss, x, y, ys, side, side_stride, 1);                            \
+        else k_rowsk_avx512(type, n, s, ss, x, y, ys, side, side_stride, nr);                                   \
+    }
+K_DEF_GEMVK_AVX512(q3_k, T_Q3_K)
+K_DEF_GEMVK_AVX512(q6_k, T_Q6_K)
 
 // ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
 // K_GEMM_ROWS activation rows against one panel (see "GEMM panels"): per block, every quant
@@ -10265,6 +10315,8 @@ static void k_fill_avx2(k_traits *t) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
     }
+    t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
+    t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
     t[T_Q8_K].from_float = k_quant_q8_k_avx2;
@@ -10296,6 +10348,8 @@ static void k_fill_avx512(k_traits *t) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
     }
+    t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
+    t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
     t[T_Q4_0].gemv = k_gemv_q4_0_avx512;
     t[T_Q5_0].gemv = k_gemv_q5_0_avx512;
     t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
