@@ -8641,6 +8641,8 @@ typedef struct {
     __m256i sc[8];  // int16 scales for chunk c
     __m256i mins;   // int16 minimum per 16 activation values (Q2_K, Q4_K, Q5_K), paired with bsums
     __m256i s16;    // the 16 sub-block scales as int16, in order (Q2_K, Q3_K, Q6_K)
+    __m128i sc8;    // Q4_K, Q5_K: the 8 sub-block scales as bytes 0..7
+    bool sub32;     // Q4_K, Q5_K: sub-blocks of 32 values, one chunk each
     float d, dmin;
     int off;        // quant offset (Q3_K 4, Q6_K 32, others 0)
 } k_wk_avx2;
@@ -8661,6 +8663,7 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
     __m256i s16;
     w->off = 0;
     w->dmin = 0;
+    w->sub32 = false;
     w->mins = _mm256_setzero_si256();
     if (type == T_Q2_K) {
         // value 128h + 32j + l: bits 2j of qs[32h + l]; sub-block k: scale x[k] & 15, min x[k] >> 4
@@ -8725,6 +8728,8 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
         uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
         uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
         __m128i sc8 = _mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0), m8 = _mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0);
+        w->sc8 = sc8;
+        w->sub32 = true;
         s16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); // each scale twice: one per 16 values
         w->mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         w->d = k_f16_avx2(x);
@@ -9655,12 +9660,24 @@ K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, co
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
-    K_UNROLL
-    for (int c = 0; c < 8; c++) {
-        __m256i av = k_load256(a + 32 * c);
-        __m256i p = _mm256_maddubs_epi16(w->q[c], av);
-        if (w->off && !sums) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
-        acc = _mm256_dpwssd_epi32(acc, p, w->sc[c]);
+    if (w->sub32) {
+        // one scale per chunk: the chunks' vpdpbusd sums (|lane| <= 4 * 31 * 128) reduced to one
+        // vector of the 8 chunk sums, times the 8 scales; its lanes add up to isum
+        __m256i d[8];
+        K_UNROLL
+        for (int c = 0; c < 8; c++) d[c] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w->q[c], k_load256(a + 32 * c));
+        __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+        __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+        __m256i cs = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+        acc = _mm256_mullo_epi32(cs, _mm256_cvtepu8_epi32(w->sc8));
+    } else {
+        K_UNROLL
+        for (int c = 0; c < 8; c++) {
+            __m256i av = k_load256(a + 32 * c);
+            __m256i p = _mm256_maddubs_epi16(w->q[c], av);
+            if (w->off && !sums) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+            acc = _mm256_dpwssd_epi32(acc, p, w->sc[c]);
+        }
     }
     if (w->off && sums) acc = k_wk_off_avx2(w, acc, sums);
     *iv = acc;
