@@ -8881,30 +8881,31 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
         }                                                                                                  \
     }
 
+// The k-quant entry points of a set: vec_dot and vec_dot_rows (no side data) and, for the types
+// with a quant offset (Q3_K, Q6_K), generation's products, where the offset comes off through the
+// activation's sums of 16 (k_wk_off_avx2). All bit-identical to the reference vec_dot.
+#define K_DEF_GEMVK(isa, tgt, name, type)                                                                   \
+    tgt static void k_gemv_##name##_##isa(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, \
+                                          size_t ys, const uint8_t *side, size_t side_stride, int nr) {        \
+        if (nr == 1) k_rowsk_##isa(type, n, s, ss, x, y, ys, side, side_stride, 1);                            \
+        else k_rowsk_##isa(type, n, s, ss, x, y, ys, side, side_stride, nr);                                   \
+    }
+#define K_DEF_KQUANTS(isa, tgt)                                                                             \
+    tgt K_INLINE void k_rowsk_##isa##_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, \
+                                            const uint8_t *y, size_t ys, int nr) {                          \
+        k_rowsk_##isa(type, n, s, ss, x, y, ys, NULL, 0, nr);                                               \
+    }                                                                                                       \
+    K_DEF_ROWS(q2_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q2_K, tgt)                                         \
+    K_DEF_ROWS(q3_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q3_K, tgt)                                         \
+    K_DEF_ROWS(q4_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q4_K, tgt)                                         \
+    K_DEF_ROWS(q5_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q5_K, tgt)                                         \
+    K_DEF_ROWS(q6_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q6_K, tgt)                                         \
+    K_DEF_GEMVK(isa, tgt, q3_k, T_Q3_K)                                                                     \
+    K_DEF_GEMVK(isa, tgt, q6_k, T_Q6_K)
+
 K_DEF_ROWSK(avx2, K_AVX2)
 
-// vec_dot's form (no side data) for K_DEF_ROWS.
-K_AVX2 K_INLINE void k_rowsk_avx2_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y,
-                                    size_t ys, int nr) {
-    k_rowsk_avx2(type, n, s, ss, x, y, ys, NULL, 0, nr);
-}
-
-K_DEF_ROWS(q2_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q2_K, K_AVX2)
-K_DEF_ROWS(q3_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q3_K, K_AVX2)
-K_DEF_ROWS(q4_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q4_K, K_AVX2)
-K_DEF_ROWS(q5_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q5_K, K_AVX2)
-K_DEF_ROWS(q6_k_q8_k_avx2, k_rowsk_avx2_plain, T_Q6_K, K_AVX2)
-
-// Generation's products for the k-quants with a quant offset (Q3_K, Q6_K): the offset comes off
-// through the activation's sums of 16 (k_wk_off_avx2). Bit-identical to vec_dot.
-#define K_DEF_GEMVK_AVX2(name, type)                                                                     \
-    K_AVX2 static void k_gemv_##name##_avx2(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, \
-                                        size_t ys, const uint8_t *side, size_t side_stride, int nr) {        \
-        if (nr == 1) k_rowsk_avx2(type, n, s, ss, x, y, ys, side, side_stride, 1);                            \
-        else k_rowsk_avx2(type, n, s, ss, x, y, ys, side, side_stride, nr);                                   \
-    }
-K_DEF_GEMVK_AVX2(q3_k, T_Q3_K)
-K_DEF_GEMVK_AVX2(q6_k, T_Q6_K)
+K_DEF_KQUANTS(avx2, K_AVX2)
 
 // ---- AVX2: packing GEMM panels -----------------------------------------------------------------
 // k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
@@ -9686,28 +9687,7 @@ K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, co
 
 K_DEF_ROWSK(avx512, K_AVX512)
 
-// vec_dot's form (no side data) for K_DEF_ROWS.
-K_AVX512 K_INLINE void k_rowsk_avx512_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y,
-                                    size_t ys, int nr) {
-    k_rowsk_avx512(type, n, s, ss, x, y, ys, NULL, 0, nr);
-}
-
-K_DEF_ROWS(q2_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q2_K, K_AVX512)
-K_DEF_ROWS(q3_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q3_K, K_AVX512)
-K_DEF_ROWS(q4_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q4_K, K_AVX512)
-K_DEF_ROWS(q5_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q5_K, K_AVX512)
-K_DEF_ROWS(q6_k_q8_k_avx512, k_rowsk_avx512_plain, T_Q6_K, K_AVX512)
-
-// Generation's products for the k-quants with a quant offset (Q3_K, Q6_K): the offset comes off
-// through the activation's sums of 16 (k_wk_off_avx2). Bit-identical to vec_dot.
-#define K_DEF_GEMVK_AVX512(name, type)                                                                     \
-    K_AVX512 static void k_gemv_##name##_avx512(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, \
-                                        size_t ys, const uint8_t *side, size_t side_stride, int nr) {        \
-        if (nr == 1) k_rowsk_avx512(type, n, s, ss, x, y, ys, side, side_stride, 1);                            \
-        else k_rowsk_avx512(type, n, s, ss, x, y, ys, side, side_stride, nr);                                   \
-    }
-K_DEF_GEMVK_AVX512(q3_k, T_Q3_K)
-K_DEF_GEMVK_AVX512(q6_k, T_Q6_K)
+K_DEF_KQUANTS(avx512, K_AVX512)
 
 // ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
 // K_GEMM_ROWS activation rows against one panel (see "GEMM panels"): per block, every quant
