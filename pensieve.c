@@ -11072,10 +11072,9 @@ typedef struct {
     float *const *y_rows; // when set: row t of the result goes to y_rows[t] instead of y + t*y_stride
     const k_traits *tr;
     const float *x; // quantize phase
-    uint8_t *sides; // GEMM or GEMV: k_act_side of each row, side_stride apart; NULL: neither
+    uint8_t *sides; // GEMM or gemv kernels: k_act_side of each row, side_stride apart; NULL: neither
     size_t side_stride;
-    bool gemv;       // the set's gemv kernel for each product (else GEMM when sides is set)
-    uint8_t *panels; // GEMM: the threads' panel buffers
+    uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
 } mm_job;
 
@@ -11118,40 +11117,32 @@ static void mm_gemm_task(const mm_job *j, int ith, int nth) {
 
 static void mm_dot_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    if (j->sides && !j->gemv) {
+    if (j->panels) {
         mm_gemm_task(j, ith, nth);
         return;
     }
     int64_t lo, hi;
     pool_share(j->w->n_out, ith, nth, &lo, &hi);
-    if (j->gemv) {
-        for (int64_t o = lo; o < hi; o++)
-            for (int64_t t = 0; t < j->n_tok; t += K_ROWS_MAX) {
-                int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
-                float tmp[K_ROWS_MAX];
-                j->tr->gemv(j->w->n_in, j->y_rows ? tmp : &j->y[t * j->y_stride + o], j->y_rows ? 1 : j->y_stride,
-                            j->w->data + (size_t)o * j->w->row_size, j->xq + (size_t)t * j->xq_row, j->xq_row,
-                            j->sides + (size_t)t * j->side_stride, j->side_stride, nr);
-                if (j->y_rows)
-                    for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
-            }
-        return;
-    }
+    // several tokens per weight row at once where the kernels can (same results per row): the
+    // gemv kernels with the rows' side data (all rows), else the multi-row dot products (2 or more)
+    const bool gemv = j->sides != NULL;
     for (int64_t o = lo; o < hi; o++) {
         const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
         int64_t t = 0;
-        // several tokens per weight row at once where the kernels can (same results per row)
-        if (j->tr->vec_dot_rows)
-            for (; t + 1 < j->n_tok; t += K_ROWS_MAX) {
+        if (gemv || j->tr->vec_dot_rows)
+            for (; gemv ? t < j->n_tok : t + 1 < j->n_tok; t += K_ROWS_MAX) {
                 int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
-                if (j->y_rows) { // scattered results: through a small buffer
-                    float tmp[K_ROWS_MAX];
-                    j->tr->vec_dot_rows(j->w->n_in, tmp, 1, wr, j->xq + (size_t)t * j->xq_row, j->xq_row, nr);
+                float tmp[K_ROWS_MAX]; // scattered results go through this small buffer
+                float *dst = j->y_rows ? tmp : &j->y[t * j->y_stride + o];
+                int64_t ds = j->y_rows ? 1 : j->y_stride;
+                const uint8_t *yq = j->xq + (size_t)t * j->xq_row;
+                if (gemv)
+                    j->tr->gemv(j->w->n_in, dst, ds, wr, yq, j->xq_row, j->sides + (size_t)t * j->side_stride,
+                                j->side_stride, nr);
+                else
+                    j->tr->vec_dot_rows(j->w->n_in, dst, ds, wr, yq, j->xq_row, nr);
+                if (j->y_rows)
                     for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
-                } else {
-                    j->tr->vec_dot_rows(j->w->n_in, &j->y[t * j->y_stride + o], j->y_stride, wr,
-                                        j->xq + (size_t)t * j->xq_row, j->xq_row, nr);
-                }
             }
         for (; t < j->n_tok; t++)
             j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
@@ -11202,7 +11193,6 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
     if (n_tok <= MM_GEMV_MAX && j.tr->gemv) {
         j.sides = s->sides;
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
-        j.gemv = true;
     } else if (n_tok >= mm_gemm_min(w->type) && j.tr->gemm && s->panels) {
         PSV_ASSERT(k_panel_size(w->type, w->n_in) <= s->panel_size);
         j.sides = s->sides;
