@@ -8881,15 +8881,18 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
         }                                                                                                  \
     }
 
+// A k_gemv_fn from an inlined core taking side data; one row (generation) gets its own copy
+// with the row count constant.
+#define K_DEF_GEMV(fname, core, type, tgt)                                                                  \
+    tgt static void fname(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys,    \
+                          const uint8_t *side, size_t side_stride, int nr) {                                \
+        if (nr == 1) core(type, n, s, ss, x, y, ys, side, side_stride, 1);                                  \
+        else core(type, n, s, ss, x, y, ys, side, side_stride, nr);                                         \
+    }
+
 // The k-quant entry points of a set: vec_dot and vec_dot_rows (no side data) and, for the types
 // with a quant offset (Q3_K, Q6_K), generation's products, where the offset comes off through the
 // activation's sums of 16 (k_wk_off_avx2). All bit-identical to the reference vec_dot.
-#define K_DEF_GEMVK(isa, tgt, name, type)                                                                   \
-    tgt static void k_gemv_##name##_##isa(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, \
-                                          size_t ys, const uint8_t *side, size_t side_stride, int nr) {        \
-        if (nr == 1) k_rowsk_##isa(type, n, s, ss, x, y, ys, side, side_stride, 1);                            \
-        else k_rowsk_##isa(type, n, s, ss, x, y, ys, side, side_stride, nr);                                   \
-    }
 #define K_DEF_KQUANTS(isa, tgt)                                                                             \
     tgt K_INLINE void k_rowsk_##isa##_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, \
                                             const uint8_t *y, size_t ys, int nr) {                          \
@@ -8900,8 +8903,8 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
     K_DEF_ROWS(q4_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q4_K, tgt)                                         \
     K_DEF_ROWS(q5_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q5_K, tgt)                                         \
     K_DEF_ROWS(q6_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q6_K, tgt)                                         \
-    K_DEF_GEMVK(isa, tgt, q3_k, T_Q3_K)                                                                     \
-    K_DEF_GEMVK(isa, tgt, q6_k, T_Q6_K)
+    K_DEF_GEMV(k_gemv_q3_k_##isa, k_rowsk_##isa, T_Q3_K, tgt)                                               \
+    K_DEF_GEMV(k_gemv_q6_k_##isa, k_rowsk_##isa, T_Q6_K, tgt)
 
 K_DEF_ROWSK(avx2, K_AVX2)
 
@@ -9644,16 +9647,9 @@ K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, int64
     }
 }
 
-#define K_DEF_GEMV(name, type)                                                                                \
-    K_AVX512 static void k_gemv_##name##_avx512(int64_t n, float *s, int64_t ss, const uint8_t *x,              \
-                                                const uint8_t *y, size_t ys, const uint8_t *side,               \
-                                                size_t side_stride, int nr) {                                   \
-        if (nr == 1) k_gemv32_avx512(type, n, s, ss, x, y, ys, side, side_stride, 1); /* generation: a copy */ \
-        else k_gemv32_avx512(type, n, s, ss, x, y, ys, side, side_stride, nr);   /* for one row alone */        \
-    }
-K_DEF_GEMV(q4_0, T_Q4_0)
-K_DEF_GEMV(q5_0, T_Q5_0)
-K_DEF_GEMV(q8_0, T_Q8_0)
+K_DEF_GEMV(k_gemv_q4_0_avx512, k_gemv32_avx512, T_Q4_0, K_AVX512)
+K_DEF_GEMV(k_gemv_q5_0_avx512, k_gemv32_avx512, T_Q5_0, K_AVX512)
+K_DEF_GEMV(k_gemv_q8_0_avx512, k_gemv32_avx512, T_Q8_0, K_AVX512)
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
 K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min,
