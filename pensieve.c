@@ -13141,7 +13141,7 @@ static psv_status bench_membw_isolated(int n_threads, double *out, psv_error *er
 typedef struct {
     char name[24];
     bool gen;
-    int64_t n, threads;
+    int64_t n, threads, seqs; // seqs: sequences generated together (tg; 1 otherwise)
     int reps;
     double *secs;          // reps
     double tps_mean, tps_sd;
@@ -13150,8 +13150,8 @@ typedef struct {
 
 typedef struct {
     const char *path;
-    int64_t p[BENCH_MAX_LIST], n[BENCH_MAX_LIST], t[BENCH_MAX_LIST];
-    int np, nn, nt, reps;
+    int64_t p[BENCH_MAX_LIST], n[BENCH_MAX_LIST], t[BENCH_MAX_LIST], s[BENCH_MAX_LIST];
+    int np, nn, nt, ns, reps;
     bool json, membw, warmup;
     psv_kv_type kv_type;
 } bench_opts;
@@ -13167,10 +13167,10 @@ typedef struct {
 
 static void bench_stats(bench_test *t) {
     double sum = 0, ss = 0;
-    for (int r = 0; r < t->reps; r++) sum += (double)t->n / t->secs[r];
+    for (int r = 0; r < t->reps; r++) sum += (double)(t->n * t->seqs) / t->secs[r];
     t->tps_mean = sum / t->reps;
     for (int r = 0; r < t->reps; r++) {
-        double d = (double)t->n / t->secs[r] - t->tps_mean;
+        double d = (double)(t->n * t->seqs) / t->secs[r] - t->tps_mean;
         ss += d * d;
     }
     t->tps_sd = t->reps > 1 ? psv_sqrt(ss / (t->reps - 1)) : 0.0;
@@ -13275,6 +13275,7 @@ static void bench_json(const bench_opts *o, const bench_model *bm, const bench_t
         json_w_key(&w, "threads"), json_w_int(&w, t->threads);
         json_w_key(&w, "n_prompt"), json_w_int(&w, t->gen ? 0 : t->n);
         json_w_key(&w, "n_gen"), json_w_int(&w, t->gen ? t->n : 0);
+        json_w_key(&w, "seqs"), json_w_int(&w, t->seqs);
         json_w_key(&w, "reps"), json_w_int(&w, t->reps);
         json_w_key(&w, "samples_s");
         json_w_arr_begin(&w);
@@ -13300,22 +13301,25 @@ static void bench_json(const bench_opts *o, const bench_model *bm, const bench_t
 
 static const char bench_usage[] =
     "usage: pensieve bench -m MODEL [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json] [--membw]\n"
-    "                      [--kv-type f32|f16] [--no-warmup]\n"
+    "                      [-s SEQS] [--kv-type f32|f16] [--no-warmup]\n"
     "       pensieve bench --membw [-t THREADS] [--json]\n"
     "Measures, like llama-bench: ppN = N prompt tokens in one batch, tgN = N tokens generated one\n"
     "at a time; tokens/s as mean ± stddev over REPS runs (default 5) after an untimed warm-up.\n"
     "-p, -n and -t take comma-separated lists (e.g. -t 1,2); 0 skips pp or tg. Also reported:\n"
     "model size and parameters, the kernel set, warm start (open -> first token of a 16-token\n"
     "prompt, file in the page cache), peak resident memory against model + KV cache.\n"
+    "  -s SEQS   tg also with SEQS sequences generated together, one batched pass per step (as\n"
+    "            the server's continuous batching does): tgNxSEQS, tokens/s of all of them\n"
     "  --membw   measure memory read bandwidth (all -t threads streaming a 512 MiB buffer, best\n"
     "            of 5) and report tg as a share of the roofline: tokens/s x bytes read per token\n"
     "            (weights + KV cache) / bandwidth\n"
     "  --json    one JSON object instead of the table\n";
 
 PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
-    bench_opts o = {.np = 1, .nn = 1, .reps = 5, .warmup = true, .kv_type = PSV_KV_F32};
+    bench_opts o = {.np = 1, .nn = 1, .ns = 1, .reps = 5, .warmup = true, .kv_type = PSV_KV_F32};
     o.p[0] = 512;
     o.n[0] = 128;
+    o.s[0] = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true, takes = true;
@@ -13327,6 +13331,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "-p") || !strcmp(f, "--n-prompt")) ok = tools_parse_list(v, 0, 65536, o.p, BENCH_MAX_LIST, &o.np);
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) ok = tools_parse_list(v, 0, 65536, o.n, BENCH_MAX_LIST, &o.nn);
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) ok = tools_parse_list(v, 1, 1024, o.t, BENCH_MAX_LIST, &o.nt);
+        else if (!strcmp(f, "-s") || !strcmp(f, "--seqs")) ok = tools_parse_list(v, 1, 64, o.s, BENCH_MAX_LIST, &o.ns);
         else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = str_to_i64(v, 1, 1000, &r), o.reps = (int)r;
         else if (!strcmp(f, "--kv-type")) {
             ok = v && (!strcmp(v, "f32") || !strcmp(v, "f16"));
@@ -13350,8 +13355,9 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         return 2;
     }
     if (o.nt == 0) o.t[o.nt++] = plat_n_cpus() > 64 ? 64 : plat_n_cpus();
-    int64_t max_t = 0, max_p = 0, max_n = 0;
+    int64_t max_t = 0, max_p = 0, max_n = 0, max_s = 1;
     for (int i = 0; i < o.nt; i++) max_t = PSV_MAX(max_t, o.t[i]);
+    for (int i = 0; i < o.ns; i++) max_s = PSV_MAX(max_s, o.s[i]);
     for (int i = 0; i < o.np; i++) max_p = PSV_MAX(max_p, o.p[i]);
     for (int i = 0; i < o.nn; i++) max_n = PSV_MAX(max_n, o.n[i]);
 
@@ -13366,7 +13372,8 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
     int32_t *toks = NULL;
     int n_tests = 0;
     psv_model *m = NULL;
-    psv_ctx *c = NULL;
+    psv_ctx *c = NULL, *cs[64] = {NULL}; // cs: the other sequences of -s
+    batch_seq seqs[64];
     // Bandwidth first, in a child process, so its buffer neither competes with the model for
     // memory nor counts in the peak.
     if (o.membw && bench_membw_isolated((int)max_t, &bw, &err)) goto fail;
@@ -13376,7 +13383,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
                     max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
         return 0;
     }
-    int max_tests = o.nt * (o.np + o.nn);
+    int max_tests = o.nt * (o.np + o.nn * o.ns);
     tests = calloc((size_t)max_tests + 1, sizeof *tests);
     secs = calloc((size_t)max_tests * (size_t)o.reps + 1, sizeof *secs);
     int64_t n_toks = PSV_MAX(PSV_MAX(max_p, max_n), BENCH_WARM_TOKENS);
@@ -13397,6 +13404,9 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         double t0 = plat_now();
         if (psv_model_open(o.path, &mp, &m, &err) || psv_ctx_new(m, &cp, &c, &err)) goto fail;
         double t1 = plat_now();
+        for (int64_t q = 1; q < max_s; q++)
+            if (psv_ctx_new(m, &cp, &cs[q], &err)) goto fail;
+        cs[0] = c;
         if (ti == 0) {
             bench_model_facts(m, c, &bm);
             uint64_t rng = 0x7761726dull;
@@ -13420,23 +13430,33 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
                    "| ------ | ---------: | --------: | ------- | ------: | -----: | -----------------: | -------: |\n");
             header = true;
         }
-        for (int k = 0; k < o.np + o.nn; k++) {
+        for (int k = 0; k < o.np + o.nn * o.ns; k++) {
             bool gen = k >= o.np;
-            int64_t n = gen ? o.n[k - o.np] : o.p[k];
+            int64_t n = gen ? o.n[(k - o.np) / o.ns] : o.p[k], S = gen ? o.s[(k - o.np) % o.ns] : 1;
             if (n == 0) continue;
             bench_test *t = &tests[n_tests];
             snprintf(t->name, sizeof t->name, "%s%" PRId64, gen ? "tg" : "pp", n);
+            if (S > 1) snprintf(t->name + strlen(t->name), sizeof t->name - strlen(t->name), "x%" PRId64, S);
             t->gen = gen;
             t->n = n;
+            t->seqs = S;
             t->threads = o.t[ti];
             t->reps = o.reps;
             t->secs = secs + (size_t)n_tests * (size_t)o.reps;
             for (int r = -1; r < o.reps; r++) {
                 if (r < 0 && !o.warmup) continue;
-                if (psv_ctx_truncate(c, 0, &err)) goto fail;
+                for (int64_t q = 0; q < S; q++)
+                    if (psv_ctx_truncate(cs[q], 0, &err)) goto fail;
                 double s0 = plat_now();
                 if (!gen) {
                     if (psv_eval(c, toks, (size_t)n, &err)) goto fail;
+                } else if (S > 1) {
+                    // every step: one token of each sequence (each its own), all in one pass
+                    for (int64_t j = 0; j < (r < 0 ? 1 : n); j++) {
+                        for (int64_t q = 0; q < S; q++)
+                            seqs[q] = (batch_seq){.ctx = cs[q], .tokens = &toks[(j + 7 * q) % n_toks], .n = 1, .logits = true};
+                        ctx_eval_batch(m, &c->s, c->items, seqs, (size_t)S);
+                    }
                 } else {
                     // the warm-up generates one token, like llama-bench's
                     for (int64_t j = 0; j < (r < 0 ? 1 : n); j++)
@@ -13446,10 +13466,12 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
             }
             bench_stats(t);
             // mean KV read per step: positions 1..n are attended over, (n + 1) / 2 on average
-            t->bytes_per_token = (double)bm.weight_bytes_per_token + (double)bm.kv_bytes_per_pos * (double)(n + 1) / 2.0;
+            // (with S sequences, each step reads the weights once for S tokens)
+            t->bytes_per_token = (double)bm.weight_bytes_per_token / (double)S + (double)bm.kv_bytes_per_pos * (double)(n + 1) / 2.0;
             n_tests++;
             if (!o.json) bench_print_row(&bm, t, kernels, bw);
         }
+        for (int64_t q = 1; q < max_s; q++) psv_ctx_free(cs[q]), cs[q] = NULL;
         psv_ctx_free(c);
         c = NULL;
         psv_model_close(m);
@@ -13482,6 +13504,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
 fail:
     fprintf(stderr, "pensieve bench: %s\n", err.message);
 done:
+    for (int q = 1; q < 64; q++) psv_ctx_free(cs[q]);
     psv_ctx_free(c);
     psv_model_close(m);
     free(toks);

@@ -24,7 +24,7 @@ fi
 
 # JSON: one object with these keys; with python3 the structure is checked, else the keys grepped
 "$bin" bench -m "$m" -p 8 -n 4 -r 2 --json >"$tmp/j" 2>"$tmp/e" && ok || bad "bench --json: $(cat "$tmp/e")"
-"$bin" bench -m "$m" -p 8,4 -n 4 -r 2 -t 1,2 --membw --json >"$tmp/j2" 2>"$tmp/e" && ok || bad "bench --membw --json: $(cat "$tmp/e")"
+"$bin" bench -m "$m" -p 8,4 -n 4 -r 2 -t 1,2 -s 1,3 --membw --json >"$tmp/j2" 2>"$tmp/e" && ok || bad "bench --membw --json: $(cat "$tmp/e")"
 "$bin" bench --membw -t 1 --json >"$tmp/j3" 2>"$tmp/e" && ok || bad "bench --membw alone: $(cat "$tmp/e")"
 if command -v python3 >/dev/null 2>&1; then
     res=$(python3 - "$tmp/j" "$tmp/j2" "$tmp/j3" <<'PY'
@@ -48,8 +48,14 @@ for x in t:
 check(t[0]['kind'] == 'pp' and t[0]['n_prompt'] == 8 and t[0]['n_gen'] == 0, 'pp fields')
 check(t[1]['kind'] == 'tg' and t[1]['n_gen'] == 4 and t[1]['bytes_per_token'] >= a['weight_bytes_per_token']
       and t[1]['roofline'] is None, 'tg fields')
-check([(x['name'], x['threads']) for x in b['tests']] ==
-      [('pp8', 1), ('pp4', 1), ('tg4', 1), ('pp8', 2), ('pp4', 2), ('tg4', 2)], 'thread and size lists')
+check([(x['name'], x['threads'], x['seqs']) for x in b['tests']] ==
+      [('pp8', 1, 1), ('pp4', 1, 1), ('tg4', 1, 1), ('tg4x3', 1, 3), ('pp8', 2, 1), ('pp4', 2, 1), ('tg4', 2, 1),
+       ('tg4x3', 2, 3)], 'thread, size and sequence lists')
+# three sequences: the weights are read once per step of three tokens
+one, three = b['tests'][2], b['tests'][3]
+check(abs((one['bytes_per_token'] - three['bytes_per_token']) - b['weight_bytes_per_token'] * 2 / 3) < 1,
+      'tg4x3 bytes per token: %s vs %s' % (three['bytes_per_token'], one['bytes_per_token']))
+check(three['n_gen'] == 4 and len(three['samples_s']) == 2 and three['tps_mean'] > 0, 'tg4x3 fields')
 check(b['membw'] is not None and b['membw']['bytes_per_second'] > 0 and b['membw']['threads'] == 2, 'membw')
 check(all(x['roofline'] > 0 for x in b['tests'] if x['kind'] == 'tg'), 'roofline with --membw')
 check(b['warm_start']['threads'] == 2, 'warm start uses the most threads')
@@ -93,6 +99,8 @@ usage "value for -p" -m "$m" -p 1,,2
 usage "value for -n" -m "$m" -n -1
 usage "value for -t" -m "$m" -t 0
 usage "value for -r" -m "$m" -r 0
+usage "value for -s" -m "$m" -s 0
+usage "value for -s" -m "$m" -s 65
 usage "value for --kv-type" -m "$m" --kv-type q8
 usage "value for -m" -m
 "$bin" bench -m "$tmp/missing.gguf" -p 1 -n 1 -r 1 >/dev/null 2>"$tmp/e"; rc=$?
