@@ -314,6 +314,9 @@ static void st_check_gemm(k_set set) {
                 if (memcmp(panel, panel2, k_panel_size(wt, n)) != 0 && mismatches++ < 5)
                     fprintf(stderr, "%s pack %s n=%lld nw=%d: differs from k_panel_pack\n", k_set_names[set],
                             type_get(wt)->name, (long long)n, nw);
+                // prefetching (the weights themselves, as if they were the next panel's) must
+                // change nothing: odd row counts ask for it
+                k_prefetch pf = {.p = x, .stride = xs, .blk = type_get(wt)->type_size, .rows = nw};
                 for (int nr = 1; nr <= K_GEMM_ROWS; nr++) {
                     float res[K_GEMM_ROWS][K_PANEL + 1], *out[K_GEMM_ROWS];
                     for (int r = 0; r < K_GEMM_ROWS; r++) {
@@ -321,7 +324,7 @@ static void st_check_gemm(k_set set) {
                         for (int i = 0; i <= K_PANEL; i++) res[r][i] = -1.0f;
                     }
                     int r0 = nrow - nr; // the last nr rows
-                    sk->gemm(n, panel, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw);
+                    sk->gemm(n, panel, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw, nr % 2 ? &pf : NULL);
                     for (int r = 0; r < nr; r++) {
                         for (int i = 0; i < nw; i++) {
                             float want;
