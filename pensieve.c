@@ -15276,11 +15276,26 @@ static bool sched_admit(server_t *s, gen_job *j) {
     return true;
 }
 
-// Sample the next token of a job whose logits are fresh (scheduler thread, s->mu not held).
-// Returns the stop reason, or -1 to go on.
-static int sched_sample(server_t *s, gen_job *j) {
-    srv_slot *sl = &s->slots[j->slot];
-    int32_t tok = psv_sampler_sample(j->smp, psv_ctx_logits(sl->ctx));
+// The tokens drawn for the jobs of a step whose logits are fresh: each job's sampler is its own,
+// so the draws (a pass over the vocabulary each, exp for every candidate) share the thread pool.
+typedef struct {
+    server_t *s;
+    gen_job **jobs;
+    int32_t *toks;
+    size_t n;
+} sched_draws;
+
+static void sched_draw_task(void *arg, int ith, int nth) {
+    sched_draws *d = arg;
+    int64_t lo, hi;
+    pool_share((int64_t)d->n, ith, nth, &lo, &hi);
+    for (int64_t q = lo; q < hi; q++)
+        d->toks[q] = psv_sampler_sample(d->jobs[q]->smp, psv_ctx_logits(d->s->slots[d->jobs[q]->slot].ctx));
+}
+
+// Takes the token drawn for a job (scheduler thread, s->mu not held). Returns the stop reason, or
+// -1 to go on.
+static int sched_take(server_t *s, gen_job *j, int32_t tok) {
     if (psv_token_is_eog(s->model, tok)) return STOP_END_TURN;
     psv_sampler_accept(j->smp, tok);
     j->n_out++;
@@ -15368,6 +15383,9 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         ctx_eval_batch(s->model, &s->sched_scratch, s->sched_items, seqs, ns);
         int results[256];
+        gen_job *drawing[256];
+        int32_t drawn[256];
+        size_t nd = 0;
         for (size_t q = 0; q < ns; q++) {
             gen_job *j = in_step[q];
             srv_slot *sl = &s->slots[j->slot];
@@ -15384,8 +15402,18 @@ static void *sched_main(void *arg) {
                 j->generating = true;
                 j->t_prompt = plat_now();
             }
-            results[q] = sched_sample(s, j);
+            drawing[nd++] = j;
         }
+        sched_draws d = {s, drawing, drawn, nd};
+        if (nd > 1) {
+            pthread_mutex_lock(&s->model->lock);
+            pool_run(s->model->pool, sched_draw_task, &d);
+            pthread_mutex_unlock(&s->model->lock);
+        } else {
+            sched_draw_task(&d, 0, 1);
+        }
+        for (size_t q = 0, k = 0; q < ns; q++)
+            if (k < nd && in_step[q] == drawing[k]) results[q] = sched_take(s, drawing[k], drawn[k]), k++;
         pthread_mutex_lock(&s->mu);
         for (size_t q = 0; q < ns; q++)
             if (results[q] >= 0) sched_finish(s, in_step[q], (gen_stop)results[q]);
