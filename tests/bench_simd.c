@@ -7,6 +7,11 @@
 //          than a large L3 holds, so it streams from memory as token generation does);
 //   rows4  the same matrix against 4 activation rows with vec_dot_rows (prompt processing),
 //          per weight value and activation row.
+// and, for sets with GEMM kernels:
+//   pack   packing 8 rows of the matrix into a panel, in L1/L2, per weight value;
+//   gemm4  4 activation rows against that panel, per weight value and activation row;
+//   mat4   the whole matrix against 4 activation rows as a decode step of 4 sequences does it
+//          (pack a panel, prefetch the next while computing), per weight value and row.
 // Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
 // Times are this thread's CPU time, the best of several trials (the machine may be shared).
 // Usage: bench_simd [seconds per measurement, default 0.5]
@@ -71,12 +76,15 @@ static double bs_time(void (*fn)(void *), void *ctx, double secs) {
 
 typedef struct {
     const k_traits *tr;
+    uint32_t wt;
     int64_t n, n_out;
     const uint8_t *w, *a;
     size_t xs, ys;
     float *out;
     const float *x;
     uint8_t *q;
+    uint8_t *panel, *side; // GEMM: a panel buffer, the activation rows' k_act_side
+    size_t side_stride;
 } bs_ctx;
 
 static void bs_hot(void *p) {
@@ -91,6 +99,25 @@ static void bs_rows4(void *p) {
     bs_ctx *c = p;
     for (int64_t o = 0; o < c->n_out; o++)
         k_dot_rows(c->tr, c->n, &c->out[o], c->n_out, c->w + (size_t)o * c->xs, c->a, c->ys, 4);
+}
+static void bs_pack(void *p) {
+    bs_ctx *c = p;
+    c->tr->pack(c->n, c->w, c->xs, K_PANEL, c->panel);
+}
+static void bs_gemm4(void *p) {
+    bs_ctx *c = p;
+    float *out[4] = {c->out, c->out + 8, c->out + 16, c->out + 24};
+    c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, 4, out, K_PANEL, NULL);
+}
+static void bs_mat4(void *p) {
+    bs_ctx *c = p;
+    for (int64_t o = 0; o < c->n_out; o += K_PANEL) {
+        c->tr->pack(c->n, c->w + (size_t)o * c->xs, c->xs, K_PANEL, c->panel);
+        k_prefetch pf = {c->w + (size_t)(o + K_PANEL) * c->xs, c->xs, type_get(c->wt)->type_size,
+                         o + K_PANEL < c->n_out ? K_PANEL : 0};
+        float *out[4] = {c->out + o, c->out + c->n_out + o, c->out + 2 * c->n_out + o, c->out + 3 * c->n_out + o};
+        c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, 4, out, K_PANEL, pf.rows ? &pf : NULL);
+    }
 }
 typedef struct {
     const k_vec_ops *ops;
@@ -118,7 +145,8 @@ int main(int argc, char **argv) {
     printf("kernel sets on this CPU:");
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
-    printf("\n%-6s %-7s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v");
+    printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
+           "pack ns/v", "gemm4 ns/v", "mat4 ns/v");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t wt = types[ti], at = k_traits_ref(wt)->vec_dot_type;
         uint64_t xs = 0, ys = 0;
@@ -128,12 +156,27 @@ int main(int argc, char **argv) {
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
             static float out[4 * 16384];
-            bs_ctx c = {k_traits_of_set((k_set)s, wt), n, n_out, w, a, (size_t)xs, (size_t)ys, out, NULL, NULL};
+            bs_ctx c = {k_traits_of_set((k_set)s, wt), wt, n, n_out, w, a, (size_t)xs, (size_t)ys, out, NULL, NULL,
+                        NULL, NULL, 0};
             double hot = bs_time(bs_hot, &c, secs) * 1e9 / (double)(64 * n);
             double gemv = bs_time(bs_gemv, &c, secs) * 1e9 / (double)(n * n_out);
             double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
+            printf("%-6s %-7s %10.4f %10.4f %10.4f", type_get(wt)->name, k_set_names[s], hot, gemv, rows4);
+            if (c.tr->gemm) {
+                c.side_stride = k_act_side_size(at, n);
+                c.panel = malloc(k_panel_size(wt, n));
+                c.side = malloc(4 * c.side_stride);
+                PSV_ASSERT(c.panel && c.side);
+                for (int r = 0; r < 4; r++) k_act_side(at, a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
+                double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * K_PANEL);
+                double gemm4 = bs_time(bs_gemm4, &c, secs) * 1e9 / (double)(n * K_PANEL * 4);
+                double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
+                printf(" %10.4f %10.4f %10.4f", pack, gemm4, mat4);
+                free(c.panel);
+                free(c.side);
+            }
+            printf("\n");
             bs_sink = out[0];
-            printf("%-6s %-7s %10.4f %10.4f %10.4f\n", type_get(wt)->name, k_set_names[s], hot, gemv, rows4);
         }
         free(w);
         free(a);
@@ -147,7 +190,7 @@ int main(int argc, char **argv) {
     for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
-            bs_ctx c = {k_traits_of_set((k_set)s, acts[ai]), n, 0, NULL, NULL, 0, 0, NULL, x, q};
+            bs_ctx c = {k_traits_of_set((k_set)s, acts[ai]), acts[ai], n, 0, NULL, NULL, 0, 0, NULL, x, q, NULL, NULL, 0};
             double t = bs_time(bs_quant, &c, secs);
             printf("%-6s %-7s %10.4f\n", type_get(acts[ai])->name, k_set_names[s], t * 1e9 / (double)n);
         }
