@@ -8953,31 +8953,34 @@ K_AVX2 K_INLINE void k_transpose8_store_avx2(__m256i v[8], uint8_t *dst) {
     for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * s), v[s]);
 }
 
-K_AVX2 K_INLINE void k_store_pd8_avx2(uint8_t *dst, const float f[8]) {
-    _mm256_storeu_pd((double *)(void *)dst, _mm256_cvtps_pd(_mm_loadu_ps(f)));
-    _mm256_storeu_pd((double *)(void *)(dst + 32), _mm256_cvtps_pd(_mm_loadu_ps(f + 4)));
-}
-
 K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
     const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
     const bool min = k_panel_min(type);
     PSV_ASSERT(n % qb == 0 && nw >= 1 && nw <= K_PANEL);
+    static const uint8_t zero4[4] = {0}; // the fp16 scales of missing rows
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *xb = w + (size_t)b * xs;
-        float d[8] = {0}, dm[8] = {0};
         if (qb == 32) {
             __m256i v[8];
+            const uint8_t *x[8];
             K_UNROLL
             for (int r = 0; r < 8; r++) {
                 v[r] = _mm256_setzero_si256();
+                x[r] = r < nw ? xb + (size_t)r * ws : zero4;
                 if (r >= nw) continue;
-                const uint8_t *x = xb + (size_t)r * ws;
-                if (type == T_Q8_0) v[r] = _mm256_xor_si256(k_load256(x + 2), _mm256_set1_epi8((char)0x80));
-                else if (!k_panel_nibbles(type)) v[r] = k_w32_unpack_avx2(type, x).a;
-                d[r] = k_f16_avx2(x);
-                if (min) dm[r] = k_f16_avx2(x + 2);
+                if (type == T_Q8_0) v[r] = _mm256_xor_si256(k_load256(x[r] + 2), _mm256_set1_epi8((char)0x80));
+                else if (!k_panel_nibbles(type)) v[r] = k_w32_unpack_avx2(type, x[r]).a;
+            }
+            // the scales straight into the panel as doubles (floats through memory would stall
+            // on store forwarding)
+            for (int k = 0; k < (min ? 2 : 1); k++) {
+                const size_t o = 2 * (size_t)k;
+                __m128 lo = k_f16x4_avx2(x[0] + o, x[1] + o, x[2] + o, x[3] + o);
+                __m128 hi = k_f16x4_avx2(x[4] + o, x[5] + o, x[6] + o, x[7] + o);
+                _mm256_storeu_pd((double *)(void *)(pb + dxo + 64 * k), _mm256_cvtps_pd(lo));
+                _mm256_storeu_pd((double *)(void *)(pb + dxo + 64 * k + 32), _mm256_cvtps_pd(hi));
             }
             if (k_panel_nibbles(type)) { // rows r and r + 4 in one vector, then a 4 x 4 transpose per half
                 const size_t qo = type == T_Q4_0 ? 2 : 4;
@@ -9002,16 +9005,19 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
         } else {
             __m256i s16[8], mn[8];
             k_wk_avx2 u[8];
-            for (int r = 0; r < 8; r++) {
+            for (int r = 0; r < 8; r++) { // the scales go straight into the panel as doubles
+                double d = 0, dm = 0;
                 s16[r] = mn[r] = _mm256_setzero_si256();
-                if (r >= nw) {
+                if (r < nw) {
+                    s16[r] = k_wk_unpack_q_avx2(type, xb + (size_t)r * ws, &u[r]);
+                    mn[r] = u[r].mins;
+                    d = u[r].d;
+                    dm = u[r].dmin;
+                } else {
                     for (int c = 0; c < 8; c++) u[r].q[c] = _mm256_setzero_si256();
-                    continue;
                 }
-                s16[r] = k_wk_unpack_q_avx2(type, xb + (size_t)r * ws, &u[r]);
-                mn[r] = u[r].mins;
-                d[r] = u[r].d;
-                dm[r] = u[r].dmin;
+                memcpy(pb + dxo + 8 * r, &d, 8);
+                if (min) memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
             }
             if (type == T_Q4_K) { // the quant bytes, 32 per chunk: vectors 8c..8c+7
                 for (int c = 0; c < 4; c++) {
@@ -9043,8 +9049,6 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             if (min) k_transpose8_store_avx2(mn, pb + k_panel_mco(type));
             else memset(pb + k_panel_mco(type), 0, 256);
         }
-        k_store_pd8_avx2(pb + dxo, d);
-        if (min) k_store_pd8_avx2(pb + dxo + 64, dm);
     }
 }
 
