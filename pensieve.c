@@ -8288,9 +8288,10 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          is then a transpose, and the kernels split the nibbles.
 //   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
 //          Q5_K: each of their 8 scales of 32 values twice)
-//   cor    k-quants: 8 vectors of int16 pairs, the coefficients of the activation's sums of 16
-//          values in isum (Q3_K, Q6_K: -offset * scale)
-//   mco    k-quants: the same for the minimum's msum (Q2_K, Q4_K, Q5_K: the minimums)
+//   cor    k-quants with an offset (Q3_K, Q6_K): 8 vectors of int16 pairs, the coefficients of
+//          the activation's sums of 16 values in isum (-offset * scale)
+//   mco    k-quants with a minimum (Q2_K, Q4_K, Q5_K): the same for the minimum's msum (the
+//          minimums). Each k-quant has one of the two.
 //   dx, dm 8 doubles each: the block's scale and (types with a minimum: Q4_1, Q5_1, Q2_K, Q4_K,
 //          Q5_K) its minimum's scale
 // The activation side: the quantized rows as vec_dot takes them, plus k_act_side of each row
@@ -8328,8 +8329,10 @@ static bool k_panel_min(uint32_t type) {
 // Offsets of the fields of a packed block, and its size.
 static size_t k_panel_sc(uint32_t type) { return (size_t)type_table[type].blck_size * (k_panel_nibbles(type) ? 4 : 8); }
 static size_t k_panel_cor(uint32_t type) { return k_panel_sc(type) + 16 * 32; }
-static size_t k_panel_mco(uint32_t type) { return k_panel_cor(type) + 8 * 32; }
-static size_t k_panel_dx(uint32_t type) { return type_table[type].blck_size == QK_K ? k_panel_mco(type) + 8 * 32 : k_panel_sc(type); }
+static size_t k_panel_mco(uint32_t type) { return k_panel_cor(type) + (k_panel_off(type) ? 8 * 32 : 0); }
+static size_t k_panel_dx(uint32_t type) {
+    return type_table[type].blck_size == QK_K ? k_panel_mco(type) + (k_panel_min(type) ? 8 * 32 : 0) : k_panel_sc(type);
+}
 static size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + (k_panel_min(type) ? 128 : 64); }
 
 // Bytes of a panel of rows of n values.
@@ -8408,8 +8411,9 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
             if (qb == QK_K)
                 for (int k = 0; k < 16; k++) {
                     wr_u32(pb + k_panel_sc(type) + 32 * k + 4 * r, (uint32_t)sc[k]);
-                    wr_u16(pb + k_panel_cor(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[k]);
-                    wr_u16(pb + k_panel_mco(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
+                    if (k_panel_off(type)) wr_u16(pb + k_panel_cor(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[k]);
+                    if (k_panel_min(type))
+                        wr_u16(pb + k_panel_mco(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
                 }
             memcpy(pb + dxo + 8 * r, &dx, 8);
             if (k_panel_min(type)) memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
@@ -9007,13 +9011,13 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             k_wk_avx2 u[8];
             for (int r = 0; r < 8; r++) { // the scales go straight into the panel as doubles
                 double d = 0, dm = 0;
-                s16[r] = mn[r] = _mm256_setzero_si256();
-                if (r < nw) {
+                if (r < nw) { // (each array element set once: zeroing them all first made two memsets)
                     s16[r] = k_wk_unpack_q_avx2(type, xb + (size_t)r * ws, &u[r]);
                     mn[r] = u[r].mins;
                     d = u[r].d;
                     dm = u[r].dmin;
                 } else {
+                    s16[r] = mn[r] = _mm256_setzero_si256();
                     for (int c = 0; c < 8; c++) u[r].q[c] = _mm256_setzero_si256();
                 }
                 memcpy(pb + dxo + 8 * r, &d, 8);
@@ -9045,9 +9049,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             k_transpose8_store_avx2(lo, pb + k_panel_sc(type));
             k_transpose8_store_avx2(hi, pb + k_panel_sc(type) + 256);
             if (k_panel_off(type)) k_transpose8_store_avx2(co, pb + k_panel_cor(type));
-            else memset(pb + k_panel_cor(type), 0, 256);
             if (min) k_transpose8_store_avx2(mn, pb + k_panel_mco(type));
-            else memset(pb + k_panel_mco(type), 0, 256);
         }
     }
 }
