@@ -10024,6 +10024,39 @@ K_AVX2 static void k_expf_avx2(float *y, const float *x, int64_t n) {
     for (; i < n; i++) y[i] = psv_expf_poly(x[i]);
 }
 
+// k_exp_shift_ref four lanes at a time: psv_exp's steps, operation for operation, where they
+// are branch-free, -708 <= x <= 693 (k = round(x / ln 2) in [-1021, 1000]: psv_pow2i(k) is a
+// normal number made from its exponent bits, and neither end's split scaling applies); other
+// lanes (and NaN) take psv_exp itself. Bit-identical (tested).
+K_AVX2 static void k_exp_shift_avx2(double *y, const float *x, double shift, int64_t n) {
+    static const double c[14] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
+                                 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
+    const __m256d sh = _mm256_set1_pd(shift), one = _mm256_set1_pd(1.0), half = _mm256_set1_pd(0.5);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m256d v = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), sh);
+        __m256d in = _mm256_and_pd(_mm256_cmp_pd(v, _mm256_set1_pd(-708.0), _CMP_GE_OQ),
+                                   _mm256_cmp_pd(v, _mm256_set1_pd(693.0), _CMP_LE_OQ));
+        if (_mm256_movemask_pd(in) != 15) {
+            for (int l = 0; l < 4; l++) y[i + l] = psv_exp((double)x[i + l] - shift);
+            continue;
+        }
+        // psv_round_half_away(v * log2 e): truncate, then step away from zero on a half or more
+        __m256d kx = _mm256_mul_pd(v, _mm256_set1_pd(1.44269504088896338700));
+        __m256d k = _mm256_round_pd(kx, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), d = _mm256_sub_pd(kx, k);
+        k = _mm256_add_pd(k, _mm256_and_pd(_mm256_cmp_pd(d, half, _CMP_GE_OQ), one));
+        k = _mm256_sub_pd(k, _mm256_and_pd(_mm256_cmp_pd(d, _mm256_set1_pd(-0.5), _CMP_LE_OQ), one));
+        __m256d r = _mm256_sub_pd(_mm256_sub_pd(v, _mm256_mul_pd(k, _mm256_set1_pd(6.93147180369123816490e-01))),
+                                  _mm256_mul_pd(k, _mm256_set1_pd(1.90821492927058770002e-10)));
+        __m256d p = _mm256_set1_pd(c[0]);
+        for (int j = 1; j < 14; j++) p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c[j]));
+        __m256i e = _mm256_slli_epi64(_mm256_cvtepi32_epi64(_mm_add_epi32(_mm256_cvtpd_epi32(k), _mm_set1_epi32(1023))), 52);
+        _mm256_storeu_pd(y + i, _mm256_mul_pd(p, _mm256_castsi256_pd(e)));
+    }
+    for (; i < n; i++) y[i] = psv_exp((double)x[i] - shift);
+}
+
 K_AVX2 static void k_swiglu_avx2(float *y, const float *g, const float *u, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -10301,11 +10334,17 @@ static void k_axpy_rows_ref(float *y, const float *w, const float *v, size_t str
         }
 }
 
+// y[i] = psv_exp((double)x[i] - shift): the sampler's weights of a whole vocabulary.
+static void k_exp_shift_ref(double *y, const float *x, double shift, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = psv_exp((double)x[i] - shift);
+}
+
 typedef struct {
     void (*expf)(float *y, const float *x, int64_t n);
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
     void (*dot_keys)(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n);
     void (*axpy_rows)(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n);
+    void (*exp_shift)(double *y, const float *x, double shift, int64_t n);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -10387,13 +10426,13 @@ static void k_fill_avx512(k_traits *t) {
 static void k_sets_init(void) {
     for (int s = 0; s < K_SET_COUNT; s++) {
         memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
-        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref};
+        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref, k_exp_shift_ref};
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
-    k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2};
-    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx2};
+    k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2};
+    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx2, k_exp_shift_avx2};
 #endif
 #if defined(PSV_ARM64)
     k_fill_neon(k_set_tables[K_SET_NEON]);
@@ -11486,6 +11525,7 @@ struct psv_sampler {
     int32_t *hist; // ring of the last p.repeat_last_n accepted tokens
     int64_t hist_n, hist_pos;
     struct samp_cand { float logit; int32_t id; } *cand;
+    float *lg;       // (n_vocab) the candidates' logits, in candidate order (for the normaliser)
     double *w;       // (n_vocab) the survivors' unnormalised probabilities
     int32_t *counts; // per-token occurrences in the window
 };
@@ -11508,10 +11548,23 @@ static uint64_t samp_next(uint64_t s[4]) {
 // Uniform double in [0, 1) from the top 53 bits.
 static double samp_uniform(uint64_t s[4]) { return (double)(samp_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
-static int samp_cmp(const void *a, const void *b) {
-    const struct samp_cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return x->id < y->id ? -1 : (x->id > y->id); // ties broken by id: stable across platforms
+// The sampler's order: higher logit first, ties broken by id (stable across platforms).
+static bool samp_before(const struct samp_cand *x, const struct samp_cand *y) {
+    return x->logit != y->logit ? x->logit > y->logit : x->id < y->id;
+}
+
+// Restores the heap property (every parent before its children) below position i of a heap of n.
+static void samp_sift(struct samp_cand *h, int64_t i, int64_t n) {
+    struct samp_cand v = h[i];
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && samp_before(&h[c + 1], &h[c])) c++;
+        if (!samp_before(&h[c], &v)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = v;
 }
 
 PSV_API psv_sampler_params psv_sampler_default_params(void) {
@@ -11532,6 +11585,7 @@ PSV_API void psv_sampler_free(psv_sampler *s) {
     free(s->hist);
     free(s->cand);
     free(s->w);
+    free(s->lg);
     free(s->counts);
     free(s);
 }
@@ -11558,9 +11612,10 @@ PSV_API psv_status psv_sampler_new(const psv_sampler_params *params, int64_t n_v
     s->n_vocab = n_vocab;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->w = malloc((size_t)n_vocab * sizeof *s->w);
+    s->lg = malloc((size_t)n_vocab * sizeof *s->lg);
     s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
     s->hist = malloc((size_t)(p.repeat_last_n ? p.repeat_last_n : 1) * sizeof *s->hist);
-    if (!s->cand || !s->w || !s->counts || !s->hist) {
+    if (!s->cand || !s->w || !s->lg || !s->counts || !s->hist) {
         psv_sampler_free(s);
         return err_set(err, PSV_ERR_NOMEM, "sampler: out of memory");
     }
@@ -11584,7 +11639,7 @@ PSV_API void psv_sampler_accept(psv_sampler *s, int32_t token) {
 
 PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
     const psv_sampler_params *p = &s->p;
-    int64_t n = 0;
+    int64_t n = 0, best = 0; // best: the first candidate with the highest logit
     for (int64_t i = 0; i < s->n_vocab; i++) {
         float l = logits[i];
         if (psv_isnan(l)) continue;
@@ -11594,27 +11649,24 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
             if (p->repeat_penalty != 1.0f) l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
             l -= (float)c * p->frequency_penalty + p->presence_penalty;
         }
-        s->cand[n].logit = l;
+        s->cand[n].logit = s->lg[n] = l;
         s->cand[n].id = (int32_t)i;
+        if (l > s->lg[best]) best = n;
         n++;
     }
     if (n == 0) return 0;
-    if (p->temperature <= 0.0f) {
-        int64_t best = 0;
-        for (int64_t i = 1; i < n; i++)
-            if (s->cand[i].logit > s->cand[best].logit) best = i;
-        return s->cand[best].id;
-    }
+    if (p->temperature <= 0.0f) return s->cand[best].id;
     // Every cut-off keeps a prefix of the candidates sorted by logit (top-k the first k, top-p the
     // shortest with mass >= top_p, min-p those within log(min_p) of the best), so the result is
     // that of sorting everything and cutting in order. Cheaper: the min-p cut and the softmax
-    // normaliser are linear passes, and only the survivors are sorted, and only when a cut
-    // needs the order (a vocabulary of 150k+ tokens would otherwise be sorted every token).
-    double mx = s->cand[0].logit, sum = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (s->cand[i].logit > mx) mx = s->cand[i].logit;
-    if (p->top_p < 1.0f) // the normaliser only top-p needs (exp is the sampler's main cost)
-        for (int64_t i = 0; i < n; i++) sum += psv_exp((double)s->cand[i].logit - mx);
+    // normaliser are linear passes, and only as many survivors as the cuts keep are put in
+    // order, and only when a cut needs the order (a vocabulary of 150k+ tokens would otherwise be
+    // sorted every token).
+    double mx = s->lg[best], sum = 0;
+    if (p->top_p < 1.0f) { // the normaliser only top-p needs (exp is the sampler's main cost)
+        k_vec_get()->exp_shift(s->w, s->lg, mx, n);
+        for (int64_t i = 0; i < n; i++) sum += s->w[i];
+    }
     if (p->min_p > 0.0f) {
         double cut = mx + psv_log((double)p->min_p);
         int64_t k = 0;
@@ -11623,18 +11675,28 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
         n = k;
     }
     if ((p->top_k > 0 && p->top_k < n) || p->top_p < 1.0f) {
-        qsort(s->cand, (size_t)n, sizeof *s->cand, samp_cmp);
-        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-        if (p->top_p < 1.0f) {
-            double acc = 0;
-            for (int64_t i = 0; i < n; i++) {
-                acc += psv_exp((double)s->cand[i].logit - mx) / sum;
-                if (acc >= p->top_p) {
-                    n = i + 1;
-                    break;
-                }
-            }
+        // the best candidates in order, only as many as the cuts keep: a heap of all of them,
+        // popped one at a time (sorting 150k candidates cost milliseconds a token), each popped
+        // one going to the end: after m pops, the best m are at n - m .. n - 1, best last
+        struct samp_cand *c = s->cand;
+        int64_t limit = p->top_k > 0 && p->top_k < n ? p->top_k : n, m = 0;
+        for (int64_t i = n / 2; i-- > 0;) samp_sift(c, i, n);
+        double acc = 0;
+        while (m < limit) {
+            struct samp_cand best = c[0];
+            c[0] = c[n - 1 - m];
+            samp_sift(c, 0, n - 1 - m);
+            c[n - 1 - m] = best;
+            m++;
+            if (p->top_p < 1.0f && (acc += psv_exp((double)best.logit - mx) / sum) >= p->top_p) break;
         }
+        for (int64_t i = 0; i < m / 2; i++) { // best first, then to the front
+            struct samp_cand t = c[n - m + i];
+            c[n - m + i] = c[n - 1 - i];
+            c[n - 1 - i] = t;
+        }
+        memmove(c, c + (n - m), (size_t)m * sizeof *c);
+        n = m;
     } // else: no cut needs the order; the candidates stay in id order (deterministic for a seed)
     double tsum = 0;
     for (int64_t i = 0; i < n; i++) tsum += s->w[i] = psv_exp(((double)s->cand[i].logit - mx) / p->temperature);

@@ -549,6 +549,50 @@ static void st_check_vec(k_set set) {
     sk->expf(a, a, 100);
     CHECK(memcmp(a, b, 100 * sizeof *a) == 0);
     CHECKF(bad_exp == 0, "%s exp: %lld of %lld differ", k_set_names[set], (long long)bad_exp, (long long)checked);
+    // the sampler's exp(x - shift) in double: logits of every size against several shifts (the
+    // fast lanes' bounds -708 and 693 on both sides, half-way points of x / ln 2, specials), at
+    // every position of a vector and with odd tails
+    {
+        double *ya = malloc(CAP * sizeof *ya), *yb = malloc(CAP * sizeof *yb);
+        PSV_ASSERT(ya && yb);
+        int64_t n = 0, bad = 0, total = 0;
+        for (int i = 0; i < 200000; i++) x[n++] = st_sym() * (i % 4 == 0 ? 800.0f : i % 4 == 1 ? 40.0f : 4.0f);
+        for (int i = -2000; i <= 2000; i++) x[n++] = (float)(0.6931471805599453 * (i + 0.5)); // k_x near .5
+        for (float v = -709.0f; v <= -707.0f; v += 1.0f / 64) x[n++] = v;
+        for (float v = 692.0f; v <= 694.0f; v += 1.0f / 64) x[n++] = v;
+        static const uint32_t sp[] = {0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 1, 0x7f7fffffu, 0xff7fffffu};
+        for (size_t i = 0; i < PSV_ARRAY_LEN(sp); i++) x[n++] = f32_from_bits(sp[i]);
+        static const double shifts[] = {0.0, 3.5, -2.25, 12.75, 700.0, -700.0, 1e-3};
+        for (size_t si = 0; si < PSV_ARRAY_LEN(shifts); si++)
+            for (int64_t off = 0; off < 4; off++) {
+                int64_t m = n - off;
+                ref->exp_shift(ya, x + off, shifts[si], m);
+                sk->exp_shift(yb, x + off, shifts[si], m);
+                for (int64_t i = 0; i < m; i++) bad += memcmp(&ya[i], &yb[i], sizeof ya[i]) != 0 && !(ya[i] != ya[i] && yb[i] != yb[i]);
+                total += m;
+            }
+        // arguments whose x / ln 2 is exactly half-way (psv_exp rounds those away from zero):
+        // shifts found next to (j + 1/2) ln 2, against logits of 0
+        int found = 0;
+        for (int j = -1000; j < 1000; j += 7) {
+            const double c = 1.44269504088896338700;
+            const uint64_t mid = f64_bits((j + 0.5) / c);
+            for (uint64_t bits = mid - 32; bits <= mid + 32; bits++) { // the doubles around it
+                double v = f64_from_bits(bits);
+                if (v * c != j + 0.5) continue;
+                float z[5] = {0};
+                ref->exp_shift(ya, z, -v, 5);
+                sk->exp_shift(yb, z, -v, 5);
+                bad += memcmp(ya, yb, 5 * sizeof *ya) != 0;
+                found++;
+                break;
+            }
+        }
+        CHECKF(found > 50, "%s exp_shift: only %d exact half-way arguments found", k_set_names[set], found);
+        CHECKF(bad == 0, "%s exp_shift: %lld of %lld differ", k_set_names[set], (long long)bad, (long long)total);
+        free(ya);
+        free(yb);
+    }
     CHECKF(bad_glu == 0, "%s swiglu: %lld of %lld differ", k_set_names[set], (long long)bad_glu, (long long)checked);
     // attention's products over KV rows: many lengths (tails of every size, long rows), key
     // counts around the kernels' groups of eight, a row stride wider than the rows, values of
