@@ -367,10 +367,15 @@ static void test_bench_helpers(void) {
     CHECK(!tools_parse_list("x", 1, 64, v, 4, &n));
     CHECK(tools_ieq("q4_k_m", "Q4_K_M") && !tools_ieq("Q4_K", "Q4_K_M"));
     double secs[3] = {1.0, 0.5, 0.25};
-    bench_test t = {.n = 10, .reps = 3, .secs = secs};
+    bench_test t = {.n = 10, .seqs = 1, .reps = 3, .secs = secs};
     bench_stats(&t); // 10, 20, 40 tokens/s
     CHECK(t.tps_mean > 23.333 && t.tps_mean < 23.334);
     CHECK(t.tps_sd > 15.275 && t.tps_sd < 15.276);
+    t.seqs = 4; // 10 tokens of each of 4 sequences: 40, 80, 160 tokens/s
+    bench_stats(&t);
+    CHECK(t.tps_mean > 93.333 && t.tps_mean < 93.334);
+    CHECK(t.tps_sd > 61.101 && t.tps_sd < 61.102);
+    t.seqs = 1;
     t.reps = 1;
     bench_stats(&t);
     CHECK(t.tps_mean == 10.0 && t.tps_sd == 0.0);
