@@ -10025,21 +10025,21 @@ K_AVX2 static void k_expf_avx2(float *y, const float *x, int64_t n) {
 }
 
 // k_exp_shift_ref four lanes at a time: psv_exp's steps, operation for operation, where they
-// are branch-free, -708 <= x <= 693 (k = round(x / ln 2) in [-1021, 1000]: psv_pow2i(k) is a
-// normal number made from its exponent bits, and neither end's split scaling applies); other
-// lanes (and NaN) take psv_exp itself. Bit-identical (tested).
-K_AVX2 static void k_exp_shift_avx2(double *y, const float *x, double shift, int64_t n) {
+// are branch-free, for arguments -708 <= a <= 693 (k = round(a / ln 2) in [-1021, 1000]:
+// psv_pow2i(k) is a normal number made from its exponent bits, and neither end's split scaling
+// applies); other lanes (and NaN) take psv_exp itself. Bit-identical (tested).
+K_AVX2 static void k_exp_shift_avx2(double *y, const float *x, double shift, double div, int64_t n) {
     static const double c[14] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
                                  1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
                                  1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
-    const __m256d sh = _mm256_set1_pd(shift), one = _mm256_set1_pd(1.0), half = _mm256_set1_pd(0.5);
+    const __m256d sh = _mm256_set1_pd(shift), dv = _mm256_set1_pd(div), one = _mm256_set1_pd(1.0), half = _mm256_set1_pd(0.5);
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        __m256d v = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), sh);
+        __m256d v = _mm256_div_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), sh), dv);
         __m256d in = _mm256_and_pd(_mm256_cmp_pd(v, _mm256_set1_pd(-708.0), _CMP_GE_OQ),
                                    _mm256_cmp_pd(v, _mm256_set1_pd(693.0), _CMP_LE_OQ));
         if (_mm256_movemask_pd(in) != 15) {
-            for (int l = 0; l < 4; l++) y[i + l] = psv_exp((double)x[i + l] - shift);
+            for (int l = 0; l < 4; l++) y[i + l] = psv_exp(((double)x[i + l] - shift) / div);
             continue;
         }
         // psv_round_half_away(v * log2 e): truncate, then step away from zero on a half or more
@@ -10054,7 +10054,7 @@ K_AVX2 static void k_exp_shift_avx2(double *y, const float *x, double shift, int
         __m256i e = _mm256_slli_epi64(_mm256_cvtepi32_epi64(_mm_add_epi32(_mm256_cvtpd_epi32(k), _mm_set1_epi32(1023))), 52);
         _mm256_storeu_pd(y + i, _mm256_mul_pd(p, _mm256_castsi256_pd(e)));
     }
-    for (; i < n; i++) y[i] = psv_exp((double)x[i] - shift);
+    for (; i < n; i++) y[i] = psv_exp(((double)x[i] - shift) / div);
 }
 
 K_AVX2 static void k_swiglu_avx2(float *y, const float *g, const float *u, int64_t n) {
@@ -10334,9 +10334,9 @@ static void k_axpy_rows_ref(float *y, const float *w, const float *v, size_t str
         }
 }
 
-// y[i] = psv_exp((double)x[i] - shift): the sampler's weights of a whole vocabulary.
-static void k_exp_shift_ref(double *y, const float *x, double shift, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = psv_exp((double)x[i] - shift);
+// y[i] = psv_exp(((double)x[i] - shift) / div): the sampler's weights of a whole vocabulary.
+static void k_exp_shift_ref(double *y, const float *x, double shift, double div, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = psv_exp(((double)x[i] - shift) / div);
 }
 
 typedef struct {
@@ -10344,7 +10344,7 @@ typedef struct {
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
     void (*dot_keys)(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n);
     void (*axpy_rows)(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n);
-    void (*exp_shift)(double *y, const float *x, double shift, int64_t n);
+    void (*exp_shift)(double *y, const float *x, double shift, double div, int64_t n);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -11664,7 +11664,7 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
     // sorted every token).
     double mx = s->lg[best], sum = 0;
     if (p->top_p < 1.0f) { // the normaliser only top-p needs (exp is the sampler's main cost)
-        k_vec_get()->exp_shift(s->w, s->lg, mx, n);
+        k_vec_get()->exp_shift(s->w, s->lg, mx, 1.0, n); // (x / 1.0 is x)
         for (int64_t i = 0; i < n; i++) sum += s->w[i];
     }
     if (p->min_p > 0.0f) {
@@ -11698,8 +11698,10 @@ PSV_API int32_t psv_sampler_sample(psv_sampler *s, const float *logits) {
         memmove(c, c + (n - m), (size_t)m * sizeof *c);
         n = m;
     } // else: no cut needs the order; the candidates stay in id order (deterministic for a seed)
-    double tsum = 0;
-    for (int64_t i = 0; i < n; i++) tsum += s->w[i] = psv_exp(((double)s->cand[i].logit - mx) / p->temperature);
+    double tsum = 0; // (lg follows the candidates again: the cuts moved and dropped some)
+    for (int64_t i = 0; i < n; i++) s->lg[i] = s->cand[i].logit;
+    k_vec_get()->exp_shift(s->w, s->lg, mx, p->temperature, n);
+    for (int64_t i = 0; i < n; i++) tsum += s->w[i];
     double r = samp_uniform(s->rng) * tsum, acc = 0;
     for (int64_t i = 0; i < n; i++) {
         acc += s->w[i];
