@@ -8677,6 +8677,7 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
     w->off = 0;
     w->dmin = 0;
     w->sub32 = false;
+    w->sc8 = _mm_setzero_si128(); // (set for Q4_K/Q5_K; gcc -O1 could not tell it is read only then)
     w->mins = _mm256_setzero_si256();
     if (type == T_Q2_K) {
         // value 128h + 32j + l: bits 2j of qs[32h + l]; sub-block k: scale x[k] & 15, min x[k] >> 4
