@@ -8425,14 +8425,18 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // besides the row ("side data", k_act_side_size bytes, 8-aligned when `side` is): at 0, the
 // int16 sums of each 16 consecutive quants (|sum| <= 16 * 128), computed from the quants; at
 // k_act_side_d, each block's scale as a double (exactly the stored fp16 or float), and for Q8_1
-// after those its s.
+// after those its s; for Q8_0, at k_act_side_o, each block's -off * (sum of its 32 quants) as
+// int32, off being the weights' quant offset (k_panel_off: the integer term that takes it off,
+// which the GEMM kernels start each block's sums from).
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
+static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) {
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
-    return k_act_side_d(n) + (size_t)nb * 8 * (atype == T_Q8_1 ? 2 : 1);
+    return k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : atype == T_Q8_0 ? 12 : 8);
 }
 
-static void k_act_side(uint32_t atype, const uint8_t *y, int64_t n, uint8_t *side) {
+// The side data of activation row y of type atype, for weights whose quant offset is off.
+static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uint8_t *side) {
     const size_t bs = atype == T_Q8_K ? K_Q8_K_SIZE : atype == T_Q8_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const size_t qo = atype == T_Q8_0 ? 2 : 4;
     const int64_t qb = atype == T_Q8_K ? QK_K : 32, nb = n / qb;
@@ -8448,6 +8452,10 @@ static void k_act_side(uint32_t atype, const uint8_t *y, int64_t n, uint8_t *sid
         }
         d[b] = atype == T_Q8_K ? (double)k_ld_f32(yb) : (double)k_ld_f16(yb);
         if (atype == T_Q8_1) d[nb + b] = (double)k_ld_f16(yb + 2);
+        if (atype == T_Q8_0) {
+            int32_t o = -off * (sums[2 * b] + sums[2 * b + 1]);
+            memcpy(side + k_act_side_o(n) + 4 * (size_t)b, &o, 4);
+        }
     }
 }
 
@@ -9641,7 +9649,6 @@ K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, int64
     PSV_ASSERT(n % 32 == 0 && nr >= 1 && nr <= K_ROWS_MAX);
     const size_t xs = k_w32_size(type);
     const int64_t nb = n / 32;
-    const int sh = type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : 7; // off = 8, 16, 128
     const __m256i z = _mm256_setzero_si256();
     __m256d accv[K_ROWS_MAX];
     for (int r = 0; r < nr; r++) accv[r] = _mm256_setzero_pd();
@@ -9655,8 +9662,7 @@ K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, int64
             const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_0_SIZE, *sd = side + (size_t)r * side_stride;
             __m128i is = k_hsum4_i32_avx2(_mm256_dpbusd_epi32(z, u0, k_load256(yb + 2)), _mm256_dpbusd_epi32(z, u1, k_load256(yb + 36)),
                                           _mm256_dpbusd_epi32(z, u2, k_load256(yb + 70)), _mm256_dpbusd_epi32(z, u3, k_load256(yb + 104)));
-            __m128i sa = _mm_madd_epi16(k_load128(sd + 4 * b), _mm_set1_epi16(1)); // sums of 16, pairwise
-            is = _mm_sub_epi32(is, _mm_slli_epi32(sa, sh));
+            is = _mm_add_epi32(is, k_load128(sd + k_act_side_o(n) + 4 * b)); // -offset * sum, k_act_side
             __m256d dy = _mm256_loadu_pd((const double *)(const void *)(sd + k_act_side_d(n)) + b);
             // reference: (double)dx * (double)dy * (double)isum
             __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), _mm256_cvtepi32_pd(is));
@@ -9665,14 +9671,15 @@ K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, int64
     }
     for (int r = 0; r < nr; r++) {
         const uint8_t *yr = y + (size_t)r * ys, *sd = side + (size_t)r * side_stride;
-        const int16_t *sums = (const int16_t *)(const void *)sd;
         const double *dy = (const double *)(const void *)(sd + k_act_side_d(n));
         double acc[K_BLOCK_LANES];
         _mm256_storeu_pd(acc, accv[r]);
         for (int64_t c = b; c < nb; c++) {
             const uint8_t *xb = x + (size_t)c * xs;
             int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yr + (size_t)c * K_Q8_0_SIZE + 2)));
-            isum -= (sums[2 * c] + sums[2 * c + 1]) * (1 << sh);
+            int32_t o;
+            memcpy(&o, sd + k_act_side_o(n) + 4 * (size_t)c, 4);
+            isum += o;
             acc[c % K_BLOCK_LANES] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
         }
         s[r * ss] = k_lanes_sum(acc, K_BLOCK_LANES);
@@ -9742,9 +9749,11 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
-        const int off = k_panel_off(type);
+        // the sums start from the term that takes the quants' offset off (k_act_side)
         K_UNROLL
-        for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
+        for (int r = 0; r < R; r++)
+            is[r] = k_panel_off(type) ? k_bcast4_avx2((const uint8_t *)ar[r] + k_act_side_o(32 * nb) + 4 * (size_t)b)
+                                      : _mm256_setzero_si256();
         if (k_panel_nibbles(type)) {
             K_UNROLL
             for (int s = 0; s < 4; s++) { // steps s (low nibbles) and s + 4 (high)
@@ -9768,7 +9777,6 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
-            if (off) is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(off * (ar[r][2 * b] + ar[r][2 * b + 1])));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b])), _mm512_cvtepi32_pd(is[r]));
             if (q81) t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
@@ -11157,7 +11165,8 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     for (int64_t t = lo; t < hi; t++) {
         uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
         at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
-        if (j->sides) k_act_side(j->tr->vec_dot_type, row, j->w->n_in, j->sides + (size_t)t * j->side_stride);
+        if (j->sides)
+            k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, j->sides + (size_t)t * j->side_stride);
     }
 }
 

@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
                 c.panel = malloc(k_panel_size(wt, n));
                 c.side = malloc(4 * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
-                for (int r = 0; r < 4; r++) k_act_side(at, a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
+                for (int r = 0; r < 4; r++) k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * K_PANEL);
                 double gemm4 = bs_time(bs_gemm4, &c, secs) * 1e9 / (double)(n * K_PANEL * 4);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
