@@ -9167,7 +9167,8 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
         const double *dmp = dxp + 8;
         K_UNROLL
         for (int r = 0; r < R; r++) {
-            if (off) is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(off * (ar[r][2 * b] + ar[r][2 * b + 1])));
+            if (off) // the term that takes the quants' offset off (k_act_side)
+                is[r] = _mm256_add_epi32(is[r], k_bcast4_avx2((const uint8_t *)ar[r] + k_act_side_o(32 * nb) + 4 * (size_t)b));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m256d dy = _mm256_set1_pd(dr[r][b]);
             __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])));
