@@ -8430,9 +8430,9 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // which the GEMM kernels start each block's sums from).
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
-static size_t k_act_side_size(uint32_t atype, int64_t n) {
+static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
-    return k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : atype == T_Q8_0 ? 12 : 8);
+    return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : atype == T_Q8_0 ? 12 : 8) + 7) & ~(size_t)7;
 }
 
 // The side data of activation row y of type atype, for weights whose quant offset is off.
