@@ -9089,6 +9089,18 @@ K_DEF_PACK(q6_k, T_Q6_K)
 // them). Two activation rows at a time. Q8_0 has no AVX2 GEMM: its unsigned quants reach 255,
 // and a pair sum could saturate.
 
+// Where the GEMM kernels find an activation row y of n values and the parts of its side data
+// (k_act_side): the sums of 16, the block scales and, for the 32-value types with a quant offset,
+// the offset terms (else NULL).
+K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint8_t *side, const uint8_t **yr,
+                          const int16_t **ar, const double **dr, const int32_t **ao) {
+    *yr = y;
+    *ar = (const int16_t *)(const void *)side;
+    *dr = (const double *)(const void *)(side + k_act_side_d(n));
+    *ao = type_table[type].blck_size == 32 && k_panel_off(type) ? (const int32_t *)(const void *)(side + k_act_side_o(n))
+                                                                 : NULL;
+}
+
 // Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
 // 4, leaves the level-1 cache to the computation better than level-1 prefetches).
 K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
@@ -9119,7 +9131,8 @@ K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, __m256d t0, __m256d t1) {
 
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
 K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
-                                     const int16_t *const *ar, const double *const *dr, int64_t nb, double *acc) {
+                                     const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
+                                     int64_t nb, double *acc) {
     const bool min = k_panel_min(type);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const double *dxp = (const double *)(const void *)(pb + k_panel_dx(type));
@@ -9168,7 +9181,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
         K_UNROLL
         for (int r = 0; r < R; r++) {
             if (off) // the term that takes the quants' offset off (k_act_side)
-                is[r] = _mm256_add_epi32(is[r], k_bcast4_avx2((const uint8_t *)ar[r] + k_act_side_o(32 * nb) + 4 * (size_t)b));
+                is[r] = _mm256_add_epi32(is[r], k_bcast4_avx2(ao[r] + b));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m256d dy = _mm256_set1_pd(dr[r][b]);
             __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])));
@@ -9268,16 +9281,14 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, int R, int64_t n, const uin
     const uint8_t *yr[2];
     const int16_t *ar[2];
     const double *dr[2];
+    const int32_t *ao[2];
     double acc[K_BLOCK_LANES][2 * 8]; // lane l of row r's eight results at acc[l][8r ..]
     memset(acc, 0, sizeof acc);
-    for (int r = 0; r < R; r++) {
-        yr[r] = y + (size_t)r * ys;
-        ar[r] = (const int16_t *)(const void *)(side + (size_t)r * side_stride);
-        dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
-    }
+    for (int r = 0; r < R; r++)
+        k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
-        k_gemm_blk_avx2(type, R, panel + (size_t)b * bb, b, yr, ar, dr, nb, acc[b % K_BLOCK_LANES]);
+        k_gemm_blk_avx2(type, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, acc[b % K_BLOCK_LANES]);
     }
     for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
         float res[8];
@@ -9742,7 +9753,8 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
 
 // Block b of the panel against R activation rows: the term of each, to term[r].
 K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
-                                         const int16_t *const *ar, const double *const *dr, int64_t nb, __m512d *term) {
+                                         const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
+                                         int64_t nb, __m512d *term) {
     const bool min = k_panel_min(type);
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
@@ -9753,8 +9765,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         // the sums start from the term that takes the quants' offset off (k_act_side)
         K_UNROLL
         for (int r = 0; r < R; r++)
-            is[r] = k_panel_off(type) ? k_bcast4_avx2((const uint8_t *)ar[r] + k_act_side_o(32 * nb) + 4 * (size_t)b)
-                                      : _mm256_setzero_si256();
+            is[r] = k_panel_off(type) ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
         if (k_panel_nibbles(type)) {
             K_UNROLL
             for (int s = 0; s < 4; s++) { // steps s (low nibbles) and s + 4 (high)
@@ -9870,12 +9881,11 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
     const uint8_t *yr[K_GEMM_ROWS];
     const int16_t *ar[K_GEMM_ROWS];
     const double *dr[K_GEMM_ROWS];
+    const int32_t *ao[K_GEMM_ROWS];
     __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS];
     K_UNROLL
     for (int r = 0; r < R; r++) {
-        yr[r] = y + (size_t)r * ys;
-        ar[r] = (const int16_t *)(const void *)(side + (size_t)r * side_stride);
-        dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
+        k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][r] = _mm512_setzero_pd();
     }
     // Block b's terms go to lane b % 4. The k-quants' large block body is inlined once and only
@@ -9889,7 +9899,7 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
             K_UNROLL
             for (int l = 0; l < K_BLOCK_LANES; l++) {
                 __m512d t[K_GEMM_ROWS];
-                k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, nb, t);
+                k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, ao, nb, t);
                 K_UNROLL
                 for (int r = 0; r < R; r++) acc[l][r] = _mm512_add_pd(acc[l][r], t[r]);
             }
@@ -9897,7 +9907,7 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
     for (; b < nb; b++) {
         __m512d t[K_GEMM_ROWS];
         if (pf) k_prefetch_blks(pf, b, 1);
-        k_gemm_blk_avx512(type, R, panel + (size_t)b * bb, b, yr, ar, dr, nb, t);
+        k_gemm_blk_avx512(type, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, t);
         switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
         case 0: K_UNROLL for (int r = 0; r < R; r++) acc[0][r] = _mm512_add_pd(acc[0][r], t[r]); break;
         case 1: K_UNROLL for (int r = 0; r < R; r++) acc[1][r] = _mm512_add_pd(acc[1][r], t[r]); break;
