@@ -13065,6 +13065,7 @@ PSV_MAYBE_UNUSED static int cli_mkmodel(int argc, char **argv) {
 
 #define BENCH_MAX_LIST 16
 #define BENCH_WARM_TOKENS 16
+#define BENCH_MAX_SEQS 64 // -s
 #define BENCH_MEMBW_SIZE ((size_t)512 << 20) // 16x a large L3: streams from DRAM
 #define BENCH_MEMBW_RUNS 5
 
@@ -13450,7 +13451,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "-p") || !strcmp(f, "--n-prompt")) ok = tools_parse_list(v, 0, 65536, o.p, BENCH_MAX_LIST, &o.np);
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) ok = tools_parse_list(v, 0, 65536, o.n, BENCH_MAX_LIST, &o.nn);
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) ok = tools_parse_list(v, 1, 1024, o.t, BENCH_MAX_LIST, &o.nt);
-        else if (!strcmp(f, "-s") || !strcmp(f, "--seqs")) ok = tools_parse_list(v, 1, 64, o.s, BENCH_MAX_LIST, &o.ns);
+        else if (!strcmp(f, "-s") || !strcmp(f, "--seqs")) ok = tools_parse_list(v, 1, BENCH_MAX_SEQS, o.s, BENCH_MAX_LIST, &o.ns);
         else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = str_to_i64(v, 1, 1000, &r), o.reps = (int)r;
         else if (!strcmp(f, "--kv-type")) {
             ok = v && (!strcmp(v, "f32") || !strcmp(v, "f16"));
@@ -13491,8 +13492,8 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
     int32_t *toks = NULL;
     int n_tests = 0;
     psv_model *m = NULL;
-    psv_ctx *c = NULL, *cs[64] = {NULL}; // cs: the other sequences of -s
-    batch_seq seqs[64];
+    psv_ctx *c = NULL, *cs[BENCH_MAX_SEQS] = {NULL}; // cs: the other sequences of -s
+    batch_seq seqs[BENCH_MAX_SEQS];
     // Bandwidth first, in a child process, so its buffer neither competes with the model for
     // memory nor counts in the peak.
     if (o.membw && bench_membw_isolated((int)max_t, &bw, &err)) goto fail;
@@ -13623,7 +13624,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
 fail:
     fprintf(stderr, "pensieve bench: %s\n", err.message);
 done:
-    for (int q = 1; q < 64; q++) psv_ctx_free(cs[q]);
+    for (int q = 1; q < BENCH_MAX_SEQS; q++) psv_ctx_free(cs[q]);
     psv_ctx_free(c);
     psv_model_close(m);
     free(toks);
