@@ -11,7 +11,7 @@
 //   pack   packing 8 rows of the matrix into a panel, in L1/L2, per weight value;
 //   gemm4  4 activation rows against that panel, per weight value and activation row;
 //   mat4   the whole matrix against 4 activation rows as a decode step of 4 sequences does it
-//          (pack a panel, prefetch the next while computing), per weight value and row.
+//          (mm_gemm_task: pack a panel, prefetch the next while computing), per weight value and row.
 // Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
 // Times are this thread's CPU time, the best of several trials (the machine may be shared).
 // Usage: bench_simd [seconds per measurement, default 0.5]
@@ -109,15 +109,12 @@ static void bs_gemm4(void *p) {
     float *out[4] = {c->out, c->out + 8, c->out + 16, c->out + 24};
     c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, 4, out, K_PANEL, NULL);
 }
-static void bs_mat4(void *p) {
+static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on one thread
     bs_ctx *c = p;
-    for (int64_t o = 0; o < c->n_out; o += K_PANEL) {
-        c->tr->pack(c->n, c->w + (size_t)o * c->xs, c->xs, K_PANEL, c->panel);
-        k_prefetch pf = {c->w + (size_t)(o + K_PANEL) * c->xs, c->xs, type_get(c->wt)->type_size,
-                         o + K_PANEL < c->n_out ? K_PANEL : 0};
-        float *out[4] = {c->out + o, c->out + c->n_out + o, c->out + 2 * c->n_out + o, c->out + 3 * c->n_out + o};
-        c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, 4, out, K_PANEL, pf.rows ? &pf : NULL);
-    }
+    mtensor w = {.data = c->w, .type = c->wt, .n_in = c->n, .n_out = c->n_out, .row_size = c->xs, .name = "bench"};
+    mm_job j = {.w = &w, .xq = c->a, .xq_row = c->ys, .n_tok = 4, .y = c->out, .y_stride = c->n_out, .tr = c->tr,
+                .sides = c->side, .side_stride = c->side_stride, .panels = c->panel, .panel_size = k_panel_size(c->wt, c->n)};
+    mm_gemm_task(&j, 0, 1);
 }
 typedef struct {
     const k_vec_ops *ops;
