@@ -7244,6 +7244,11 @@ typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, 
 // (1..K_ROWS_MAX) activation rows y + r*y_stride, results to s[r*s_stride], bit-identical to vec_dot.
 typedef void (*k_gemv_fn)(int64_t n, float *s, int64_t s_stride, const uint8_t *x, const uint8_t *y, size_t y_stride,
                           const uint8_t *side, size_t side_stride, int nr);
+// One activation row y (with its k_act_side) against nw >= 1 weight rows x + i*x_stride, results
+// to s[i]; bit-identical to vec_dot. Generation of a single sequence, where the work is all
+// weight rows: these kernels take several rows at a time, side by side in the vectors.
+typedef void (*k_gemv1_fn)(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
+                           const uint8_t *side);
 typedef struct {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
@@ -7253,6 +7258,7 @@ typedef struct {
     k_gemm_fn gemm;                 // optional (NULL in the reference set): see "GEMM panels"
     k_pack_fn pack;                 // the panel packer gemm's set uses (set with gemm)
     k_gemv_fn gemv;                 // optional (NULL in the reference set): see k_gemv_fn
+    k_gemv1_fn gemv1;               // optional (NULL in the reference set): see k_gemv1_fn
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8157,21 +8163,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -9702,6 +9708,138 @@ K_DEF_GEMV(k_gemv_q4_0_avx512, k_gemv32_avx512, T_Q4_0, K_AVX512)
 K_DEF_GEMV(k_gemv_q5_0_avx512, k_gemv32_avx512, T_Q5_0, K_AVX512)
 K_DEF_GEMV(k_gemv_q8_0_avx512, k_gemv32_avx512, T_Q8_0, K_AVX512)
 
+// Software prefetch of the weight rows after the ones a gemv1 kernel is working on, spread over
+// its steps: rows [from, from + count) of nw rows x_stride apart, the part of one step at a time.
+typedef struct {
+    const uint8_t *p;
+    size_t len, step;
+} k_stream;
+
+static k_stream k_stream_next(const uint8_t *x, size_t x_stride, int nw, int from, int count, int64_t steps) {
+    k_stream s = {x, 0, 0};
+    if (from >= nw || steps <= 0) return s;
+    s.p = x + (size_t)from * x_stride;
+    s.len = (size_t)(PSV_MIN(from + count, nw) - from) * x_stride;
+    s.step = (s.len + (size_t)steps - 1) / (size_t)steps;
+    return s;
+}
+
+K_AVX2 K_INLINE void k_stream_step(const k_stream *s, int64_t i) {
+    size_t at = (size_t)i * s->step;
+    for (size_t k = 0; k < s->step && at + k < s->len; k += 64) _mm_prefetch((const char *)(s->p + at + k), _MM_HINT_T0);
+}
+
+// As k_no_fuse, for eight doubles.
+K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+// Generation's product of one activation row against many weight rows (k_gemv1_fn), Q4_0: four
+// weight rows and four blocks (128 values) a step, in 512-bit vectors, so that the work per
+// block that is not multiply-adding (block sums, scales, conversions) is shared by four rows and
+// four blocks. A row's four blocks of quants go into one vector (16 bytes each); the
+// activation's low and high halves of the same blocks are gathered with a word permute (every
+// field of a run of Q8_0 blocks starts at an even offset). Two vpdpbusd per row leave each
+// block's products in four int32 lanes, started from the block's -8 * sum(a) (side data) in its
+// first lane. A transpose-and-add turns the four rows' vectors into [block][row] sums, which are
+// scaled and added in double exactly as the reference does it (lane b % 4 of each row), the four
+// rows side by side. The rows' block scales come out of their first 64 bytes by word permutes.
+// (Q8_0 the same way measured no faster than k_gemv32_avx512 a row at a time: it has no
+// unpacking to share.)
+K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                      const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && type == T_Q4_0);
+    const size_t xs = k_w32_size(type);
+    const int64_t nb = n / 32, ng = nb / 4;
+    const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block
+    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
+    // word indices: the activation's halves of four blocks from (y, y + 64) and (y + 8, y + 72);
+    // the block scales of rows 0 and 1 (2 and 3) to word 4 * block + row, from each row's first
+    // 64 bytes (the blocks at words 0, 9, 18, 27)
+    __m512i ilo, ihi, isc;
+    {
+        uint16_t lo[32], hi[32], sc[32] = {0};
+        for (int p = 0; p < 32; p++) {
+            int j = p / 8, k = p % 8;
+            lo[p] = (uint16_t)(17 * j + 1 + k);
+            hi[p] = (uint16_t)(17 * j + 9 + k - 4);
+        }
+        for (int p = 0; p < 16; p++) sc[p] = (uint16_t)(9 * (p / 4) + (p % 2 ? 32 : 0));
+        ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi), isc = _mm512_loadu_si512(sc);
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i d01 = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0), d23 = _mm512_set_epi64(3, 3, 3, 3, 2, 2, 2, 2);
+    for (int w0 = 0; w0 < nw; w0 += 4) {
+        const uint8_t *xr[4];
+        for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride; // past the end: repeat
+        __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
+        // the next rows follow these in memory: fetch them meanwhile, one stream as the rows are
+        // in memory (four separate short streams defeat the hardware prefetchers)
+        const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, ng);
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *yg = y + (size_t)g * 4 * K_Q8_0_SIZE;
+            k_stream_step(&pf, g);
+            const __m512i alo = _mm512_permutex2var_epi16(_mm512_loadu_si512(yg), ilo, _mm512_loadu_si512(yg + 64));
+            const __m512i ahi = _mm512_permutex2var_epi16(_mm512_loadu_si512(yg + 8), ihi, _mm512_loadu_si512(yg + 72));
+            const __m512i corr = _mm512_maskz_expand_epi32(0x1111, _mm512_castsi128_si512(k_load128(so + 16 * g)));
+            __m512i rs[4], l0[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                __m256i q01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2)), k_load128(xb + 20), 1);
+                __m256i q23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 38)), k_load128(xb + 56), 1);
+                __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q01), q23, 1);
+                __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                rs[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, alo), hi, ahi);
+                l0[r] = _mm512_loadu_si512(xb);
+            }
+            // rows' four lanes a block: [block][row]
+            __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(rs[0], rs[1]), _mm512_unpackhi_epi32(rs[0], rs[1]));
+            __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(rs[2], rs[3]), _mm512_unpackhi_epi32(rs[2], rs[3]));
+            const __m512i is = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+            const __m512i sc = _mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(l0[0], isc, l0[1]),
+                                                       _mm512_permutex2var_epi16(l0[2], isc, l0[3]));
+            __m512 dx = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
+            __m512d dyv = _mm512_castpd256_pd512(_mm256_loadu_pd(dy + 4 * g));
+            // reference: (double)dx * (double)dy * (double)isum
+            __m512d t01 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dx)), _mm512_permutexvar_pd(d01, dyv)),
+                                        _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)));
+            __m512d t23 = _mm512_mul_pd(
+                _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dx), 1))),
+                              _mm512_permutexvar_pd(d23, dyv)),
+                _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)));
+            acc01 = _mm512_add_pd(acc01, k_no_fuse_pd512(t01));
+            acc23 = _mm512_add_pd(acc23, k_no_fuse_pd512(t23));
+        }
+        double acc[4][4]; // [lane][row]
+        _mm512_storeu_pd(acc[0], acc01);
+        _mm512_storeu_pd(acc[2], acc23);
+        for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
+            const uint8_t *yc = y + (size_t)c * K_Q8_0_SIZE;
+            int32_t o;
+            memcpy(&o, so + 4 * (size_t)c, 4);
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)c * xs;
+                int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k_gemv_u8_avx512(type, xb),
+                                                                  k_load256(yc + 2))) + o;
+                acc[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
+            }
+        }
+        // each row's lanes in order, lane 0 first (k_lanes_sum)
+        __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1])),
+                                                  _mm256_loadu_pd(acc[2])), _mm256_loadu_pd(acc[3]));
+        float out[4];
+        _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
+        for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+    }
+}
+
+K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                         const uint8_t *y, const uint8_t *side) {
+    k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, y, side);
+}
+
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
 K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min,
                                        __m256i *iv, __m256i *mv) {
@@ -9746,10 +9884,6 @@ K_DEF_KQUANTS(avx512, K_AVX512)
 // the reference forms it, and added to lane b % 4 of each row's four accumulators. Bounds: the
 // dot of 32 values is at most 32 * 255 * 128 < 2^21, the k-quants' isum and msum are the
 // reference's (section 11), far inside int32.
-K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
-    __asm__("" : "+v"(v));
-    return v;
-}
 
 // Block b of the panel against R activation rows: the term of each, to term[r].
 K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
@@ -10440,6 +10574,7 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q4_0].gemv = k_gemv_q4_0_avx512;
     t[T_Q5_0].gemv = k_gemv_q5_0_avx512;
     t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
+    t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
 }
 #endif
 
@@ -11212,6 +11347,14 @@ static void mm_dot_task(void *arg, int ith, int nth) {
         return;
     }
     int64_t lo, hi;
+    if (j->sides && j->n_tok == 1 && j->tr->gemv1) { // one token: many weight rows a call, in fours
+        pool_share((j->w->n_out + 3) / 4, ith, nth, &lo, &hi);
+        lo *= 4, hi = PSV_MIN(hi * 4, j->w->n_out);
+        if (lo < hi)
+            j->tr->gemv1(j->w->n_in, (j->y_rows ? j->y_rows[0] : j->y) + lo, j->w->data + (size_t)lo * j->w->row_size,
+                         j->w->row_size, (int)(hi - lo), j->xq, j->sides);
+        return;
+    }
     pool_share(j->w->n_out, ith, nth, &lo, &hi);
     // several tokens per weight row at once where the kernels can (same results per row): the
     // gemv kernels with the rows' side data (all rows), else the multi-row dot products (2 or more)

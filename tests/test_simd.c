@@ -398,6 +398,58 @@ static void st_check_gemv(k_set set) {
     }
 }
 
+// The set's one-activation gemv kernels (gemv1: many weight rows against one activation row)
+// against the reference vec_dot, bit for bit: every row count up to a few groups past the
+// kernels' group of rows, on the same adversarial rows as the dot products, the weight rows
+// a stride apart that is more than their length (only s[0..nw) may be written).
+static void st_check_gemv1(k_set set) {
+    bool any = false;
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemv1;
+    if (!any) SKIP("kernel set %s: has no gemv1 kernels", k_set_names[set]);
+    enum { MAXW = 11 };
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        uint32_t wt = st_weight_types[ti];
+        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
+        if (!sk || !sk->gemv1) continue;
+        uint32_t at = ref->vec_dot_type;
+        int64_t lens[16];
+        int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+        for (int li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size, ys = st_row_bytes(at, n);
+            size_t ss = k_act_side_size(at, n);
+            uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * 2), *side = malloc(ss);
+            PSV_ASSERT(x && y && side);
+            for (int rep = 0; rep < (n >= 4096 ? 6 : 24); rep++) {
+                bool wild = rep % 5 == 4;
+                int nw = 1 + rep % MAXW;
+                for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
+                st_random_row(at, n, y, wild);
+                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, 1, ys);
+                k_act_side(at, k_panel_off(wt), y, n, side);
+                float got[MAXW + 1];
+                for (int i = 0; i <= MAXW; i++) got[i] = -1.0f;
+                sk->gemv1(n, got, x, xstride, nw, y, side);
+                for (int i = 0; i < nw; i++) {
+                    float want;
+                    ref->vec_dot(n, &want, x + (size_t)i * xstride, y);
+                    checked++;
+                    if (!st_same(want, got[i]) && mismatches++ < 5)
+                        fprintf(stderr, "%s gemv1 %s n=%lld rep %d nw=%d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                                k_set_names[set], type_get(wt)->name, (long long)n, rep, nw, i, want, f32_bits(want),
+                                got[i], f32_bits(got[i]));
+                }
+                CHECK(got[nw] == -1.0f);
+            }
+            free(x);
+            free(y);
+            free(side);
+        }
+        CHECKF(mismatches == 0, "%s gemv1 %s: %d of %d products differ from the reference", k_set_names[set],
+               type_get(wt)->name, mismatches, checked);
+    }
+}
+
 // ---- quantizers ------------------------------------------------------------------------------
 
 static const uint32_t st_act_types[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16, T_F32};
@@ -719,6 +771,7 @@ int main(void) {
         st_check_dots((k_set)s);
         st_check_gemm((k_set)s);
         st_check_gemv((k_set)s);
+        st_check_gemv1((k_set)s);
         st_check_quantizers((k_set)s);
         st_check_vec((k_set)s);
     }
