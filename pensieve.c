@@ -9835,6 +9835,81 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
     }
 }
 
+// k_gemv1_fn for Q4_K: four weight rows a block (256 values), the activation's parts shared by
+// them. A row's 128 bytes of quants are two 512-bit vectors whose low and high nibbles are
+// sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) (k_unpack_q45_k's order); the activation's four
+// matching vectors are built once per block. vpmaddubsw makes the int16 products of pairs
+// (|pair| <= 2 * 15 * 128) and vpdpwssd weights them by the sub-block scales (a vector each,
+// shuffled from the eight scales), so each row's lanes add up to its isum; msum comes from the
+// activation's bsums, each minimum twice. The rows' sums are reduced together and their
+// terms formed side by side, exactly the reference's dy * (d * isum - dmin * msum).
+K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                         const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    const int64_t nb = n / QK_K;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // in 128-bit lane l of scale vector v: the int16 scale of sub-block (v < 2 ? v : v + 2) + 2 * (l / 2)
+    __m512i pick[4];
+    for (int v = 0; v < 4; v++) {
+        uint8_t b[64];
+        int k0 = v < 2 ? v : v + 2;
+        for (int i = 0; i < 64; i++) b[i] = (uint8_t)(2 * (k0 + 2 * (i / 32)) + i % 2);
+        pick[v] = _mm512_loadu_si512(b);
+    }
+    for (int w0 = 0; w0 < nw; w0 += 4) {
+        const uint8_t *xr[4];
+        for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride; // past the end: repeat
+        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, nb); // as in k_gemv1_avx512
+        for (int64_t b = 0; b < nb; b++) {
+            k_stream_step(&pf, b);
+            const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
+            __m512i av[4];
+            for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+                int k0 = v < 2 ? v : v + 2;
+                av[v] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(a + 32 * k0)), k_load256(a + 32 * (k0 + 2)), 1);
+            }
+            const __m256i bs = k_load256(a + 256); // the bsums, as the reference takes them
+            __m256i iv[4], mv[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
+                // k_scale_min_k4, as k_wk_unpack_q_avx2 does it
+                uint32_t u0 = ld_u32(xb + 4), u1 = ld_u32(xb + 8), u2 = ld_u32(xb + 12);
+                uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u)) << 32;
+                uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u)) << 32;
+                const __m512i sw = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+                const __m128i m8 = _mm_cvtsi64_si128((long long)mn);
+                mv[r] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), bs); // each minimum twice
+                const __m512i z0 = _mm512_loadu_si512(xb + 16), z1 = _mm512_loadu_si512(xb + 80);
+                const __m512i q[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
+                                      _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
+                __m512i t = _mm512_setzero_si512();
+                K_UNROLL
+                for (int v = 0; v < 4; v++)
+                    t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[v], av[v]), _mm512_shuffle_epi8(sw, pick[v]));
+                iv[r] = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+            }
+            __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
+            __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
+            const uint8_t *x0 = xr[0] + (size_t)b * K_Q4_K_SIZE, *x1 = xr[1] + (size_t)b * K_Q4_K_SIZE;
+            const uint8_t *x2 = xr[2] + (size_t)b * K_Q4_K_SIZE, *x3 = xr[3] + (size_t)b * K_Q4_K_SIZE;
+            __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(x0, x1, x2, x3));
+            __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(x0 + 2, x1 + 2, x2 + 2, x3 + 2));
+            // the reference: dy * (d * isum - dmin * msum)
+            __m256d t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+        }
+        // each row's lanes in order, lane 0 first (k_lanes_sum)
+        __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), acc[2]), acc[3]);
+        float out[4];
+        _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
+        for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+    }
+}
+
 K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                          const uint8_t *y, const uint8_t *side) {
     k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, y, side);
@@ -10575,6 +10650,7 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q5_0].gemv = k_gemv_q5_0_avx512;
     t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
+    t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
 }
 #endif
 
@@ -11423,7 +11499,7 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
-    if (n_tok <= MM_GEMV_MAX && j.tr->gemv) {
+    if ((n_tok <= MM_GEMV_MAX && j.tr->gemv) || (n_tok == 1 && j.tr->gemv1)) {
         j.sides = s->sides;
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
     } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
