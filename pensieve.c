@@ -9910,6 +9910,77 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
     }
 }
 
+// k_gemv1_fn for Q6_K, as the Q4_K one: four weight rows a block. Each half block h (128 values)
+// is two vectors of quants in value order: the low and high nibbles of its 64 ql bytes, with the
+// two high bits from the 32 qh bytes (in both halves of a vector, shifted into place by a
+// variable shift per half). The quants stay unsigned (q + 32), the activation is read as it is,
+// and vpdpwssd weights vpmaddubsw's int16 pairs (|pair| <= 2 * 63 * 128) by the scale of each
+// 16 values (one per 128-bit lane); the offset comes off per block through the activation's sums
+// of 16 (side data), 32 * sum_k scale_k * sum_k, as k_wk_off_avx2 does it.
+K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                         const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    const int64_t nb = n / QK_K;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    // qh bits 2k of value 32k + l to bits 4-5: values 0-31 and 32-63 of a half (k = 0, 1) shift
+    // left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m512i pick[4]; // vector v of a block (values 64v...): in 128-bit lane l, the scale of 16 values 4v + l
+    for (int v = 0; v < 4; v++) {
+        uint16_t w[32];
+        for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * v + i / 8);
+        pick[v] = _mm512_loadu_si512(w);
+    }
+    for (int w0 = 0; w0 < nw; w0 += 4) {
+        const uint8_t *xr[4];
+        for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride; // past the end: repeat
+        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, nb); // as in k_gemv1_avx512
+        for (int64_t b = 0; b < nb; b++) {
+            k_stream_step(&pf, b);
+            const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
+            const __m256i sums = k_load256(side + 32 * b);
+            __m256i iv[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
+                const __m256i sc16 = _mm256_cvtepi8_epi16(k_load128(xb + 192));
+                const __m512i scz = _mm512_castsi256_si512(sc16);
+                __m512i t = _mm512_setzero_si512();
+                K_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const __m512i ql = _mm512_loadu_si512(xb + 64 * h);
+                    const __m512i qh = _mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h));
+                    const __m512i qa = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+                    const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                                       _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+                    t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(qa, _mm512_loadu_si512(a + 128 * h)),
+                                            _mm512_permutexvar_epi16(pick[2 * h], scz));
+                    t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(qb, _mm512_loadu_si512(a + 128 * h + 64)),
+                                            _mm512_permutexvar_epi16(pick[2 * h + 1], scz));
+                }
+                // |32 * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5);
+                iv[r] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1)), corr);
+            }
+            __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
+            __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + (size_t)b * K_Q6_K_SIZE + 208, xr[1] + (size_t)b * K_Q6_K_SIZE + 208,
+                                                      xr[2] + (size_t)b * K_Q6_K_SIZE + 208, xr[3] + (size_t)b * K_Q6_K_SIZE + 208));
+            // the reference: (double)d * (double)dy * (double)isum
+            __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
+            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+        }
+        // each row's lanes in order, lane 0 first (k_lanes_sum)
+        __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), acc[2]), acc[3]);
+        float out[4];
+        _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
+        for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+    }
+}
+
 K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                          const uint8_t *y, const uint8_t *side) {
     k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, y, side);
@@ -10651,6 +10722,7 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
+    t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
 #endif
 
