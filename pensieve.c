@@ -9749,26 +9749,41 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
 // unpacking to share.)
 K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                       const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && type == T_Q4_0);
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0));
+    const bool five = type == T_Q5_0;
     const size_t xs = k_w32_size(type);
     const int64_t nb = n / 32, ng = nb / 4;
     const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
-    // word indices: the activation's halves of four blocks from (y, y + 64) and (y + 8, y + 72);
-    // the block scales of rows 0 and 1 (2 and 3) to word 4 * block + row, from each row's first
-    // 64 bytes (the blocks at words 0, 9, 18, 27)
-    __m512i ilo, ihi, isc;
+    // word indices: the activation's halves of four blocks from (y, y + 64) and (y + 8, y + 72).
+    // Q4_0: the block scales of rows 0 and 1 (2 and 3) to word 4 * block + row, from each row's
+    // first 64 bytes (the blocks at words 0, 9, 18, 27). Q5_0: per row, from (x, x + 24), block
+    // j's qh to words 8j, 8j + 1 and its scale to word 8j + 2 (the blocks at words 0, 11, 22, 33),
+    // and then the scales of two rows as Q4_0's from those.
+    __m512i ilo, ihi, isc, iqh = _mm512_setzero_si512();
     {
-        uint16_t lo[32], hi[32], sc[32] = {0};
+        uint16_t lo[32], hi[32], sc[32] = {0}, qh[32] = {0};
         for (int p = 0; p < 32; p++) {
             int j = p / 8, k = p % 8;
             lo[p] = (uint16_t)(17 * j + 1 + k);
             hi[p] = (uint16_t)(17 * j + 9 + k - 4);
         }
-        for (int p = 0; p < 16; p++) sc[p] = (uint16_t)(9 * (p / 4) + (p % 2 ? 32 : 0));
+        for (int p = 0; p < 16; p++) sc[p] = (uint16_t)((five ? 8 * (p / 4) + 2 : 9 * (p / 4)) + (p % 2 ? 32 : 0));
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 3; k++) { // words 1 + 11j, 2 + 11j, 11j
+                int wd = 11 * j + (k == 2 ? 0 : 1 + k);
+                qh[8 * j + k] = (uint16_t)(wd < 32 ? wd : 32 + wd - 12);
+            }
         ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi), isc = _mm512_loadu_si512(sc);
+        if (five) iqh = _mm512_loadu_si512(qh);
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), c16 = _mm512_set1_epi8(16);
+    // Q5_0: byte i of a 128-bit lane from byte i / 8 (values 0-15) or 2 + i / 8 (16-31) of its
+    // qh, then tested against bit i % 8
+    const __m512i plo = _mm512_set_epi64(0x0101010101010101, 0, 0x0101010101010101, 0, 0x0101010101010101, 0,
+                                         0x0101010101010101, 0);
+    const __m512i phi = _mm512_add_epi8(plo, _mm512_set1_epi8(2));
+    const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
     const __m512i d01 = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0), d23 = _mm512_set_epi64(3, 3, 3, 3, 2, 2, 2, 2);
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
@@ -9786,13 +9801,18 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
             __m512i rs[4], l0[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                __m256i q01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2)), k_load128(xb + 20), 1);
-                __m256i q23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 38)), k_load128(xb + 56), 1);
+                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs, *qs = xb + (five ? 6 : 2);
+                __m256i q01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(qs)), k_load128(qs + xs), 1);
+                __m256i q23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(qs + 2 * xs)), k_load128(qs + 3 * xs), 1);
                 __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q01), q23, 1);
                 __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                rs[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, alo), hi, ahi);
                 l0[r] = _mm512_loadu_si512(xb);
+                if (five) { // the fifth bits: +16 where set
+                    l0[r] = _mm512_permutex2var_epi16(l0[r], iqh, _mm512_loadu_si512(xb + 24));
+                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], plo), bit), lo, c16);
+                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], phi), bit), hi, c16);
+                }
+                rs[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, alo), hi, ahi);
             }
             // rows' four lanes a block: [block][row]
             __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(rs[0], rs[1]), _mm512_unpackhi_epi32(rs[0], rs[1]));
@@ -9984,6 +10004,10 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
 K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                          const uint8_t *y, const uint8_t *side) {
     k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, y, side);
+}
+K_AVX512 static void k_gemv1_q5_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                         const uint8_t *y, const uint8_t *side) {
+    k_gemv1_avx512(T_Q5_0, n, s, x, x_stride, nw, y, side);
 }
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
@@ -10721,6 +10745,7 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q5_0].gemv = k_gemv_q5_0_avx512;
     t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
+    t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
