@@ -6,7 +6,10 @@
 //   gemv   a 4096 x 16384 matrix against one activation row, one thread (64M values, more
 //          than a large L3 holds, so it streams from memory as token generation does);
 //   rows4  the same matrix against 4 activation rows with vec_dot_rows (prompt processing),
-//          per weight value and activation row.
+//          per weight value and activation row;
+//   gemv1  the same matrix against one activation row as generation of one sequence computes
+//          it (the set's gemv1 kernels: several weight rows a call, next rows prefetched), for
+//          sets and types that have them.
 // and, for sets with GEMM kernels:
 //   pack   packing 8 rows of the matrix into a panel, in L1/L2, per weight value;
 //   gemm4  4 activation rows against that panel, per weight value and activation row;
@@ -100,6 +103,10 @@ static void bs_rows4(void *p) {
     for (int64_t o = 0; o < c->n_out; o++)
         k_dot_rows(c->tr, c->n, &c->out[o], c->n_out, c->w + (size_t)o * c->xs, c->a, c->ys, 4);
 }
+static void bs_gemv1(void *p) {
+    bs_ctx *c = p;
+    c->tr->gemv1(c->n, c->out, c->w, c->xs, (int)c->n_out, c->a, c->side);
+}
 static void bs_pack(void *p) {
     bs_ctx *c = p;
     c->tr->pack(c->n, c->w, c->xs, K_PANEL, c->panel);
@@ -142,8 +149,8 @@ int main(int argc, char **argv) {
     printf("kernel sets on this CPU:");
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
-    printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
-           "pack ns/v", "gemm4 ns/v", "mat4 ns/v");
+    printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
+           "gemv1 ns/v", "pack ns/v", "gemm4 ns/v", "mat4 ns/v");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t wt = types[ti], at = k_traits_ref(wt)->vec_dot_type;
         uint64_t xs = 0, ys = 0;
@@ -159,6 +166,16 @@ int main(int argc, char **argv) {
             double gemv = bs_time(bs_gemv, &c, secs) * 1e9 / (double)(n * n_out);
             double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
             printf("%-6s %-7s %10.4f %10.4f %10.4f", type_get(wt)->name, k_set_names[s], hot, gemv, rows4);
+            if (c.tr->gemv1) {
+                c.side = malloc(k_act_side_size(at, n));
+                PSV_ASSERT(c.side);
+                k_act_side(at, k_panel_off(wt), a, n, c.side);
+                printf(" %10.4f", bs_time(bs_gemv1, &c, secs) * 1e9 / (double)(n * n_out));
+                free(c.side);
+                c.side = NULL;
+            } else if (c.tr->gemm) {
+                printf(" %10s", "-");
+            }
             if (c.tr->gemm) {
                 c.side_stride = k_act_side_size(at, n);
                 c.panel = malloc(k_panel_size(wt, n));
