@@ -9822,15 +9822,13 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                                                        _mm512_permutex2var_epi16(l0[2], isc, l0[3]));
             __m512 dx = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
             __m512d dyv = _mm512_castpd256_pd512(_mm256_loadu_pd(dy + 4 * g));
-            // reference: (double)dx * (double)dy * (double)isum
-            __m512d t01 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dx)), _mm512_permutexvar_pd(d01, dyv)),
-                                        _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)));
-            __m512d t23 = _mm512_mul_pd(
-                _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dx), 1))),
-                              _mm512_permutexvar_pd(d23, dyv)),
-                _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)));
-            acc01 = _mm512_add_pd(acc01, k_no_fuse_pd512(t01));
-            acc23 = _mm512_add_pd(acc23, k_no_fuse_pd512(t23));
+            // reference: (double)dx * (double)dy * (double)isum, added with one FMA as the GEMM
+            // does it (the product is exact: see k_gemm_blk_avx512)
+            __m512d dxy01 = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dx)), _mm512_permutexvar_pd(d01, dyv));
+            __m512d dxy23 = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dx), 1))),
+                                          _mm512_permutexvar_pd(d23, dyv));
+            acc01 = _mm512_fmadd_pd(dxy01, _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)), acc01);
+            acc23 = _mm512_fmadd_pd(dxy23, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)), acc23);
         }
         double acc[4][4]; // [lane][row]
         _mm512_storeu_pd(acc[0], acc01);
@@ -10055,10 +10053,13 @@ K_DEF_KQUANTS(avx512, K_AVX512)
 // dot of 32 values is at most 32 * 255 * 128 < 2^21, the k-quants' isum and msum are the
 // reference's (section 11), far inside int32.
 
-// Block b of the panel against R activation rows: the term of each, to term[r].
+// Block b of the panel against R activation rows: the term of each, added to acc[r] (32-value
+// blocks) or to term[r] (k-quants). Q4_0, Q5_0 and Q8_0 add with one FMA: their term dx * dy *
+// isum is exact in double (11 + 11 + 19 bits), so rounding the product and the sum together
+// rounds the same sum as the reference's addition of the product.
 K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                          const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
-                                         int64_t nb, __m512d *term) {
+                                         int64_t nb, __m512d *acc, __m512d *term) {
     const bool min = k_panel_min(type);
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
@@ -10094,9 +10095,14 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         K_UNROLL
         for (int r = 0; r < R; r++) {
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
-            __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b])), _mm512_cvtepi32_pd(is[r]));
-            if (q81) t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
-            term[r] = k_no_fuse_pd512(t);
+            __m512d dxy = _mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b]));
+            if (!q81) {
+                acc[r] = _mm512_fmadd_pd(dxy, _mm512_cvtepi32_pd(is[r]), acc[r]);
+                continue;
+            }
+            __m512d t = _mm512_mul_pd(dxy, _mm512_cvtepi32_pd(is[r]));
+            t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
+            acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
         }
         return;
     }
@@ -10201,17 +10207,22 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
             if (pf) k_prefetch_blks(pf, b, K_BLOCK_LANES);
             K_UNROLL
-            for (int l = 0; l < K_BLOCK_LANES; l++) {
-                __m512d t[K_GEMM_ROWS];
-                k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, ao, nb, t);
-                K_UNROLL
-                for (int r = 0; r < R; r++) acc[l][r] = _mm512_add_pd(acc[l][r], t[r]);
-            }
+            for (int l = 0; l < K_BLOCK_LANES; l++)
+                k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, ao, nb, acc[l], NULL);
         }
     for (; b < nb; b++) {
         __m512d t[K_GEMM_ROWS];
         if (pf) k_prefetch_blks(pf, b, 1);
-        k_gemm_blk_avx512(type, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, t);
+        if (type_table[type].blck_size == 32) { // the last blocks of a row of 32-value blocks
+            const uint8_t *pb = panel + (size_t)b * bb;
+            switch (b % K_BLOCK_LANES) {
+            case 0: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, ao, nb, acc[0], NULL); break;
+            case 1: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, ao, nb, acc[1], NULL); break;
+            default: k_gemm_blk_avx512(type, R, pb, b, yr, ar, dr, ao, nb, acc[2], NULL); break; // b % 4 < 3 here
+            }
+            continue;
+        }
+        k_gemm_blk_avx512(type, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, NULL, t);
         switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
         case 0: K_UNROLL for (int r = 0; r < R; r++) acc[0][r] = _mm512_add_pd(acc[0][r], t[r]); break;
         case 1: K_UNROLL for (int r = 0; r < R; r++) acc[1][r] = _mm512_add_pd(acc[1][r], t[r]); break;
