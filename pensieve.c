@@ -10071,7 +10071,10 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         K_UNROLL
         for (int r = 0; r < R; r++)
             is[r] = k_panel_off(type) ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
-        if (k_panel_nibbles(type)) {
+        if (k_panel_nibbles(type)) { // the high nibbles in a second chain of sums (shorter latency)
+            __m256i ih[K_GEMM_ROWS];
+            K_UNROLL
+            for (int r = 0; r < R; r++) ih[r] = _mm256_setzero_si256();
             K_UNROLL
             for (int s = 0; s < 4; s++) { // steps s (low nibbles) and s + 4 (high)
                 __m256i v = k_load256(pb + 32 * s), m4 = _mm256_set1_epi8(15);
@@ -10080,17 +10083,26 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                 for (int r = 0; r < R; r++) {
                     const uint8_t *a = yr[r] + (size_t)b * as + qo;
                     is[r] = _mm256_dpbusd_epi32(is[r], lo, k_bcast4_avx2(a + 4 * s));
-                    is[r] = _mm256_dpbusd_epi32(is[r], hi, k_bcast4_avx2(a + 16 + 4 * s));
+                    ih[r] = _mm256_dpbusd_epi32(ih[r], hi, k_bcast4_avx2(a + 16 + 4 * s));
                 }
             }
-        } else {
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], ih[r]);
+        } else { // odd steps in a second chain
+            __m256i ih[K_GEMM_ROWS];
+            K_UNROLL
+            for (int r = 0; r < R; r++) ih[r] = _mm256_setzero_si256();
             K_UNROLL
             for (int s = 0; s < 8; s++) {
                 __m256i w = k_load256(pb + 32 * s);
                 K_UNROLL
-                for (int r = 0; r < R; r++)
-                    is[r] = _mm256_dpbusd_epi32(is[r], w, k_bcast4_avx2(yr[r] + (size_t)b * as + qo + 4 * s));
+                for (int r = 0; r < R; r++) {
+                    __m256i *d = s % 2 ? &ih[r] : &is[r];
+                    *d = _mm256_dpbusd_epi32(*d, w, k_bcast4_avx2(yr[r] + (size_t)b * as + qo + 4 * s));
+                }
             }
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], ih[r]);
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
