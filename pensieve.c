@@ -9735,6 +9735,21 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
     return v;
 }
 
+// The four weight rows of a gemv1 kernel's group starting at row w0 of nw (past the end: the
+// last row again, its results not stored).
+K_AVX2 K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
+    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
+}
+
+// The group's results: each row's four lanes (a[l], element r: row r) added in order, lane 0
+// first (k_lanes_sum), rounded to float and stored for the rows that exist.
+K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int w0, int nw) {
+    __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), a[2]), a[3]);
+    float out[4];
+    _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
+    for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+}
+
 // Generation's product of one activation row against many weight rows (k_gemv1_fn), Q4_0: four
 // weight rows and four blocks (128 values) a step, in 512-bit vectors, so that the work per
 // block that is not multiply-adding (block sums, scales, conversions) is shared by four rows and
@@ -9787,7 +9802,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
     const __m512i d01 = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0), d23 = _mm512_set_epi64(3, 3, 3, 3, 2, 2, 2, 2);
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
-        for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride; // past the end: repeat
+        k_gemv1_rows(x, x_stride, nw, w0, xr);
         __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
         // the next rows follow these in memory: fetch them meanwhile, one stream as the rows are
         // in memory (four separate short streams defeat the hardware prefetchers)
@@ -9844,12 +9859,9 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 acc[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
             }
         }
-        // each row's lanes in order, lane 0 first (k_lanes_sum)
-        __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1])),
-                                                  _mm256_loadu_pd(acc[2])), _mm256_loadu_pd(acc[3]));
-        float out[4];
-        _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
-        for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+        const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
+                                              _mm256_loadu_pd(acc[3])};
+        k_gemv1_store(lanes, s, w0, nw);
     }
 }
 
@@ -9877,7 +9889,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
     }
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
-        for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride; // past the end: repeat
+        k_gemv1_rows(x, x_stride, nw, w0, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
         const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, nb); // as in k_gemv1_avx512
@@ -9920,11 +9932,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
             __m256d t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
             acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
-        // each row's lanes in order, lane 0 first (k_lanes_sum)
-        __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), acc[2]), acc[3]);
-        float out[4];
-        _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
-        for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+        k_gemv1_store(acc, s, w0, nw);
     }
 }
 
@@ -9953,7 +9961,7 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
     }
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
-        for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride; // past the end: repeat
+        k_gemv1_rows(x, x_stride, nw, w0, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
         const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, nb); // as in k_gemv1_avx512
@@ -9991,11 +9999,7 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
             __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
             acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
-        // each row's lanes in order, lane 0 first (k_lanes_sum)
-        __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), acc[2]), acc[3]);
-        float out[4];
-        _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
-        for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+        k_gemv1_store(acc, s, w0, nw);
     }
 }
 
