@@ -7360,6 +7360,7 @@ static inline double k_no_fuse(double v) {
 // |s - exact| <= 2^-24 |exact| + (n / K_LANES + K_LANES) 2^-53 sum |x_i y_i|.
 #define K_LANES 16
 #define K_BLOCK_LANES 4 // the quantized dot products' lanes (see the section comment)
+#define K_SOFTMAX_LANES 8 // the lanes of the attention weights' sum (k_softmax_ref)
 
 // The lanes added in order, lane 0 first, rounded to float.
 static float k_lanes_sum(const double *acc, int n_lanes) {
@@ -9379,8 +9380,11 @@ K_AVX2 K_INLINE void k_dot_f32_core_avx2(int64_t n, float *s, const void *vx, co
 K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) { k_dot_f32_core_avx2(n, s, vx, vy); }
 
 // k_dot_keys_ref: the F32 dot product inlined in the loop over the keys.
-K_AVX2 static void k_dot_keys_avx2(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n) {
-    for (int64_t p = 0; p < nk; p++) k_dot_f32_core_avx2(n, &s[p], k + (size_t)p * stride, q);
+K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                                     size_t stride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < nk; p++)
+            k_dot_f32_core_avx2(n, &s[(size_t)g * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g * q_stride);
 }
 
 // F16: the float product of two halves is exact, so it is formed in float and widened.
@@ -9783,13 +9787,15 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
     // first 64 bytes (the blocks at words 0, 9, 18, 27). Q5_0: per row, from (x, x + 24), block
     // j's qh to words 8j, 8j + 1 and its scale to word 8j + 2 (the blocks at words 0, 11, 22, 33),
     // and then the scales of two rows as Q4_0's from those.
-    __m512i ilo, ihi, isc, iqh = _mm512_setzero_si512();
+    __m512i ilo, ihi, isc, iqs, iqh = _mm512_setzero_si512();
     {
-        uint16_t lo[32], hi[32], sc[32] = {0}, qh[32] = {0};
+        uint16_t lo[32], hi[32], sc[32] = {0}, qh[32] = {0}, qs[32];
         for (int p = 0; p < 32; p++) {
             int j = p / 8, k = p % 8;
             lo[p] = (uint16_t)(17 * j + 1 + k);
             hi[p] = (uint16_t)(17 * j + 9 + k - 4);
+            int wd = five ? 11 * j + 3 + k : 9 * j + 1 + k; // block j's quants in the row's four blocks
+            qs[p] = (uint16_t)(wd < 32 ? wd : 32 + wd - (five ? 12 : 4));
         }
         for (int p = 0; p < 16; p++) sc[p] = (uint16_t)((five ? 8 * (p / 4) + 2 : 9 * (p / 4)) + (p % 2 ? 32 : 0));
         for (int j = 0; j < 4; j++)
@@ -9798,6 +9804,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 qh[8 * j + k] = (uint16_t)(wd < 32 ? wd : 32 + wd - 12);
             }
         ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi), isc = _mm512_loadu_si512(sc);
+        iqs = _mm512_loadu_si512(qs);
         if (five) iqh = _mm512_loadu_si512(qh);
     }
     const __m512i m4 = _mm512_set1_epi8(0x0f), c16 = _mm512_set1_epi8(16);
@@ -9824,14 +9831,13 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
             __m512i rs[4], l0[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs, *qs = xb + (five ? 6 : 2);
-                __m256i q01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(qs)), k_load128(qs + xs), 1);
-                __m256i q23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(qs + 2 * xs)), k_load128(qs + 3 * xs), 1);
-                __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q01), q23, 1);
+                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                const __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
+                const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
                 __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                l0[r] = _mm512_loadu_si512(xb);
+                l0[r] = x0;
                 if (five) { // the fifth bits: +16 where set
-                    l0[r] = _mm512_permutex2var_epi16(l0[r], iqh, _mm512_loadu_si512(xb + 24));
+                    l0[r] = _mm512_permutex2var_epi16(x0, iqh, x1);
                     lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], plo), bit), lo, c16);
                     hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], phi), bit), hi, c16);
                 }
@@ -10282,11 +10288,13 @@ K_DEF_GEMM(q5_k, T_Q5_K)
 K_DEF_GEMM(q6_k, T_Q6_K)
 
 // ---- AVX-512: attention's dot products -----------------------------------------------------------
-// k_dot_keys_ref for eight keys at a time: each key's K_LANES = 16 double lanes in two registers
-// (query converted to double once), exact products added by FMA as in the AVX2 kernel; then an
-// 8 x 8 transpose puts lane l of the eight keys in one register, so the reference's in-order
-// lane sum runs for eight keys at once. Rows of n % 16 != 0 values (or very long ones) and the
-// last nk % 8 keys use the AVX2 kernel.
+// k_dot_keys_ref for several keys and queries at a time: each (query, key) pair's K_LANES = 16
+// double lanes in two registers, exact products added by FMA as in the AVX2 kernel; each key's
+// values are converted to double once for all the queries of a step (grouped-query attention:
+// the query heads that share a KV head). Eight pairs a step: 8 keys of one query, 4 keys of 2, 2
+// keys of 3 or 4. Then 8 x 8 transposes put lane l of the eight pairs in one register, so the
+// reference's in-order lane sum runs for eight pairs at once. Rows of n % 16 != 0 values (or very
+// long ones) and the keys left over use the AVX2 kernel.
 
 // v[i] (row i, elements 0..7) -> v[e] = element e of each row.
 K_AVX512 K_INLINE void k_transpose8_pd512(__m512d v[8]) {
@@ -10313,37 +10321,75 @@ K_AVX512 K_INLINE void k_transpose8_pd512(__m512d v[8]) {
     v[7] = _mm512_shuffle_f64x2(u[3], u[7], 0xdd);
 }
 
-K_AVX512 static void k_dot_keys_avx512(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n) {
-    enum { MAX_N = 512 };
+enum { K_KEYS_MAX_N = 512 }; // the longest rows the AVX-512 kernel takes (queries on the stack)
+
+// nq (1-4) queries (qd: rows K_KEYS_MAX_N doubles apart) against kp = 8 / nq keys a step, as many
+// whole steps as nk has; returns the keys done.
+K_AVX512 K_INLINE int64_t k_dot_keys_blk_avx512(const int nq, float *s, size_t s_stride, const double *qd,
+                                                const float *k, size_t stride, int64_t nk, int64_t n) {
+    const int kp = 8 / nq;
     int64_t p = 0;
-    if (n % 16 == 0 && n <= MAX_N) {
-        double qd[MAX_N];
-        for (int64_t i = 0; i < n; i++) qd[i] = (double)q[i];
-        for (; p + 8 <= nk; p += 8) {
-            __m512d lo[8], hi[8]; // key j's lanes 0-7 and 8-15
+    for (; p + kp <= nk; p += kp) {
+        __m512d lo[8], hi[8]; // pair g * kp + key: lanes 0-7 and 8-15
+        K_UNROLL
+        for (int j = 0; j < 8; j++) lo[j] = hi[j] = _mm512_setzero_pd();
+        const float *kr = k + (size_t)p * stride;
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512d q0[4], q1[4];
             K_UNROLL
-            for (int j = 0; j < 8; j++) lo[j] = hi[j] = _mm512_setzero_pd();
-            const float *kp = k + (size_t)p * stride;
-            for (int64_t i = 0; i < n; i += 16) {
-                __m512d q0 = _mm512_loadu_pd(qd + i), q1 = _mm512_loadu_pd(qd + i + 8);
+            for (int g = 0; g < nq; g++) {
+                q0[g] = _mm512_loadu_pd(qd + (size_t)g * K_KEYS_MAX_N + i);
+                q1[g] = _mm512_loadu_pd(qd + (size_t)g * K_KEYS_MAX_N + i + 8);
+            }
+            K_UNROLL
+            for (int j = 0; j < kp; j++) {
+                const __m512d k0 = _mm512_cvtps_pd(_mm256_loadu_ps(kr + (size_t)j * stride + i));
+                const __m512d k1 = _mm512_cvtps_pd(_mm256_loadu_ps(kr + (size_t)j * stride + i + 8));
                 K_UNROLL
-                for (int j = 0; j < 8; j++) {
-                    const float *kr = kp + (size_t)j * stride + i;
-                    lo[j] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(kr)), q0, lo[j]);
-                    hi[j] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(kr + 8)), q1, hi[j]);
+                for (int g = 0; g < nq; g++) {
+                    lo[g * kp + j] = _mm512_fmadd_pd(k0, q0[g], lo[g * kp + j]);
+                    hi[g * kp + j] = _mm512_fmadd_pd(k1, q1[g], hi[g * kp + j]);
                 }
             }
-            k_transpose8_pd512(lo);
-            k_transpose8_pd512(hi);
-            __m512d t = lo[0]; // ((lane0 + lane1) + lane2) + ... + lane15, for the eight keys
-            K_UNROLL
-            for (int l = 1; l < 8; l++) t = _mm512_add_pd(t, lo[l]);
-            K_UNROLL
-            for (int l = 0; l < 8; l++) t = _mm512_add_pd(t, hi[l]);
-            _mm256_storeu_ps(s + p, _mm512_cvtpd_ps(t));
+        }
+        k_transpose8_pd512(lo);
+        k_transpose8_pd512(hi);
+        __m512d t = lo[0]; // ((lane0 + lane1) + lane2) + ... + lane15, for the eight pairs
+        K_UNROLL
+        for (int l = 1; l < 8; l++) t = _mm512_add_pd(t, lo[l]);
+        K_UNROLL
+        for (int l = 0; l < 8; l++) t = _mm512_add_pd(t, hi[l]);
+        float out[8];
+        _mm256_storeu_ps(out, _mm512_cvtpd_ps(t));
+        for (int g = 0; g < nq; g++)
+            for (int j = 0; j < kp; j++) s[(size_t)g * s_stride + (size_t)(p + j)] = out[g * kp + j];
+    }
+    return p;
+}
+
+K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                       const float *k, size_t stride, int64_t nk, int64_t n) {
+    int g0 = 0;
+    if (n % 16 == 0 && n <= K_KEYS_MAX_N) {
+        const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
+        double qd[4 * K_KEYS_MAX_N];
+        for (; g0 < nq; g0 += per) {
+            const int c = PSV_MIN(per, nq - g0);
+            for (int g = 0; g < c; g++)
+                for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
+            float *sg = s + (size_t)g0 * s_stride;
+            int64_t p = c == 1   ? k_dot_keys_blk_avx512(1, sg, s_stride, qd, k, stride, nk, n)
+                        : c == 2 ? k_dot_keys_blk_avx512(2, sg, s_stride, qd, k, stride, nk, n)
+                        : c == 3 ? k_dot_keys_blk_avx512(3, sg, s_stride, qd, k, stride, nk, n)
+                                 : k_dot_keys_blk_avx512(4, sg, s_stride, qd, k, stride, nk, n);
+            for (int g = 0; g < c; g++)
+                for (int64_t r = p; r < nk; r++)
+                    k_dot_f32_core_avx2(n, &sg[(size_t)g * s_stride + (size_t)r], k + (size_t)r * stride, q + (size_t)(g0 + g) * q_stride);
         }
     }
-    for (; p < nk; p++) k_dot_f32_core_avx2(n, &s[p], k + (size_t)p * stride, q);
+    for (; g0 < nq; g0++)
+        for (int64_t p = 0; p < nk; p++)
+            k_dot_f32_core_avx2(n, &s[(size_t)g0 * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g0 * q_stride);
 }
 
 
@@ -10428,6 +10474,58 @@ K_AVX2 static void k_swiglu_avx2(float *y, const float *g, const float *u, int64
         _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
+}
+
+// k_softmax_ref eight scores at a time (the sum's lanes are K_SOFTMAX_LANES = 8: two vectors of
+// four doubles). The maximum of each lane, then of the lanes, is the same value as the reference's
+// running one (max is order-free except for the sign of a zero, and both zeros give the same
+// weights); exps as k_expf_avx2.
+K_AVX2 static void k_softmax_avx2(float *w, int64_t n, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 mv = _mm256_set1_ps(-3.4e38f);
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(w + p), sv);
+        _mm256_storeu_ps(w + p, v);
+        mv = _mm256_max_ps(v, mv); // v > mv ? v : mv (a NaN v keeps mv)
+    }
+    float lanes[8], mx = -3.4e38f;
+    _mm256_storeu_ps(lanes, mv);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > mx) mx = lanes[l];
+    for (; p < n; p++) {
+        w[p] = w[p] * scale;
+        if (w[p] > mx) mx = w[p];
+    }
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (p = 0; p + 8 <= n; p += 8) {
+        bool slow;
+        __m256 v = _mm256_sub_ps(_mm256_loadu_ps(w + p), m);
+        __m256 e = k_expf_poly_avx2(v, &slow);
+        if (slow) {
+            float t[8];
+            _mm256_storeu_ps(t, v);
+            for (int l = 0; l < 8; l++) t[l] = psv_expf_poly(t[l]);
+            e = _mm256_loadu_ps(t);
+        }
+        _mm256_storeu_ps(w + p, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double lane[K_SOFTMAX_LANES];
+    _mm256_storeu_pd(lane, s0);
+    _mm256_storeu_pd(lane + 4, s1);
+    for (; p < n; p++) { // p % 8 counts from 0 here
+        w[p] = psv_expf_poly(w[p] - mx);
+        lane[p % K_SOFTMAX_LANES] += (double)w[p];
+    }
+    double sum = lane[0];
+    for (int l = 1; l < K_SOFTMAX_LANES; l++) sum += lane[l];
+    const float inv = (float)(1.0 / sum);
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (p = 0; p + 8 <= n; p += 8) _mm256_storeu_ps(w + p, _mm256_mul_ps(_mm256_loadu_ps(w + p), iv));
+    for (; p < n; p++) w[p] = w[p] * inv;
 }
 
 // k_axpy_rows_ref: a product then a sum, each rounded (no FMA), as the reference does. y stays
@@ -10676,9 +10774,13 @@ static void k_swiglu_ref(float *y, const float *g, const float *u, int64_t n) {
 }
 
 // Attention's two products, over the rows of a KV cache (row p at p * stride floats):
-// dot_keys: s[p] = the F32 vec_dot of key row p with q (n values each), for p < nk.
-static void k_dot_keys_ref(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n) {
-    for (int64_t p = 0; p < nk; p++) k_dot_f32_f32_ref(n, &s[p], k + (size_t)p * stride, q);
+// dot_keys: s[g * s_stride + p] = the F32 vec_dot of key row p with query g (at q + g * q_stride;
+// n values each), for p < nk and g < nq (the query heads that share a KV head).
+static void k_dot_keys_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                           size_t stride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < nk; p++)
+            k_dot_f32_f32_ref(n, &s[(size_t)g * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g * q_stride);
 }
 
 // axpy_rows: y[i] += w[p] * v[p][i] for p = 0, 1, ..., nk - 1 in turn, each product rounded
@@ -10691,6 +10793,27 @@ static void k_axpy_rows_ref(float *y, const float *w, const float *v, size_t str
         }
 }
 
+// softmax: attention's weights from n scores in place, each step rounded as written: w[p] * scale;
+// their maximum mx (NaN never taken, starting from -3.4e38); psv_expf_poly(w[p] - mx); the sum of
+// those in double, in K_SOFTMAX_LANES lanes (value p in lane p % K_SOFTMAX_LANES, so that vector
+// code can add them in order) added up in lane order; then w[p] * (float)(1 / sum).
+static void k_softmax_ref(float *w, int64_t n, float scale) {
+    float mx = -3.4e38f;
+    for (int64_t p = 0; p < n; p++) {
+        w[p] = w[p] * scale;
+        if (w[p] > mx) mx = w[p];
+    }
+    double lane[K_SOFTMAX_LANES] = {0};
+    for (int64_t p = 0; p < n; p++) {
+        w[p] = psv_expf_poly(w[p] - mx);
+        lane[p % K_SOFTMAX_LANES] += (double)w[p];
+    }
+    double sum = lane[0];
+    for (int l = 1; l < K_SOFTMAX_LANES; l++) sum += lane[l];
+    const float inv = (float)(1.0 / sum);
+    for (int64_t p = 0; p < n; p++) w[p] = w[p] * inv;
+}
+
 // y[i] = psv_exp(((double)x[i] - shift) / div): the sampler's weights of a whole vocabulary.
 static void k_exp_shift_ref(double *y, const float *x, double shift, double div, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = psv_exp(((double)x[i] - shift) / div);
@@ -10699,9 +10822,11 @@ static void k_exp_shift_ref(double *y, const float *x, double shift, double div,
 typedef struct {
     void (*expf)(float *y, const float *x, int64_t n);
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
-    void (*dot_keys)(float *s, const float *q, const float *k, size_t stride, int64_t nk, int64_t n);
+    void (*dot_keys)(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k, size_t stride,
+                     int64_t nk, int64_t n);
     void (*axpy_rows)(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n);
     void (*exp_shift)(double *y, const float *x, double shift, double div, int64_t n);
+    void (*softmax)(float *w, int64_t n, float scale);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -10787,13 +10912,15 @@ static void k_fill_avx512(k_traits *t) {
 static void k_sets_init(void) {
     for (int s = 0; s < K_SET_COUNT; s++) {
         memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
-        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref, k_exp_shift_ref};
+        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref, k_exp_shift_ref, k_softmax_ref};
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
-    k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2};
-    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx2, k_exp_shift_avx2};
+    k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2,
+                                        k_softmax_avx2};
+    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx2, k_exp_shift_avx2,
+                                          k_softmax_avx2};
 #endif
 #if defined(PSV_ARM64)
     k_fill_neon(k_set_tables[K_SET_NEON]);
@@ -11430,7 +11557,7 @@ typedef struct {
     int64_t n_batch, n_ctx_max;
     float *x, *xn, *q, *k, *v, *att, *ffa, *ffb, *tmp; // (n_batch, dim) activations
     float *rope_cs;                                     // (n_batch, n_rot/2, 2) cos, sin
-    float *scores;                                      // (n_threads, n_ctx_max)
+    float *scores;                                      // (n_threads, n_head / n_head_kv, n_ctx_max)
     uint8_t *qbuf;                                      // quantized activations
     size_t qbuf_size;
     uint8_t *sides;       // (n_batch) k_act_side of the quantized activations, side_size bytes each
@@ -11464,7 +11591,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     bool ok = ALLOC(x, B * m->n_embd) && ALLOC(xn, B * m->n_embd) && ALLOC(q, B * (nq + 2 * nkv)) &&
               ALLOC(k, B * nkv) && ALLOC(v, B * nkv) && ALLOC(att, B * nq) && ALLOC(ffa, B * ff) &&
               ALLOC(ffb, B * ff) && ALLOC(tmp, B * widest) && ALLOC(rope_cs, B * m->n_rot) &&
-              ALLOC(scores, (size_t)s->n_threads * n_ctx_max) && (s->out_rows = calloc(B, sizeof *s->out_rows)) &&
+              ALLOC(scores, (size_t)s->n_threads * (size_t)(m->n_head / m->n_head_kv) * n_ctx_max) && (s->out_rows = calloc(B, sizeof *s->out_rows)) &&
               (s->out_item_of = calloc(B, sizeof *s->out_item_of));
 #undef ALLOC
     // Quantized activations: at most 4 bytes per value (F32) plus block headers; 4.5 covers all.
@@ -11743,47 +11870,50 @@ static void att_task(void *arg, int ith, int nth) {
     const psv_model *m = j->m;
     const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const float scale = (float)(1.0 / psv_sqrt((double)hd));
-    float *sc = j->s->scores + (size_t)ith * (size_t)j->s->n_ctx_max;
+    const size_t sc_stride = (size_t)j->s->n_ctx_max;
+    float *scores = j->s->scores + (size_t)ith * (size_t)group * sc_stride;
     const k_vec_ops *vec = k_vec_get();
+    // a task: the query heads of one token that share a KV head, so that the key products read
+    // each key row once for all of them; split further only when there are fewer groups than
+    // threads (generation)
+    const int64_t groups = j->n * m->n_head_kv;
+    const int64_t parts = PSV_MIN(group, (nth + groups - 1) / groups), per = (group + parts - 1) / parts;
     int64_t lo, hi;
-    pool_share(j->n * m->n_head, ith, nth, &lo, &hi);
+    pool_share(groups * parts, ith, nth, &lo, &hi);
     for (int64_t task = lo; task < hi; task++) {
-        int64_t t = task / m->n_head, h = task % m->n_head, kvh = h / group;
+        const int64_t t = task / (m->n_head_kv * parts), kvh = task / parts % m->n_head_kv, part = task % parts;
+        const int64_t h0 = kvh * group + part * per, nh = PSV_MIN(per, (kvh + 1) * group - h0);
+        if (nh <= 0) continue;
         const fwd_item *it = &j->items[t];
         const kv_seq *kv = it->kv;
-        const float *q = j->q + t * j->q_stride + h * hd;
-        int64_t n_kv = it->pos + 1;
-        size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
-        float mx = -3.4e38f;
+        const float *q0 = j->q + t * j->q_stride + h0 * hd;
+        const int64_t n_kv = it->pos + 1;
+        const size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
         if (kv->type == PSV_KV_F16) {
-            for (int64_t p = 0; p < n_kv; p++) {
-                float d = 0;
-                const uint16_t *kr = (const uint16_t *)kv->k + base + (size_t)p * (size_t)kv->kv_dim;
-                for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
-                sc[p] = d;
-            }
+            for (int64_t g = 0; g < nh; g++)
+                for (int64_t p = 0; p < n_kv; p++) {
+                    float d = 0;
+                    const float *q = q0 + g * hd;
+                    const uint16_t *kr = (const uint16_t *)kv->k + base + (size_t)p * (size_t)kv->kv_dim;
+                    for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
+                    scores[(size_t)g * sc_stride + (size_t)p] = d;
+                }
         } else {
-            vec->dot_keys(sc, q, (const float *)kv->k + base, (size_t)kv->kv_dim, n_kv, hd);
+            vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, (const float *)kv->k + base, (size_t)kv->kv_dim, n_kv, hd);
         }
-        for (int64_t p = 0; p < n_kv; p++) {
-            sc[p] = sc[p] * scale;
-            if (sc[p] > mx) mx = sc[p];
-        }
-        double sum = 0;
-        for (int64_t p = 0; p < n_kv; p++) sc[p] -= mx;
-        vec->expf(sc, sc, n_kv); // psv_expf_poly, vectorised (bit-identical)
-        for (int64_t p = 0; p < n_kv; p++) sum += sc[p];
-        float inv = (float)(1.0 / sum);
-        float *out = j->s->att + t * m->n_head * hd + h * hd;
-        for (int64_t i = 0; i < hd; i++) out[i] = 0;
-        for (int64_t p = 0; p < n_kv; p++) sc[p] = sc[p] * inv; // the weights
-        if (kv->type == PSV_KV_F16) {
-            for (int64_t p = 0; p < n_kv; p++) {
-                const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
-                for (int64_t i = 0; i < hd; i++) out[i] += sc[p] * psv_fp16_to_f32(vr[i]);
+        for (int64_t g = 0; g < nh; g++) {
+            float *sc = scores + (size_t)g * sc_stride;
+            vec->softmax(sc, n_kv, scale); // the weights
+            float *out = j->s->att + t * m->n_head * hd + (h0 + g) * hd;
+            for (int64_t i = 0; i < hd; i++) out[i] = 0;
+            if (kv->type == PSV_KV_F16) {
+                for (int64_t p = 0; p < n_kv; p++) {
+                    const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
+                    for (int64_t i = 0; i < hd; i++) out[i] += sc[p] * psv_fp16_to_f32(vr[i]);
+                }
+            } else {
+                vec->axpy_rows(out, sc, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
             }
-        } else {
-            vec->axpy_rows(out, sc, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
         }
     }
 }

@@ -664,9 +664,15 @@ static void st_check_vec(k_set set) {
                 x[i] = st_sym() * (r == 0 ? 1e30f : r == 1 ? 1e-30f : 3.0f);
                 if (wild && r == 2) x[i] = f32_from_bits(r & 1 ? 0x7f800000u : 0x7fc00000u);
             }
-            for (int64_t i = 0; i < n; i++) u[i] = st_sym() * (i % 9 == 0 ? 1e20f : 1.0f);
+            // several queries against the same keys (the query heads sharing a KV head), rows
+            // q_stride apart, results s_stride apart
+            static const int nqs[] = {1, 2, 3, 4, 5, 7, 8};
+            const int nq = nqs[(li + ci) % PSV_ARRAY_LEN(nqs)];
+            const size_t q_stride = (size_t)n + (size_t)(li % 3), s_stride = (size_t)nk + 1 + (size_t)(ci % 4);
+            PSV_ASSERT((size_t)nq * q_stride <= CAP && (size_t)nq * s_stride <= 2048);
+            for (size_t i = 0; i < (size_t)nq * q_stride; i++) u[i] = st_sym() * (i % 9 == 0 ? 1e20f : 1.0f);
             if (ci % 2 == 0 && n >= 4) { // order-revealing: pairs of huge products that cancel among small ones
-                for (int64_t i = 0; i < n; i++) u[i] = 1.0f;
+                for (size_t i = 0; i < (size_t)nq * q_stride; i++) u[i] = 1.0f;
                 for (int64_t p = 0; p < nk; p++) {
                     float *row = x + (size_t)p * stride;
                     for (int64_t i = 0; i < n; i++) row[i] = st_sym();
@@ -678,9 +684,10 @@ static void st_check_vec(k_set set) {
                     }
                 }
             }
-            ref->dot_keys(a, u, x, stride, nk, n);
-            sk->dot_keys(b, u, x, stride, nk, n);
-            for (int64_t p = 0; p < nk; p++) bad_keys += !st_same(a[p], b[p]);
+            for (size_t i = 0; i < (size_t)nq * s_stride; i++) a[i] = b[i] = -7.0f; // nothing else written
+            ref->dot_keys(a, s_stride, u, q_stride, nq, x, stride, nk, n);
+            sk->dot_keys(b, s_stride, u, q_stride, nq, x, stride, nk, n);
+            for (size_t i = 0; i < (size_t)nq * s_stride; i++) bad_keys += !st_same(a[i], b[i]);
             // weights: softmax-like in [0, 1], and some of any size
             float *w = a + 2048;
             for (int64_t p = 0; p < nk; p++) w[p] = (p % 5 == 4) ? st_sym() * 1e10f : st_unit();
@@ -689,7 +696,7 @@ static void st_check_vec(k_set set) {
             ref->axpy_rows(ya, w, x, stride, nk, n);
             sk->axpy_rows(yb, w, x, stride, nk, n);
             for (int64_t i = 0; i < n; i++) bad_axpy += !st_same(ya[i], yb[i]);
-            checked_att += nk + n;
+            checked_att += nq * nk + n;
         }
     { // nothing written beyond the n values of y
         for (int i = 0; i < 16; i++) a[i] = -7.0f;
@@ -700,6 +707,40 @@ static void st_check_vec(k_set set) {
     }
     CHECKF(bad_keys == 0 && bad_axpy == 0, "%s attention products: %lld dot_keys and %lld axpy_rows of %lld differ",
            k_set_names[set], (long long)bad_keys, (long long)bad_axpy, (long long)checked_att);
+    { // attention's softmax: lengths around the vectors of 8, scores of ordinary size, with a
+      // spread that underflows exp (its slow lanes), or with infinities, NaNs and ties
+        static const int64_t lens2[] = {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 257, 1000};
+        int64_t bad_sm = 0, checked_sm = 0;
+        for (size_t li = 0; li < PSV_ARRAY_LEN(lens2); li++)
+            for (int kind = 0; kind < 5; kind++) {
+                int64_t n = lens2[li];
+                for (int64_t p = 0; p < n; p++) {
+                    float v = st_sym() * 8.0f;
+                    uint64_t r = st_rng() % 16;
+                    if (kind == 1) v = st_sym() * 300.0f; // exp of the differences underflows
+                    if (kind == 2 && r == 0) v = f32_from_bits(0xff800000u);
+                    if (kind == 3 && r == 1) v = f32_from_bits(0x7fc00000u);
+                    if (kind == 3 && r == 2) v = f32_from_bits(0x7f800000u);
+                    if (kind == 4) v = (r % 2) ? 0.0f : -0.0f; // all ties, zeros of both signs
+                    a[p] = b[p] = v;
+                }
+                float scale = kind == 0 ? 0.125f : 0.0883883f;
+                ref->softmax(a, n, scale);
+                sk->softmax(b, n, scale);
+                for (int64_t p = 0; p < n; p++) bad_sm += !st_same(a[p], b[p]);
+                checked_sm += n;
+            }
+        // the reference is the formula: the sum in its lanes
+        float w[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+        ref->softmax(w, 10, 1.0f);
+        double lane[K_SOFTMAX_LANES] = {0}, sum;
+        float e[10];
+        for (int p = 0; p < 10; p++) lane[p % K_SOFTMAX_LANES] += (double)(e[p] = psv_expf_poly((float)(p + 1) - 10.0f));
+        sum = lane[0];
+        for (int l = 1; l < K_SOFTMAX_LANES; l++) sum += lane[l];
+        for (int p = 0; p < 10; p++) CHECK(w[p] == e[p] * (float)(1.0 / sum));
+        CHECKF(bad_sm == 0, "%s softmax: %lld of %lld weights differ", k_set_names[set], (long long)bad_sm, (long long)checked_sm);
+    }
     // the reference is the engine's formula
     float g = 1.5f, uu = -2.0f, r;
     ref->swiglu(&r, &g, &uu, 1);
