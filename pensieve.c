@@ -8434,16 +8434,27 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // k_act_side_d, each block's scale as a double (exactly the stored fp16 or float), and for Q8_1
 // after those its s; for Q8_0, at k_act_side_o, each block's -off * (sum of its 32 quants) as
 // int32, off being the weights' quant offset (k_panel_off: the integer term that takes it off,
-// which the GEMM kernels start each block's sums from).
+// which the GEMM kernels start each block's sums from); and then, at k_act_side_x, for each
+// whole group of four blocks, 256 bytes laid out for the one-row kernels of 32-value blocks
+// (k_gemv1_avx512), filled only for products of one row: the four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks'
+// -off * sum in lanes 0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four
+// times.
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
     return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : atype == T_Q8_0 ? 12 : 8) + 7) & ~(size_t)7;
 }
+static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
+// The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
+// apart, without it).
+static size_t k_act_side_one(uint32_t atype, int64_t n) {
+    return k_act_side_size(atype, n) + (atype == T_Q8_0 ? (size_t)(n / 128) * 256 : 0);
+}
 
-// The side data of activation row y of type atype, for weights whose quant offset is off.
-static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uint8_t *side) {
+// The side data of activation row y of type atype, for weights whose quant offset is off; the
+// part at k_act_side_x only with `one_row` (the gemv1 kernels': a product of one row).
+static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uint8_t *side, bool one_row) {
     const size_t bs = atype == T_Q8_K ? K_Q8_K_SIZE : atype == T_Q8_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const size_t qo = atype == T_Q8_0 ? 2 : 4;
     const int64_t qb = atype == T_Q8_K ? QK_K : 32, nb = n / qb;
@@ -8462,6 +8473,16 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
         if (atype == T_Q8_0) {
             int32_t o = -off * (sums[2 * b] + sums[2 * b + 1]);
             memcpy(side + k_act_side_o(n) + 4 * (size_t)b, &o, 4);
+            if (one_row && b < nb / 4 * 4) { // its part of its group's 256 bytes
+                uint8_t *g = side + k_act_side_x(n) + 256 * (size_t)(b / 4);
+                const int j = (int)(b % 4);
+                const int32_t lanes[4] = {o, 0, 0, 0};
+                const float dy = k_ld_f16(yb);
+                memcpy(g + 16 * j, a, 16);
+                memcpy(g + 64 + 16 * j, a + 16, 16);
+                memcpy(g + 128 + 16 * j, lanes, 16);
+                for (int l = 0; l < 4; l++) memcpy(g + 192 + 16 * j + 4 * l, &dy, 4);
+            }
         }
     }
 }
@@ -9765,15 +9786,15 @@ K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int
 // Generation's product of one activation row against many weight rows (k_gemv1_fn), Q4_0: four
 // weight rows and four blocks (128 values) a step, in 512-bit vectors, so that the work per
 // block that is not multiply-adding (block sums, scales, conversions) is shared by four rows and
-// four blocks. A row's four blocks of quants go into one vector (16 bytes each); the
-// activation's low and high halves of the same blocks are gathered with a word permute (every
-// field of a run of Q8_0 blocks starts at an even offset). Two vpdpbusd per row leave each
-// block's products in four int32 lanes, started from the block's -8 * sum(a) (side data) in its
-// first lane. A transpose-and-add turns the four rows' vectors into [block][row] sums, which are
-// scaled and added in double exactly as the reference does it (lane b % 4 of each row), the four
-// rows side by side. The rows' block scales come out of their first 64 bytes by word permutes.
-// (Q8_0 the same way measured no faster than k_gemv32_avx512 a row at a time: it has no
-// unpacking to share.)
+// four blocks. A row's four blocks of quants go into one vector (16 bytes each, by a word
+// permute of the row's bytes); the activation's low and high halves of the same blocks, each
+// block's -8 * sum(a) in its first lane and its scale as floats come laid out from the side data
+// (k_act_side_x). Two vpdpbusd per row leave each block's products in four int32 lanes, started
+// from that -8 * sum(a). A transpose-and-add turns the four rows' vectors into [block][row] sums,
+// which are scaled and added in double exactly as the reference does it (lane b % 4 of each
+// row), the four rows side by side. The rows' block scales come out of their first 64 bytes by
+// word permutes. (Q8_0 the same way measured no faster than k_gemv32_avx512 a row at a time: it
+// has no unpacking to share.)
 K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                       const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0));
@@ -9782,18 +9803,16 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
     const int64_t nb = n / 32, ng = nb / 4;
     const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
-    // word indices: the activation's halves of four blocks from (y, y + 64) and (y + 8, y + 72).
-    // Q4_0: the block scales of rows 0 and 1 (2 and 3) to word 4 * block + row, from each row's
-    // first 64 bytes (the blocks at words 0, 9, 18, 27). Q5_0: per row, from (x, x + 24), block
-    // j's qh to words 8j, 8j + 1 and its scale to word 8j + 2 (the blocks at words 0, 11, 22, 33),
-    // and then the scales of two rows as Q4_0's from those.
-    __m512i ilo, ihi, isc, iqs, iqh = _mm512_setzero_si512();
+    // word indices: the quants of a row's four blocks from (x, x + 8) (Q4_0: the blocks at words
+    // 0, 9, 18, 27) or (x, x + 24) (Q5_0: at words 0, 11, 22, 33). Q4_0: the block scales of rows
+    // 0 and 1 (2 and 3) to word 4 * block + row, from each row's first 64 bytes. Q5_0: per row,
+    // from (x, x + 24), block j's qh to words 8j, 8j + 1 and its scale to word 8j + 2, and then
+    // the scales of two rows as Q4_0's from those.
+    __m512i isc, iqs, iqh = _mm512_setzero_si512();
     {
-        uint16_t lo[32], hi[32], sc[32] = {0}, qh[32] = {0}, qs[32];
+        uint16_t sc[32] = {0}, qh[32] = {0}, qs[32];
         for (int p = 0; p < 32; p++) {
             int j = p / 8, k = p % 8;
-            lo[p] = (uint16_t)(17 * j + 1 + k);
-            hi[p] = (uint16_t)(17 * j + 9 + k - 4);
             int wd = five ? 11 * j + 3 + k : 9 * j + 1 + k; // block j's quants in the row's four blocks
             qs[p] = (uint16_t)(wd < 32 ? wd : 32 + wd - (five ? 12 : 4));
         }
@@ -9803,7 +9822,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 int wd = 11 * j + (k == 2 ? 0 : 1 + k);
                 qh[8 * j + k] = (uint16_t)(wd < 32 ? wd : 32 + wd - 12);
             }
-        ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi), isc = _mm512_loadu_si512(sc);
+        isc = _mm512_loadu_si512(sc);
         iqs = _mm512_loadu_si512(qs);
         if (five) iqh = _mm512_loadu_si512(qh);
     }
@@ -9814,7 +9833,6 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                                          0x0101010101010101, 0);
     const __m512i phi = _mm512_add_epi8(plo, _mm512_set1_epi8(2));
     const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
-    const __m512i d01 = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0), d23 = _mm512_set_epi64(3, 3, 3, 3, 2, 2, 2, 2);
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w0, xr);
@@ -9823,11 +9841,10 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
         // in memory (four separate short streams defeat the hardware prefetchers)
         const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, ng);
         for (int64_t g = 0; g < ng; g++) {
-            const uint8_t *yg = y + (size_t)g * 4 * K_Q8_0_SIZE;
+            const uint8_t *xg = side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part
             k_stream_step(&pf, g);
-            const __m512i alo = _mm512_permutex2var_epi16(_mm512_loadu_si512(yg), ilo, _mm512_loadu_si512(yg + 64));
-            const __m512i ahi = _mm512_permutex2var_epi16(_mm512_loadu_si512(yg + 8), ihi, _mm512_loadu_si512(yg + 72));
-            const __m512i corr = _mm512_maskz_expand_epi32(0x1111, _mm512_castsi128_si512(k_load128(so + 16 * g)));
+            const __m512i alo = _mm512_loadu_si512(xg), ahi = _mm512_loadu_si512(xg + 64);
+            const __m512i corr = _mm512_loadu_si512(xg + 128);
             __m512i rs[4], l0[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
@@ -9849,13 +9866,12 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
             const __m512i is = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
             const __m512i sc = _mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(l0[0], isc, l0[1]),
                                                        _mm512_permutex2var_epi16(l0[2], isc, l0[3]));
-            __m512 dx = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
-            __m512d dyv = _mm512_castpd256_pd512(_mm256_loadu_pd(dy + 4 * g));
             // reference: (double)dx * (double)dy * (double)isum, added with one FMA as the GEMM
-            // does it (the product is exact: see k_gemm_blk_avx512)
-            __m512d dxy01 = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dx)), _mm512_permutexvar_pd(d01, dyv));
-            __m512d dxy23 = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dx), 1))),
-                                          _mm512_permutexvar_pd(d23, dyv));
+            // does it (the product is exact: see k_gemm_blk_avx512). dx * dy is exact in float
+            // too (two fp16 values: 11 + 11 bits, and no smaller than 2^-48).
+            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(sc)), _mm512_loadu_ps((const float *)(const void *)(xg + 192)));
+            __m512d dxy01 = _mm512_cvtps_pd(_mm512_castps512_ps256(dxy));
+            __m512d dxy23 = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1)));
             acc01 = _mm512_fmadd_pd(dxy01, _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)), acc01);
             acc23 = _mm512_fmadd_pd(dxy23, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)), acc23);
         }
@@ -10021,6 +10037,13 @@ K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, 
 K_AVX512 static void k_gemv1_q5_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                          const uint8_t *y, const uint8_t *side) {
     k_gemv1_avx512(T_Q5_0, n, s, x, x_stride, nw, y, side);
+}
+// Q8_0: the one-row kernel (k_gemv32_avx512) row after row, inlined here: sharing the blocks'
+// work among four rows measured no faster (Q8_0 has no unpacking), but a call per row through
+// the matmul's dispatch cost about 3 % of generation with a large vocabulary.
+K_AVX512 static void k_gemv1_q8_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                         const uint8_t *y, const uint8_t *side) {
+    for (int w = 0; w < nw; w++) k_gemv32_avx512(T_Q8_0, n, s + w, 1, x + (size_t)w * x_stride, y, 0, side, 0, 1);
 }
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
@@ -10904,6 +10927,7 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
+    t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
@@ -11600,7 +11624,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
     // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 12.5 bytes per value
-    ok = ok && (s->sides = malloc(B * k_act_side_size(T_Q8_1, widest_in)));
+    ok = ok && (s->sides = malloc(PSV_MAX(B * k_act_side_size(T_Q8_1, widest_in), k_act_side_one(T_Q8_0, widest_in))));
     if (n_batch >= MM_GEMM_MIN) {
         s->panel_size = (size_t)widest_in * 13 + 64;
         ok = ok && (s->panels = malloc((size_t)s->n_threads * s->panel_size));
@@ -11645,7 +11669,8 @@ static void mm_quant_task(void *arg, int ith, int nth) {
         uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
         at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
         if (j->sides)
-            k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, j->sides + (size_t)t * j->side_stride);
+            k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, j->sides + (size_t)t * j->side_stride,
+                       j->n_tok == 1 && j->tr->gemv1);
     }
 }
 

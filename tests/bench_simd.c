@@ -167,9 +167,9 @@ int main(int argc, char **argv) {
             double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
             printf("%-6s %-7s %10.4f %10.4f %10.4f", type_get(wt)->name, k_set_names[s], hot, gemv, rows4);
             if (c.tr->gemv1) {
-                c.side = malloc(k_act_side_size(at, n));
+                c.side = malloc(k_act_side_one(at, n));
                 PSV_ASSERT(c.side);
-                k_act_side(at, k_panel_off(wt), a, n, c.side);
+                k_act_side(at, k_panel_off(wt), a, n, c.side, true);
                 printf(" %10.4f", bs_time(bs_gemv1, &c, secs) * 1e9 / (double)(n * n_out));
                 free(c.side);
                 c.side = NULL;
@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
                 c.panel = malloc(k_panel_size(wt, n));
                 c.side = malloc(4 * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
-                for (int r = 0; r < 4; r++) k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
+                for (int r = 0; r < 4; r++) k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * K_PANEL);
                 double gemm4 = bs_time(bs_gemm4, &c, secs) * 1e9 / (double)(n * K_PANEL * 4);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);

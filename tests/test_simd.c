@@ -306,7 +306,7 @@ static void st_check_gemm(k_set set) {
                 for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xs, wild);
                 for (int r = 0; r < nrow; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
-                for (int r = 0; r < nrow; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss);
+                for (int r = 0; r < nrow; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
                 k_panel_pack(wt, n, x, xs, nw, panel);
                 // the set's packer writes the same bytes (every lane, padding included)
                 memset(panel2, 0xa5, k_panel_size(wt, n));
@@ -374,7 +374,7 @@ static void st_check_gemv(k_set set) {
                 st_random_row(wt, n, x, wild);
                 for (int r = 0; r < nr; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nr, ys);
-                for (int r = 0; r < nr; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, side + (size_t)r * ss);
+                for (int r = 0; r < nr; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, side + (size_t)r * ss, false);
                 float got[2 * K_ROWS_MAX];
                 for (int i = 0; i < 2 * K_ROWS_MAX; i++) got[i] = -1.0f;
                 sk->gemv(n, got, 2, x, y, ys, side, ss, nr); // results two apart: the stride is honoured
@@ -417,7 +417,7 @@ static void st_check_gemv1(k_set set) {
         for (int li = 0; li < nl; li++) {
             int64_t n = lens[li];
             size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size, ys = st_row_bytes(at, n);
-            size_t ss = k_act_side_size(at, n);
+            size_t ss = k_act_side_one(at, n);
             uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * 2), *side = malloc(ss);
             PSV_ASSERT(x && y && side);
             for (int rep = 0; rep < (n >= 4096 ? 6 : 24); rep++) {
@@ -426,7 +426,7 @@ static void st_check_gemv1(k_set set) {
                 for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
                 st_random_row(at, n, y, wild);
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, 1, ys);
-                k_act_side(at, k_panel_off(wt), y, n, side);
+                k_act_side(at, k_panel_off(wt), y, n, side, true);
                 float got[MAXW + 1];
                 for (int i = 0; i <= MAXW; i++) got[i] = -1.0f;
                 sk->gemv1(n, got, x, xstride, nw, y, side);
