@@ -9400,12 +9400,49 @@ K_AVX2 K_INLINE void k_dot_f32_core_avx2(int64_t n, float *s, const void *vx, co
 
 K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) { k_dot_f32_core_avx2(n, s, vx, vy); }
 
-// k_dot_keys_ref: the F32 dot product inlined in the loop over the keys.
+// k_dot_keys_ref: the F32 dot product of the AVX2 kernel, for nq (1 or 2) queries at a time (qd:
+// converted to double once, rows K_KEYS_MAX_N apart) against each key, whose values are
+// converted to double once for both.
+enum { K_KEYS_MAX_N = 512 }; // the longest rows the key kernels take (queries on the stack)
+
+K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int nq, float *s, size_t s_stride, const double *qd, const float *k,
+                                       size_t stride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p++) {
+        __m256d a[2][4];
+        K_UNROLL
+        for (int g = 0; g < 2; g++)
+            for (int l = 0; l < 4; l++) a[g][l] = _mm256_setzero_pd();
+        const float *kr = k + (size_t)p * stride;
+        for (int64_t i = 0; i < n; i += 16) {
+            const __m256 x0 = _mm256_loadu_ps(kr + i), x1 = _mm256_loadu_ps(kr + i + 8);
+            const __m256d kv[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x0)), _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1)),
+                                   _mm256_cvtps_pd(_mm256_castps256_ps128(x1)), _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1))};
+            K_UNROLL
+            for (int g = 0; g < nq; g++)
+                K_UNROLL
+                for (int l = 0; l < 4; l++)
+                    a[g][l] = _mm256_fmadd_pd(kv[l], _mm256_loadu_pd(qd + (size_t)g * K_KEYS_MAX_N + (size_t)i + 4 * l), a[g][l]);
+        }
+        for (int g = 0; g < nq; g++) s[(size_t)g * s_stride + (size_t)p] = k_lanes_sum_avx2(a[g][0], a[g][1], a[g][2], a[g][3]);
+    }
+}
+
 K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
                                      size_t stride, int64_t nk, int64_t n) {
-    for (int g = 0; g < nq; g++)
-        for (int64_t p = 0; p < nk; p++)
-            k_dot_f32_core_avx2(n, &s[(size_t)g * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g * q_stride);
+    if (n % 16 != 0 || n > K_KEYS_MAX_N) {
+        for (int g = 0; g < nq; g++)
+            for (int64_t p = 0; p < nk; p++)
+                k_dot_f32_core_avx2(n, &s[(size_t)g * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g * q_stride);
+        return;
+    }
+    double qd[2 * K_KEYS_MAX_N];
+    for (int g0 = 0; g0 < nq; g0 += 2) {
+        const int c = PSV_MIN(2, nq - g0);
+        for (int g = 0; g < c; g++)
+            for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
+        if (c == 2) k_dot_keys_q_avx2(2, s + (size_t)g0 * s_stride, s_stride, qd, k, stride, nk, n);
+        else k_dot_keys_q_avx2(1, s + (size_t)g0 * s_stride, s_stride, qd, k, stride, nk, n);
+    }
 }
 
 // F16: the float product of two halves is exact, so it is formed in float and widened.
@@ -10343,8 +10380,6 @@ K_AVX512 K_INLINE void k_transpose8_pd512(__m512d v[8]) {
     v[3] = _mm512_shuffle_f64x2(u[3], u[7], 0x88);
     v[7] = _mm512_shuffle_f64x2(u[3], u[7], 0xdd);
 }
-
-enum { K_KEYS_MAX_N = 512 }; // the longest rows the AVX-512 kernel takes (queries on the stack)
 
 // nq (1-4) queries (qd: rows K_KEYS_MAX_N doubles apart) against kp = 8 / nq keys a step, as many
 // whole steps as nk has; returns the keys done.
