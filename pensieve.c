@@ -8477,7 +8477,7 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                 uint8_t *g = side + k_act_side_x(n) + 256 * (size_t)(b / 4);
                 const int j = (int)(b % 4);
                 const int32_t lanes[4] = {o, 0, 0, 0};
-                const float dy = k_ld_f16(yb);
+                const float dy = (float)d[b]; // exactly the fp16 scale
                 memcpy(g + 16 * j, a, 16);
                 memcpy(g + 64 + 16 * j, a + 16, 16);
                 memcpy(g + 128 + 16 * j, lanes, 16);
@@ -9405,6 +9405,12 @@ K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const
 // converted to double once for both.
 enum { K_KEYS_MAX_N = 512 }; // the longest rows the key kernels take (queries on the stack)
 
+// Queries g0 .. g0 + c - 1 (q_stride apart, n values each) as doubles, rows K_KEYS_MAX_N apart.
+static void k_keys_queries_pd(double *qd, const float *q, size_t q_stride, int g0, int c, int64_t n) {
+    for (int g = 0; g < c; g++)
+        for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
+}
+
 K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int nq, float *s, size_t s_stride, const double *qd, const float *k,
                                        size_t stride, int64_t nk, int64_t n) {
     for (int64_t p = 0; p < nk; p++) {
@@ -9438,8 +9444,7 @@ K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, si
     double qd[2 * K_KEYS_MAX_N];
     for (int g0 = 0; g0 < nq; g0 += 2) {
         const int c = PSV_MIN(2, nq - g0);
-        for (int g = 0; g < c; g++)
-            for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
+        k_keys_queries_pd(qd, q, q_stride, g0, c, n);
         if (c == 2) k_dot_keys_q_avx2(2, s + (size_t)g0 * s_stride, s_stride, qd, k, stride, nk, n);
         else k_dot_keys_q_avx2(1, s + (size_t)g0 * s_stride, s_stride, qd, k, stride, nk, n);
     }
@@ -10427,27 +10432,24 @@ K_AVX512 K_INLINE int64_t k_dot_keys_blk_avx512(const int nq, float *s, size_t s
 
 K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
                                        const float *k, size_t stride, int64_t nk, int64_t n) {
-    int g0 = 0;
-    if (n % 16 == 0 && n <= K_KEYS_MAX_N) {
-        const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
-        double qd[4 * K_KEYS_MAX_N];
-        for (; g0 < nq; g0 += per) {
-            const int c = PSV_MIN(per, nq - g0);
-            for (int g = 0; g < c; g++)
-                for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
-            float *sg = s + (size_t)g0 * s_stride;
-            int64_t p = c == 1   ? k_dot_keys_blk_avx512(1, sg, s_stride, qd, k, stride, nk, n)
-                        : c == 2 ? k_dot_keys_blk_avx512(2, sg, s_stride, qd, k, stride, nk, n)
-                        : c == 3 ? k_dot_keys_blk_avx512(3, sg, s_stride, qd, k, stride, nk, n)
-                                 : k_dot_keys_blk_avx512(4, sg, s_stride, qd, k, stride, nk, n);
-            for (int g = 0; g < c; g++)
-                for (int64_t r = p; r < nk; r++)
-                    k_dot_f32_core_avx2(n, &sg[(size_t)g * s_stride + (size_t)r], k + (size_t)r * stride, q + (size_t)(g0 + g) * q_stride);
-        }
+    if (n % 16 != 0 || n > K_KEYS_MAX_N) {
+        k_dot_keys_avx2(s, s_stride, q, q_stride, nq, k, stride, nk, n);
+        return;
     }
-    for (; g0 < nq; g0++)
-        for (int64_t p = 0; p < nk; p++)
-            k_dot_f32_core_avx2(n, &s[(size_t)g0 * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g0 * q_stride);
+    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
+    double qd[4 * K_KEYS_MAX_N];
+    for (int g0 = 0; g0 < nq; g0 += per) {
+        const int c = PSV_MIN(per, nq - g0);
+        k_keys_queries_pd(qd, q, q_stride, g0, c, n);
+        float *sg = s + (size_t)g0 * s_stride;
+        int64_t p = c == 1   ? k_dot_keys_blk_avx512(1, sg, s_stride, qd, k, stride, nk, n)
+                    : c == 2 ? k_dot_keys_blk_avx512(2, sg, s_stride, qd, k, stride, nk, n)
+                    : c == 3 ? k_dot_keys_blk_avx512(3, sg, s_stride, qd, k, stride, nk, n)
+                             : k_dot_keys_blk_avx512(4, sg, s_stride, qd, k, stride, nk, n);
+        for (int g = 0; g < c; g++)
+            for (int64_t r = p; r < nk; r++)
+                k_dot_f32_core_avx2(n, &sg[(size_t)g * s_stride + (size_t)r], k + (size_t)r * stride, q + (size_t)(g0 + g) * q_stride);
+    }
 }
 
 
