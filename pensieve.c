@@ -8217,14 +8217,14 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   k_traits.pack/.gemm     panels of 8 weight rows against many activation rows (prompts)
 //   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU, and attention's
 //                           products over the KV cache rows (dot_keys, axpy_rows)
-//   k_kernel_set_name()     "ref", "avx2", "avx512" or "neon"; k_kernel_set_note(): why PSV_KERNELS was
+//   k_kernel_set_name()     "ref", "avx2", "avx512", "neon" or "dotprod"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
 // All x86 code is under PSV_X86 and the NEON kernels under PSV_ARM64; other targets get the
 // reference set only.
 
-typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_NEON, K_SET_COUNT } k_set;
-static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512", "neon"};
+typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_NEON, K_SET_DOTPROD, K_SET_COUNT } k_set;
+static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512", "neon", "dotprod"};
 
 // Whether a CPU can run a kernel set (and this build has it).
 static bool k_set_supported(k_set s, const plat_cpu *c) {
@@ -8237,6 +8237,7 @@ static bool k_set_supported(k_set s, const plat_cpu *c) {
 #endif
 #if defined(PSV_ARM64)
     case K_SET_NEON: return c->neon;
+    case K_SET_DOTPROD: return c->neon && c->dotprod;
 #endif
     default: break;
     }
@@ -8262,11 +8263,12 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
         if (strcmp(req, k_set_names[s]) != 0) continue;
         if (k_set_supported((k_set)s, c)) return (k_set)s;
         snprintf(note, note_size, "PSV_KERNELS=%s: this CPU lacks %s; using %s", req,
-                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : s == K_SET_NEON ? "NEON" : "it",
+                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : s == K_SET_NEON ? "NEON"
+                 : s == K_SET_DOTPROD ? "NEON with the dot product instructions (FEAT_DotProd)" : "it",
                  k_set_names[best]);
         return best;
     }
-    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avx512 or neon); using %s",
+    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avx512, neon or dotprod); using %s",
              req, k_set_names[best]);
     return best;
 }
@@ -8487,14 +8489,38 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
     }
 }
 
-#if defined(PSV_X86)
-
-#define K_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define K_INLINE static inline __attribute__((always_inline))
 // Fully unrolled, so a block's vectors stay in registers (GCC keeps these 4- and 8-trip loops
 // otherwise, with the vectors in memory).
 #define K_UNROLL _Pragma("GCC unroll 8")
+
+// Where the GEMM kernels find an activation row y of n values and the parts of its side data
+// (k_act_side): the sums of 16, the block scales and, for the 32-value types with a quant offset,
+// the offset terms (else NULL).
+K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint8_t *side, const uint8_t **yr,
+                          const int16_t **ar, const double **dr, const int32_t **ao) {
+    *yr = y;
+    *ar = (const int16_t *)(const void *)side;
+    *dr = (const double *)(const void *)(side + k_act_side_d(n));
+    *ao = type_table[type].blck_size == 32 && k_panel_off(type) ? (const int32_t *)(const void *)(side + k_act_side_o(n))
+                                                                 : NULL;
+}
+
+// Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
+// 4, leaves the level-1 cache to the computation better than level-1 prefetches).
+K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
+    for (int r = 0; r < pf->rows; r++) {
+        const uint8_t *row = pf->p + (size_t)r * pf->stride;
+        uintptr_t a = (uintptr_t)(row + (size_t)b * pf->blk) & ~(uintptr_t)63;
+        for (uintptr_t end = (uintptr_t)(row + (size_t)(b + nblk) * pf->blk); a < end; a += 64)
+            __builtin_prefetch((const void *)a, 0, 2);
+    }
+}
+
+#if defined(PSV_X86)
+
+#define K_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 // ---- AVX2 helpers ----------------------------------------------------------------------------
 
@@ -9124,29 +9150,6 @@ K_DEF_PACK(q6_k, T_Q6_K)
 // reference forms them, and added to accumulators kept in memory (16 registers would not hold
 // them). Two activation rows at a time. Q8_0 has no AVX2 GEMM: its unsigned quants reach 255,
 // and a pair sum could saturate.
-
-// Where the GEMM kernels find an activation row y of n values and the parts of its side data
-// (k_act_side): the sums of 16, the block scales and, for the 32-value types with a quant offset,
-// the offset terms (else NULL).
-K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint8_t *side, const uint8_t **yr,
-                          const int16_t **ar, const double **dr, const int32_t **ao) {
-    *yr = y;
-    *ar = (const int16_t *)(const void *)side;
-    *dr = (const double *)(const void *)(side + k_act_side_d(n));
-    *ao = type_table[type].blck_size == 32 && k_panel_off(type) ? (const int32_t *)(const void *)(side + k_act_side_o(n))
-                                                                 : NULL;
-}
-
-// Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
-// 4, leaves the level-1 cache to the computation better than level-1 prefetches).
-K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
-    for (int r = 0; r < pf->rows; r++) {
-        const uint8_t *row = pf->p + (size_t)r * pf->stride;
-        uintptr_t a = (uintptr_t)(row + (size_t)b * pf->blk) & ~(uintptr_t)63;
-        for (uintptr_t end = (uintptr_t)(row + (size_t)(b + nblk) * pf->blk); a < end; a += 64)
-            __builtin_prefetch((const void *)a, 0, 2);
-    }
-}
 
 K_AVX2 K_INLINE __m256i k_bcast4_avx2(const void *p) {
     int32_t v;
@@ -10623,25 +10626,47 @@ K_AVX2 static void k_axpy_rows_avx2(float *y, const float *w, const float *v, si
 #endif // PSV_X86
 
 // ---- NEON (AArch64): the integer dot products ----------------------------------------------------
-// Advanced SIMD is baseline on AArch64, so these need no run-time check. Each kernel computes the
-// reference kernel's exact integer block sums with vector multiplies (vmull_s8: 16-bit products,
-// |q a| <= 128 * 128 fits; pairwise-added into 32-bit lanes), and then the reference's own double
-// expression per block into the same K_BLOCK_LANES lanes: bit-identical to the reference.
+// Advanced SIMD is baseline on AArch64, so the "neon" set needs no run-time check. Each kernel
+// computes the reference kernel's exact integer block sums with vector multiplies (vmull_s8:
+// 16-bit products, |q a| <= 128 * 128 fits; pairwise-added into 32-bit lanes), and then the
+// reference's own double expression per block into the same K_BLOCK_LANES lanes: bit-identical
+// to the reference. The "dotprod" set (FEAT_DotProd, ARMv8.2: Apple M1 and later, Neoverse N1,
+// Cortex-A76 and later; run-time detected) is the same kernels with each 16 products summed by
+// one sdot (k_sdot_neon) instead of two multiplies and two pairwise adds (`dp` below), and adds
+// GEMM kernels (see "NEON dotprod: GEMM on panels").
 #if defined(PSV_ARM64)
 
-// sum q[i] a[i] over 16 int8 pairs.
-static inline int32x4_t k_dot16_neon(int32x4_t acc, int8x16_t q, int8x16_t a) {
+// The "dotprod" set's functions are built for FEAT_DotProd whatever the compiler's target (gcc
+// and clang spell the attribute differently). sdot is written in assembly: the intrinsics of
+// older compilers exist only when the whole file targets it.
+#if defined(__clang__)
+#define K_DOTPROD __attribute__((target("dotprod")))
+#else
+#define K_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+
+// sdot: lane i of acc += sum_k q[4i + k] a[4i + k]. (Not always_inline: the shared kernels below
+// reach it through k_dot16x_neon, which has no target attribute itself; it is inlined where
+// they are, into the K_DOTPROD entry points.)
+K_DOTPROD static inline int32x4_t k_sdot_neon(int32x4_t acc, int8x16_t q, int8x16_t a) {
+    __asm__("sdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(q), "w"(a));
+    return acc;
+}
+
+// sum q[i] a[i] over 16 int8 pairs, into the lanes of acc (sdot with dp, else widening multiplies).
+K_INLINE int32x4_t k_dot16x_neon(bool dp, int32x4_t acc, int8x16_t q, int8x16_t a) {
+    if (dp) return k_sdot_neon(acc, q, a);
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(q), vget_low_s8(a)));
     return vpadalq_s16(acc, vmull_high_s8(q, a));
 }
 
-static inline int32_t k_isum16_neon(const int8_t *q, const int8_t *a) {
-    return vaddvq_s32(k_dot16_neon(vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a)));
+K_INLINE int32_t k_isum16_neon(bool dp, const int8_t *q, const int8_t *a) {
+    return vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a)));
 }
 
-static inline int32_t k_isum32_neon(const int8_t *q, const int8_t *a) {
-    int32x4_t acc = k_dot16_neon(vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a));
-    return vaddvq_s32(k_dot16_neon(acc, vld1q_s8(q + 16), vld1q_s8(a + 16)));
+K_INLINE int32_t k_isum32_neon(bool dp, const int8_t *q, const int8_t *a) {
+    int32x4_t acc = k_dot16x_neon(dp, vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a));
+    return vaddvq_s32(k_dot16x_neon(dp, acc, vld1q_s8(q + 16), vld1q_s8(a + 16)));
 }
 
 // Byte j (j < 16) of the result: 16 if bit j of b is set, else 0 (the fifth bit of Q5 values).
@@ -10677,7 +10702,7 @@ static inline void k_w32_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, in
     *hi = sh;
 }
 
-static inline void k_dot32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y) {
+K_INLINE void k_dot32_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y) {
     PSV_ASSERT(n % 32 == 0);
     const size_t xs = type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q4_1 ? K_Q4_1_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE
                     : type == T_Q5_1 ? K_Q5_1_SIZE : K_Q8_0_SIZE;
@@ -10688,7 +10713,7 @@ static inline void k_dot32_neon(uint32_t type, int64_t n, float *s, const uint8_
         int8x16_t lo, hi;
         k_w32_neon(type, x, &lo, &hi);
         const int8_t *a = (const int8_t *)(y + (q81 ? 4 : 2));
-        int32_t isum = vaddvq_s32(k_dot16_neon(k_dot16_neon(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16)));
+        int32_t isum = vaddvq_s32(k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16)));
         if (q81)
             acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
                                                 (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
@@ -10697,14 +10722,21 @@ static inline void k_dot32_neon(uint32_t type, int64_t n, float *s, const uint8_
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
-static void k_dot_q4_0_q8_0_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q4_0, n, s, x, y); }
-static void k_dot_q4_1_q8_1_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q4_1, n, s, x, y); }
-static void k_dot_q5_0_q8_0_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q5_0, n, s, x, y); }
-static void k_dot_q5_1_q8_1_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q5_1, n, s, x, y); }
-static void k_dot_q8_0_q8_0_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(T_Q8_0, n, s, x, y); }
+// Each kernel twice: for the "neon" set and, with sdot, for the "dotprod" set.
+#define K_DEF_DOT32_NEON(name, type)                                                                        \
+    static void name##_neon(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(false, type, n, s, x, y); } \
+    K_DOTPROD static void name##_dotprod(int64_t n, float *s, const void *x, const void *y) { k_dot32_neon(true, type, n, s, x, y); }
+K_DEF_DOT32_NEON(k_dot_q4_0_q8_0, T_Q4_0)
+K_DEF_DOT32_NEON(k_dot_q4_1_q8_1, T_Q4_1)
+K_DEF_DOT32_NEON(k_dot_q5_0_q8_0, T_Q5_0)
+K_DEF_DOT32_NEON(k_dot_q5_1_q8_1, T_Q5_1)
+K_DEF_DOT32_NEON(k_dot_q8_0_q8_0, T_Q8_0)
+#define K_DEF_DOTK_NEON(name, impl)                                                                          \
+    static void name##_neon(int64_t n, float *s, const void *x, const void *y) { impl(false, n, s, x, y); } \
+    K_DOTPROD static void name##_dotprod(int64_t n, float *s, const void *x, const void *y) { impl(true, n, s, x, y); }
 
 // Q2_K and Q3_K: the reference unpacking, vector sub-block sums.
-static void k_dot_q2_k_q8_k_neon(int64_t n, float *s, const void *vx, const void *vy) {
+K_INLINE void k_dot_q2_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx, *y = vy;
     int8_t q[QK_K];
@@ -10714,7 +10746,7 @@ static void k_dot_q2_k_q8_k_neon(int64_t n, float *s, const void *vx, const void
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0, msum = 0;
         for (int k = 0; k < 16; k++) {
-            isum += (x[k] & 15) * k_isum16_neon(q + 16 * k, a + 16 * k);
+            isum += (x[k] & 15) * k_isum16_neon(dp, q + 16 * k, a + 16 * k);
             msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
         }
         acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_ld_f16(x + 80) * (double)isum -
@@ -10723,7 +10755,9 @@ static void k_dot_q2_k_q8_k_neon(int64_t n, float *s, const void *vx, const void
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
-static void k_dot_q3_k_q8_k_neon(int64_t n, float *s, const void *vx, const void *vy) {
+K_DEF_DOTK_NEON(k_dot_q2_k_q8_k, k_dot_q2_k_neon)
+
+K_INLINE void k_dot_q3_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx, *y = vy;
     int8_t q[QK_K];
@@ -10733,15 +10767,17 @@ static void k_dot_q3_k_q8_k_neon(int64_t n, float *s, const void *vx, const void
         k_unpack_q3_k(x, q, sc);
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
-        for (int k = 0; k < 16; k++) isum += sc[k] * k_isum16_neon(q + 16 * k, a + 16 * k);
+        for (int k = 0; k < 16; k++) isum += sc[k] * k_isum16_neon(dp, q + 16 * k, a + 16 * k);
         acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum);
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
+K_DEF_DOTK_NEON(k_dot_q3_k_q8_k, k_dot_q3_k_neon)
+
 // Q4_K unpacked in registers (value 64c + l: low nibble of qs[32c + l], 64c + 32 + l: high);
 // Q5_K through the reference unpacking.
-static void k_dot_q45_k_neon(int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
+K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
     PSV_ASSERT(n % QK_K == 0);
     const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
     int8_t q[QK_K];
@@ -10752,17 +10788,17 @@ static void k_dot_q45_k_neon(int64_t n, float *s, const uint8_t *x, const uint8_
         int32_t t[8];
         if (five) {
             k_unpack_q45_k(x + 48, x + 16, x + 4, q, sc, m);
-            for (int k = 0; k < 8; k++) t[k] = k_isum32_neon(q + 32 * k, a + 32 * k);
+            for (int k = 0; k < 8; k++) t[k] = k_isum32_neon(dp, q + 32 * k, a + 32 * k);
         } else {
             for (int k = 0; k < 8; k++) k_scale_min_k4(x + 4, k, &sc[k], &m[k]);
             const uint8_t *qs = x + 16;
             for (int c = 0; c < 4; c++) {
                 uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16);
                 const int8_t *ac = a + 64 * c;
-                int32x4_t lo = k_dot16_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, vdupq_n_u8(15))), vld1q_s8(ac));
-                lo = k_dot16_neon(lo, vreinterpretq_s8_u8(vandq_u8(v1, vdupq_n_u8(15))), vld1q_s8(ac + 16));
-                int32x4_t hi = k_dot16_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32));
-                hi = k_dot16_neon(hi, vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
+                int32x4_t lo = k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, vdupq_n_u8(15))), vld1q_s8(ac));
+                lo = k_dot16x_neon(dp, lo, vreinterpretq_s8_u8(vandq_u8(v1, vdupq_n_u8(15))), vld1q_s8(ac + 16));
+                int32x4_t hi = k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32));
+                hi = k_dot16x_neon(dp, hi, vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
                 t[2 * c] = vaddvq_s32(lo);
                 t[2 * c + 1] = vaddvq_s32(hi);
             }
@@ -10777,13 +10813,15 @@ static void k_dot_q45_k_neon(int64_t n, float *s, const uint8_t *x, const uint8_
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
-static void k_dot_q4_k_q8_k_neon(int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(n, s, x, y, false); }
-static void k_dot_q5_k_q8_k_neon(int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(n, s, x, y, true); }
+K_INLINE void k_dot_q4_k_neon(bool dp, int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(dp, n, s, x, y, false); }
+K_INLINE void k_dot_q5_k_neon(bool dp, int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(dp, n, s, x, y, true); }
+K_DEF_DOTK_NEON(k_dot_q4_k_q8_k, k_dot_q4_k_neon)
+K_DEF_DOTK_NEON(k_dot_q5_k_q8_k, k_dot_q5_k_neon)
 
 // Q6_K unpacked in registers: for half h and quarter k, values 128h + 32k + l (l < 32) have their
 // low nibble in ql[64h + 32(k&1) + l] at bit 4(k>>1) and their top bits in qh[32h + l] at bit 2k;
 // the 16 values of each half of l are one sub-block.
-static void k_dot_q6_k_q8_k_neon(int64_t n, float *s, const void *vx, const void *vy) {
+K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx, *y = vy;
     double acc[K_BLOCK_LANES] = {0};
@@ -10799,23 +10837,359 @@ static void k_dot_q6_k_q8_k_neon(int64_t n, float *s, const void *vx, const void
                     uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(qh + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3));
                     int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hb, 4))), vdupq_n_s8(32));
                     int e = 128 * h + 32 * k + 16 * half;
-                    isum += sc[e / 16] * vaddvq_s32(k_dot16_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e)));
+                    isum += sc[e / 16] * vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), qv, vld1q_s8(a + e)));
                 }
         acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum);
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
 
-static void k_fill_neon(k_traits *t) {
-    static const struct { uint32_t type; k_vec_dot_fn dot; } dots[] = {
-        {T_Q4_0, k_dot_q4_0_q8_0_neon}, {T_Q4_1, k_dot_q4_1_q8_1_neon}, {T_Q5_0, k_dot_q5_0_q8_0_neon},
-        {T_Q5_1, k_dot_q5_1_q8_1_neon}, {T_Q8_0, k_dot_q8_0_q8_0_neon}, {T_Q2_K, k_dot_q2_k_q8_k_neon},
-        {T_Q3_K, k_dot_q3_k_q8_k_neon}, {T_Q4_K, k_dot_q4_k_q8_k_neon}, {T_Q5_K, k_dot_q5_k_q8_k_neon},
-        {T_Q6_K, k_dot_q6_k_q8_k_neon},
+K_DEF_DOTK_NEON(k_dot_q6_k_q8_k, k_dot_q6_k_neon)
+
+// ---- NEON dotprod: GEMM on panels ---------------------------------------------------------------
+// Activation rows against one panel (see "GEMM panels"), as the AVX-512 kernels do it, with sdot
+// by element: a panel vector's 32 bytes are two 16-byte halves (weight rows 0-3 and 4-7, four
+// quants of each), and one sdot of a half against four activation bytes (a 32-bit lane of the
+// activation's 16 bytes in a register) advances four dot products, with no horizontal sums. The
+// packed quants are the stored value plus the type's offset (k_panel_off), at most 63 and so
+// valid int8 as they are, except Q8_0's (q + 128), which are flipped back to q (xor 0x80) with
+// their sums started from 0 instead of the offset term. The k-quants weight each 16 values' sums
+// by their scale (vmla) and add the offset or minimum terms from the activation's sums of 16
+// (int16 pairs: widening multiplies and a pairwise add). Each block's term is formed for the
+// eight weight rows, exactly as the reference forms it, and goes to lane b % 4 of each row: the
+// kernel runs over the blocks of one lane at a time (b = l, l + 4, ...), so one set of double
+// accumulators stays in registers, and adds the four lanes in the reference's order at the end.
+// Activation rows go two at a time (AArch64 has 32 vector registers).
+
+// sdot by element: lane i of acc += sum_k q[4i + k] a[4 lane + k], lane a literal.
+#define K_SDOT_LANE_NEON(acc, q, a, lane) \
+    __asm__("sdot %0.4s, %1.16b, %2.4b[" #lane "]" : "+w"(acc) : "w"(q), "w"(a))
+
+// As k_no_fuse, for two doubles.
+static inline float64x2_t k_no_fuse_f64x2(float64x2_t v) {
+    __asm__("" : "+w"(v));
+    return v;
+}
+
+static inline float64x2_t k_ld_f64x2(const uint8_t *p) { return vreinterpretq_f64_u8(vld1q_u8(p)); }
+
+// Of 16 int32 (v0: weight rows 0-3, v1: 4-7), row 2k + j as a double in lane j of out[k].
+static inline void k_i32x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[4]) {
+    out[0] = vcvtq_f64_s64(vmovl_s32(vget_low_s32(v0)));
+    out[1] = vcvtq_f64_s64(vmovl_high_s32(v0));
+    out[2] = vcvtq_f64_s64(vmovl_s32(vget_low_s32(v1)));
+    out[3] = vcvtq_f64_s64(vmovl_high_s32(v1));
+}
+
+// The panel's quants of step `lane` of group g (values 16g + 4 lane .. + 3) for weight rows 0-3
+// (*w0) and 4-7 (*w1), as int8.
+K_DOTPROD K_INLINE void k_panel_q_neon(uint32_t type, const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
+    int v, nib = -1; // the panel vector, and which nibble of it (-1: bytes)
+    if (type == T_Q4_0 || type == T_Q4_1) v = lane, nib = g;          // step s low, s + 4 high
+    else if (type == T_Q4_K) v = 8 * (g / 4) + 4 * (g % 2) + lane, nib = g % 4 / 2; // chunk g / 4
+    else v = 4 * g + lane;
+    uint8x16_t a = vld1q_u8(pb + 32 * v), b = vld1q_u8(pb + 32 * v + 16);
+    if (nib == 0) a = vandq_u8(a, vdupq_n_u8(15)), b = vandq_u8(b, vdupq_n_u8(15));
+    else if (nib == 1) a = vshrq_n_u8(a, 4), b = vshrq_n_u8(b, 4);
+    else if (type == T_Q8_0) a = veorq_u8(a, vdupq_n_u8(0x80)), b = veorq_u8(b, vdupq_n_u8(0x80));
+    *w0 = vreinterpretq_s8_u8(a);
+    *w1 = vreinterpretq_s8_u8(b);
+}
+
+// The sums of group g (16 values) of R activation rows, whose 16 quants are av[r], added to
+// (s0[r], s1[r]): weight rows 0-3 and 4-7.
+K_DOTPROD K_INLINE void k_gemm_grp_neon(uint32_t type, int R, const uint8_t *pb, int g, const int8x16_t *av, int32x4_t *s0,
+                              int32x4_t *s1) {
+    int8x16_t w0, w1;
+#define K_GRP_LANE(L)                                   \
+    k_panel_q_neon(type, pb, g, L, &w0, &w1);           \
+    for (int r = 0; r < R; r++) {                       \
+        K_SDOT_LANE_NEON(s0[r], w0, av[r], L);          \
+        K_SDOT_LANE_NEON(s1[r], w1, av[r], L);          \
+    }
+    K_GRP_LANE(0)
+    K_GRP_LANE(1)
+    K_GRP_LANE(2)
+    K_GRP_LANE(3)
+#undef K_GRP_LANE
+}
+
+// isum (or msum) += the panel's int16 pair coefficients c (8 pairs: row r's at 4r) times the
+// activation's pair of int16 sums at p, for rows 0-3 (*i0) and 4-7 (*i1).
+static inline void k_pairs_neon(const uint8_t *c, const int16_t *p, int32x4_t *i0, int32x4_t *i1) {
+    int32_t pair;
+    memcpy(&pair, p, 4);
+    const int16x8_t a = vreinterpretq_s16_s32(vdupq_n_s32(pair));
+    const int16x8_t c0 = vreinterpretq_s16_u8(vld1q_u8(c)), c1 = vreinterpretq_s16_u8(vld1q_u8(c + 16));
+    *i0 = vaddq_s32(*i0, vpaddq_s32(vmull_s16(vget_low_s16(c0), vget_low_s16(a)), vmull_high_s16(c0, a)));
+    *i1 = vaddq_s32(*i1, vpaddq_s32(vmull_s16(vget_low_s16(c1), vget_low_s16(a)), vmull_high_s16(c1, a)));
+}
+
+// Block b of the panel (at pb) against R (1, 2) activation rows: each row's eight terms added to
+// acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
+K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb, const uint8_t *const *yr,
+                              const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
+                              float64x2_t acc[][4]) {
+    const bool min = k_panel_min(type);
+    int32x4_t i0[2], i1[2], m0[2], m1[2];
+    float64x2_t dx[4], dm[4];
+    for (int k = 0; k < 4; k++) {
+        dx[k] = k_ld_f64x2(pb + k_panel_dx(type) + 16 * k);
+        dm[k] = min ? k_ld_f64x2(pb + k_panel_dx(type) + 64 + 16 * k) : dx[k];
+    }
+    if (type_table[type].blck_size == 32) {
+        const bool q81 = type == T_Q4_1 || type == T_Q5_1;
+        const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
+        for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
+            i0[r] = i1[r] = vdupq_n_s32(ao[r] && type != T_Q8_0 ? ao[r][b] : 0);
+        for (int g = 0; g < 2; g++) {
+            int8x16_t av[2];
+            for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
+            k_gemm_grp_neon(type, R, pb, g, av, i0, i1);
+        }
+        for (int r = 0; r < R; r++) {
+            // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
+            float64x2_t is[4];
+            k_i32x8_f64_neon(i0[r], i1[r], is);
+            for (int k = 0; k < 4; k++) {
+                const float64x2_t dxy = vmulq_n_f64(dx[k], dr[r][b]);
+                if (!q81) { // the product is exact (see k_gemm_blk_avx512): one rounding, as the reference's
+                    acc[r][k] = vfmaq_f64(acc[r][k], dxy, is[k]);
+                    continue;
+                }
+                float64x2_t t = vaddq_f64(k_no_fuse_f64x2(vmulq_f64(dxy, is[k])), k_no_fuse_f64x2(vmulq_n_f64(dm[k], dr[r][nb + b])));
+                acc[r][k] = vaddq_f64(acc[r][k], k_no_fuse_f64x2(t));
+            }
+        }
+        return;
+    }
+    const bool cor = type == T_Q3_K || type == T_Q6_K;
+    for (int r = 0; r < R; r++) i0[r] = i1[r] = m0[r] = m1[r] = vdupq_n_s32(0);
+    for (int g = 0; g < 16; g++) { // each 16 values' sums weighted by their scale
+        int8x16_t av[2];
+        int32x4_t d0[2], d1[2];
+        for (int r = 0; r < R; r++) {
+            av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
+            d0[r] = d1[r] = vdupq_n_s32(0);
+        }
+        k_gemm_grp_neon(type, R, pb, g, av, d0, d1);
+        const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
+        const int32x4_t sc0 = vreinterpretq_s32_u8(vld1q_u8(sc)), sc1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
+        for (int r = 0; r < R; r++) {
+            i0[r] = vmlaq_s32(i0[r], d0[r], sc0);
+            i1[r] = vmlaq_s32(i1[r], d1[r], sc1);
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        for (int r = 0; r < R; r++) {
+            if (cor) k_pairs_neon(pb + k_panel_cor(type) + 32 * j, ar[r] + 16 * b + 2 * j, &i0[r], &i1[r]);
+            if (min)
+                k_pairs_neon(pb + k_panel_mco(type) + 32 * j,
+                             (const int16_t *)(const void *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j), &m0[r], &m1[r]);
+        }
+    for (int r = 0; r < R; r++) {
+        float64x2_t is[4], ms[4];
+        k_i32x8_f64_neon(i0[r], i1[r], is);
+        k_i32x8_f64_neon(m0[r], m1[r], ms);
+        for (int k = 0; k < 4; k++) {
+            float64x2_t t;
+            if (min) // reference: dy * (dx * isum - dmin * msum)
+                t = vmulq_n_f64(vsubq_f64(k_no_fuse_f64x2(vmulq_f64(dx[k], is[k])), k_no_fuse_f64x2(vmulq_f64(dm[k], ms[k]))),
+                                dr[r][b]);
+            else // reference: dx * dy * isum
+                t = vmulq_f64(vmulq_n_f64(dx[k], dr[r][b]), is[k]);
+            acc[r][k] = vaddq_f64(acc[r][k], k_no_fuse_f64x2(t));
+        }
+    }
+}
+
+// R (1, 2) activation rows against the panel: each row's eight results to lanes[l][r], lane l
+// the sum of blocks l, l + 4, ...
+K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
+                               const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
+                               const k_prefetch *pf, double lanes[K_BLOCK_LANES][2][8]) {
+    const int64_t nb = n / type_table[type].blck_size;
+    const size_t bb = k_panel_blk(type);
+    for (int l = 0; l < K_BLOCK_LANES; l++) {
+        float64x2_t acc[2][4];
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f64(0);
+        for (int64_t b = l; b < nb; b += K_BLOCK_LANES) {
+            if (pf) k_prefetch_blks(pf, b, 1);
+            k_gemm_blk_neon(type, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
+        }
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < 4; k++) vst1q_f64(&lanes[l][r][2 * k], acc[r][k]);
+    }
+}
+
+// k_gemm_fn: nr (1..K_GEMM_ROWS) activation rows against a panel of nw weight rows.
+K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                          size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);
+    for (int r0 = 0; r0 < nr; r0 += 2) {
+        const int R = PSV_MIN(2, nr - r0);
+        const uint8_t *yr[2];
+        const int16_t *ar[2];
+        const double *dr[2];
+        const int32_t *ao[2];
+        for (int r = 0; r < R; r++)
+            k_gemm_side(type, n, y + (size_t)(r0 + r) * ys, side + (size_t)(r0 + r) * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
+        double lanes[K_BLOCK_LANES][2][8];
+        const k_prefetch *p = r0 == 0 ? pf : NULL; // once per call
+        if (R == 2) k_gemm_rows_neon(type, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else k_gemm_rows_neon(type, 1, n, panel, yr, ar, dr, ao, p, lanes);
+        for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+            for (int i = 0; i < nw; i++)
+                out[r0 + r][i] = (float)(((lanes[0][r][i] + lanes[1][r][i]) + lanes[2][r][i]) + lanes[3][r][i]);
+    }
+}
+
+#define K_DEF_GEMM_NEON(name, type)                                                                                   \
+    K_DOTPROD static void name(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side, size_t ss, \
+                     int nr, float *const *out, int nw, const k_prefetch *pf) {                                     \
+        k_gemm_neon(type, n, panel, y, ys, side, ss, nr, out, nw, pf);                                              \
+    }
+K_DEF_GEMM_NEON(k_gemm_q4_0_dotprod, T_Q4_0)
+K_DEF_GEMM_NEON(k_gemm_q4_1_dotprod, T_Q4_1)
+K_DEF_GEMM_NEON(k_gemm_q5_0_dotprod, T_Q5_0)
+K_DEF_GEMM_NEON(k_gemm_q5_1_dotprod, T_Q5_1)
+K_DEF_GEMM_NEON(k_gemm_q8_0_dotprod, T_Q8_0)
+K_DEF_GEMM_NEON(k_gemm_q2_k_dotprod, T_Q2_K)
+K_DEF_GEMM_NEON(k_gemm_q3_k_dotprod, T_Q3_K)
+K_DEF_GEMM_NEON(k_gemm_q4_k_dotprod, T_Q4_K)
+K_DEF_GEMM_NEON(k_gemm_q5_k_dotprod, T_Q5_K)
+K_DEF_GEMM_NEON(k_gemm_q6_k_dotprod, T_Q6_K)
+
+// ---- NEON: packing GEMM panels ------------------------------------------------------------------
+// k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
+// stored quant bytes for the 4-bit types, else the unsigned quants plus offset in value order),
+// and 4 x 4 transposes of 32-bit elements turn rows 0-3 (4-7) into the low (high) halves of the
+// panel's vectors. Q2_K, Q3_K and Q5_K unpack through k_panel_unpack. Byte-identical to
+// k_panel_pack (tested).
+
+// Bytes 4v..4v+3 of src[0..3] for v = e..e+3 -> the 16 bytes at dst + 32 (v - e).
+static inline void k_tr4_store_neon(const uint8_t *const src[4], int e, uint8_t *dst) {
+    const uint32x4_t a0 = vreinterpretq_u32_u8(vld1q_u8(src[0] + 4 * e)), a1 = vreinterpretq_u32_u8(vld1q_u8(src[1] + 4 * e));
+    const uint32x4_t a2 = vreinterpretq_u32_u8(vld1q_u8(src[2] + 4 * e)), a3 = vreinterpretq_u32_u8(vld1q_u8(src[3] + 4 * e));
+    const uint64x2_t t0 = vreinterpretq_u64_u32(vtrn1q_u32(a0, a1)), t1 = vreinterpretq_u64_u32(vtrn2q_u32(a0, a1));
+    const uint64x2_t t2 = vreinterpretq_u64_u32(vtrn1q_u32(a2, a3)), t3 = vreinterpretq_u64_u32(vtrn2q_u32(a2, a3));
+    vst1q_u8(dst, vreinterpretq_u8_u64(vtrn1q_u64(t0, t2)));
+    vst1q_u8(dst + 32, vreinterpretq_u8_u64(vtrn1q_u64(t1, t3)));
+    vst1q_u8(dst + 64, vreinterpretq_u8_u64(vtrn2q_u64(t0, t2)));
+    vst1q_u8(dst + 96, vreinterpretq_u8_u64(vtrn2q_u64(t1, t3)));
+}
+
+static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    const int64_t qb = type_table[type].blck_size, nb = n / qb;
+    const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
+    const bool min = k_panel_min(type), kq = qb == QK_K;
+    const int nvec = (int)(k_panel_nibbles(type) ? qb / 8 : qb / 4); // the block's panel vectors
+    PSV_ASSERT(k_panel_has(type) && n % qb == 0 && nw >= 1 && nw <= K_PANEL);
+    static const uint8_t zero[QK_K] = {0}; // the rows past nw
+    uint8_t q[K_PANEL][QK_K];
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        const uint8_t *src[K_PANEL];
+        int sc[K_PANEL][16] = {{0}}, cor[K_PANEL][16] = {{0}}, mco[K_PANEL][16] = {{0}};
+        double dx[K_PANEL] = {0}, dm[K_PANEL] = {0};
+        for (int r = 0; r < K_PANEL; r++) {
+            src[r] = zero;
+            if (r >= nw) continue;
+            const uint8_t *x = w + (size_t)r * ws + (size_t)b * xs;
+            switch (type) {
+            case T_Q4_0: case T_Q4_1: case T_Q4_K: // the stored bytes
+                src[r] = x + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 16);
+                dx[r] = (double)k_ld_f16(x);
+                if (min) dm[r] = (double)k_ld_f16(x + 2);
+                if (type == T_Q4_K)
+                    for (int k = 0; k < 16; k++) k_scale_min_k4(x + 4, k / 2, &sc[r][k], &mco[r][k]);
+                break;
+            case T_Q8_0:
+                vst1q_u8(q[r], veorq_u8(vld1q_u8(x + 2), vdupq_n_u8(0x80)));
+                vst1q_u8(q[r] + 16, veorq_u8(vld1q_u8(x + 18), vdupq_n_u8(0x80)));
+                src[r] = q[r];
+                dx[r] = (double)k_ld_f16(x);
+                break;
+            case T_Q5_0: case T_Q5_1: { // the 5-bit values (plus Q5_0's offset 16: the stored value)
+                const size_t qs = type == T_Q5_0 ? 6 : 8;
+                const uint32_t qh = ld_u32(x + qs - 4);
+                const uint8x16_t v = vld1q_u8(x + qs);
+                vst1q_u8(q[r], vorrq_u8(vandq_u8(v, vdupq_n_u8(15)), k_bits16_neon(qh & 0xffff)));
+                vst1q_u8(q[r] + 16, vorrq_u8(vshrq_n_u8(v, 4), k_bits16_neon(qh >> 16)));
+                src[r] = q[r];
+                dx[r] = (double)k_ld_f16(x);
+                if (min) dm[r] = (double)k_ld_f16(x + 2);
+                break;
+            }
+            case T_Q6_K: { // value 128h + 32k + l: see k_dot_q6_k_neon; plus 32: the stored 6 bits
+                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < 4; k++)
+                        for (int half = 0; half < 2; half++) {
+                            uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
+                            l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+                            uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(x + 128 + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))),
+                                                     vdupq_n_u8(3));
+                            vst1q_u8(q[r] + 128 * h + 32 * k + 16 * half, vorrq_u8(l, vshlq_n_u8(hb, 4)));
+                        }
+                src[r] = q[r];
+                for (int k = 0; k < 16; k++) sc[r][k] = (int8_t)x[192 + k], cor[r][k] = -32 * sc[r][k];
+                dx[r] = (double)k_ld_f16(x + 208);
+                break;
+            }
+            default: // Q2_K, Q3_K, Q5_K
+                k_panel_unpack(type, x, q[r], sc[r], cor[r], mco[r], &dx[r], &dm[r]);
+                src[r] = q[r];
+                break;
+            }
+        }
+        for (int e = 0; e < nvec; e += 4) {
+            k_tr4_store_neon(src, e, pb + 32 * e);
+            k_tr4_store_neon(src + 4, e, pb + 32 * e + 16);
+        }
+        if (kq)
+            for (int k = 0; k < 16; k++)
+                for (int r = 0; r < K_PANEL; r++) {
+                    wr_u32(pb + k_panel_sc(type) + 32 * k + 4 * r, (uint32_t)sc[r][k]);
+                    if (k_panel_off(type)) wr_u16(pb + k_panel_cor(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[r][k]);
+                    if (min) wr_u16(pb + k_panel_mco(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[r][k]);
+                }
+        memcpy(pb + dxo, dx, sizeof dx);
+        if (min) memcpy(pb + dxo + 64, dm, sizeof dm);
+    }
+}
+
+#define K_DEF_PACK_NEON(name, type) \
+    static void name(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { k_pack_core_neon(type, n, w, ws, nw, panel); }
+K_DEF_PACK_NEON(k_pack_q4_0_neon, T_Q4_0)
+K_DEF_PACK_NEON(k_pack_q4_1_neon, T_Q4_1)
+K_DEF_PACK_NEON(k_pack_q5_0_neon, T_Q5_0)
+K_DEF_PACK_NEON(k_pack_q5_1_neon, T_Q5_1)
+K_DEF_PACK_NEON(k_pack_q8_0_neon, T_Q8_0)
+K_DEF_PACK_NEON(k_pack_q2_k_neon, T_Q2_K)
+K_DEF_PACK_NEON(k_pack_q3_k_neon, T_Q3_K)
+K_DEF_PACK_NEON(k_pack_q4_k_neon, T_Q4_K)
+K_DEF_PACK_NEON(k_pack_q5_k_neon, T_Q5_K)
+K_DEF_PACK_NEON(k_pack_q6_k_neon, T_Q6_K)
+
+static void k_fill_neon(k_traits *t, bool dp) {
+    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm; k_pack_fn pack; } dots[] = {
+        {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_pack_q4_0_neon},
+        {T_Q4_1, k_dot_q4_1_q8_1_neon, k_dot_q4_1_q8_1_dotprod, k_gemm_q4_1_dotprod, k_pack_q4_1_neon},
+        {T_Q5_0, k_dot_q5_0_q8_0_neon, k_dot_q5_0_q8_0_dotprod, k_gemm_q5_0_dotprod, k_pack_q5_0_neon},
+        {T_Q5_1, k_dot_q5_1_q8_1_neon, k_dot_q5_1_q8_1_dotprod, k_gemm_q5_1_dotprod, k_pack_q5_1_neon},
+        {T_Q8_0, k_dot_q8_0_q8_0_neon, k_dot_q8_0_q8_0_dotprod, k_gemm_q8_0_dotprod, k_pack_q8_0_neon},
+        {T_Q2_K, k_dot_q2_k_q8_k_neon, k_dot_q2_k_q8_k_dotprod, k_gemm_q2_k_dotprod, k_pack_q2_k_neon},
+        {T_Q3_K, k_dot_q3_k_q8_k_neon, k_dot_q3_k_q8_k_dotprod, k_gemm_q3_k_dotprod, k_pack_q3_k_neon},
+        {T_Q4_K, k_dot_q4_k_q8_k_neon, k_dot_q4_k_q8_k_dotprod, k_gemm_q4_k_dotprod, k_pack_q4_k_neon},
+        {T_Q5_K, k_dot_q5_k_q8_k_neon, k_dot_q5_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_pack_q5_k_neon},
+        {T_Q6_K, k_dot_q6_k_q8_k_neon, k_dot_q6_k_q8_k_dotprod, k_gemm_q6_k_dotprod, k_pack_q6_k_neon},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
-        t[dots[i].type].vec_dot = dots[i].dot;
-        t[dots[i].type].vec_dot_rows = NULL;
+        k_traits *k = &t[dots[i].type];
+        k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
+        k->vec_dot_rows = NULL;
+        if (dp) k->gemm = dots[i].gemm, k->pack = dots[i].pack;
     }
 }
 #endif // PSV_ARM64
@@ -10984,7 +11358,8 @@ static void k_sets_init(void) {
                                           k_softmax_avx2};
 #endif
 #if defined(PSV_ARM64)
-    k_fill_neon(k_set_tables[K_SET_NEON]);
+    k_fill_neon(k_set_tables[K_SET_NEON], false);
+    k_fill_neon(k_set_tables[K_SET_DOTPROD], true);
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }

@@ -762,6 +762,10 @@ static void test_choose(void) {
     v4.avx512f = v4.avx512bw = v4.avx512vl = v4.avx512vnni = true;
     plat_cpu v4_no_vnni = v4;
     v4_no_vnni.avx512vnni = false;
+    plat_cpu arm = none, arm_dp;
+    arm.detected = arm.neon = true;
+    arm_dp = arm;
+    arm_dp.dotprod = true;
     char note[160];
     struct { const char *req; const plat_cpu *cpu; k_set want; bool note; } cases[] = {
         {NULL, &none, K_SET_REF, false},     {"", &none, K_SET_REF, false},
@@ -775,10 +779,17 @@ static void test_choose(void) {
         {"ref", &v4, K_SET_REF, false},      {"avx2", &v4, K_SET_AVX2, false},
         {"avx512", &v4, K_SET_AVX512, false}, {"AVX512", &v4, K_SET_AVX512, true},
         {"neon", &v4, K_SET_AVX512, true},   {NULL, &v4_no_vnni, K_SET_AVX2, false},
-        {"avx512", &v4_no_vnni, K_SET_AVX2, true},
+        {"avx512", &v4_no_vnni, K_SET_AVX2, true}, {"dotprod", &v4, K_SET_AVX512, true},
+        {NULL, &arm_dp, K_SET_REF, false},
+#elif defined(PSV_ARM64)
+        {NULL, &arm, K_SET_NEON, false},     {NULL, &arm_dp, K_SET_DOTPROD, false},
+        {"auto", &arm_dp, K_SET_DOTPROD, false}, {"neon", &arm_dp, K_SET_NEON, false},
+        {"ref", &arm_dp, K_SET_REF, false},  {"dotprod", &arm_dp, K_SET_DOTPROD, false},
+        {"dotprod", &arm, K_SET_NEON, true}, {"avx512", &v4_no_vnni, K_SET_REF, true},
+        {NULL, &v4, K_SET_REF, false},
 #else
         {NULL, &v4, K_SET_REF, false},       {"avx2", &v4, K_SET_REF, true},
-        {"avx512", &v4_no_vnni, K_SET_REF, true},
+        {"avx512", &v4_no_vnni, K_SET_REF, true}, {NULL, &arm_dp, K_SET_REF, false},
 #endif
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(cases); i++) {
