@@ -11172,6 +11172,71 @@ K_DEF_PACK_NEON(k_pack_q4_k_neon, T_Q4_K)
 K_DEF_PACK_NEON(k_pack_q5_k_neon, T_Q5_K)
 K_DEF_PACK_NEON(k_pack_q6_k_neon, T_Q6_K)
 
+// ---- NEON: quantizing activations ---------------------------------------------------------------
+// The reference quantizers' operations, four values at a time: the largest magnitude (which, like
+// the reference's comparison, never takes a NaN), the same float products, and
+// vcvta (nearest, ties away: roundf) or vcvtn (ties to even: ggml's nearest_int) with saturating
+// narrows for the reference's clamps to [-128, 127]; a NaN becomes 0 in both.
+
+// The largest |x[j]| of n (a multiple of 4) values, NaNs skipped (cleared to +0 first: maxNum
+// would turn a signalling NaN into a NaN result), 0 if there is none.
+static inline float k_absmax_neon(const float *x, int n) {
+    uint32x4_t m = vdupq_n_u32(0);
+    for (int j = 0; j < n; j += 4) {
+        const float32x4_t v = vld1q_f32(x + j);
+        m = vmaxq_u32(m, vandq_u32(vreinterpretq_u32_f32(vabsq_f32(v)), vceqq_f32(v, v)));
+    }
+    return f32_from_bits(vmaxvq_u32(m)); // non-negative floats order as their bits
+}
+
+// 16 int32 -> 16 int8 saturated to [-128, 127].
+static inline int8x16_t k_narrow16_neon(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d) {
+    return vcombine_s8(vqmovn_s16(vcombine_s16(vqmovn_s32(a), vqmovn_s32(b))),
+                       vqmovn_s16(vcombine_s16(vqmovn_s32(c), vqmovn_s32(d))));
+}
+
+// Q8_0 (q1 false) or Q8_1 (q1: the block's sum of quants times d in the second fp16).
+static inline void k_quant_q8_x_neon(const float *x, uint8_t *y, int64_t n, bool q1) {
+    PSV_ASSERT(n % 32 == 0);
+    const size_t bs = q1 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q1 ? 4 : 2;
+    for (int64_t b = 0; b < n / 32; b++, x += 32, y += bs) {
+        const float amax = k_absmax_neon(x, 32);
+        const float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        int32x4_t q[8];
+        for (int k = 0; k < 8; k++) q[k] = vcvtaq_s32_f32(vmulq_n_f32(vld1q_f32(x + 4 * k), id));
+        const int8x16_t lo = k_narrow16_neon(q[0], q[1], q[2], q[3]), hi = k_narrow16_neon(q[4], q[5], q[6], q[7]);
+        vst1q_s8((int8_t *)(y + qo), lo);
+        vst1q_s8((int8_t *)(y + qo + 16), hi);
+        k_st_f16(y, d);
+        if (q1) k_st_f16(y + 2, (float)(vaddlvq_s8(lo) + vaddlvq_s8(hi)) * d);
+    }
+}
+static void k_quant_q8_0_neon(const float *x, void *y, int64_t n) { k_quant_q8_x_neon(x, y, n, false); }
+static void k_quant_q8_1_neon(const float *x, void *y, int64_t n) { k_quant_q8_x_neon(x, y, n, true); }
+
+static void k_quant_q8_k_neon(const float *x, void *vy, int64_t n) {
+    PSV_ASSERT(n % QK_K == 0);
+    uint8_t *y = vy;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q8_K_SIZE) {
+        const float amax = k_absmax_neon(x, QK_K);
+        memset(y, 0, K_Q8_K_SIZE);
+        if (amax == 0) continue;
+        int j = 0; // the first value of that magnitude, with its sign (as k_signed_absmax)
+        while (psv_fabsf(x[j]) != amax) j++;
+        const float iscale = -127.0f / x[j];
+        for (int k = 0; k < QK_K / 16; k++) {
+            const float *xk = x + 16 * k;
+            const int8x16_t q = k_narrow16_neon(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(xk), iscale)),
+                                                vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(xk + 4), iscale)),
+                                                vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(xk + 8), iscale)),
+                                                vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(xk + 12), iscale)));
+            vst1q_s8((int8_t *)(y + 4 + 16 * k), q);
+            wr_u16(y + 260 + 2 * k, (uint16_t)vaddlvq_s8(q)); // two's complement of a value in [-2048, 2032]
+        }
+        wr_u32(y, f32_bits(1.0f / iscale));
+    }
+}
+
 static void k_fill_neon(k_traits *t, bool dp) {
     static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm; k_pack_fn pack; } dots[] = {
         {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_pack_q4_0_neon},
@@ -11191,6 +11256,9 @@ static void k_fill_neon(k_traits *t, bool dp) {
         k->vec_dot_rows = NULL;
         if (dp) k->gemm = dots[i].gemm, k->pack = dots[i].pack;
     }
+    t[T_Q8_0].from_float = k_quant_q8_0_neon;
+    t[T_Q8_1].from_float = k_quant_q8_1_neon;
+    t[T_Q8_K].from_float = k_quant_q8_k_neon;
 }
 #endif // PSV_ARM64
 
