@@ -11237,6 +11237,101 @@ static void k_quant_q8_k_neon(const float *x, void *vy, int64_t n) {
     }
 }
 
+// ---- NEON: float dot products and attention's products -------------------------------------------
+// The reference's K_LANES = 16 double lanes as eight float64x2 registers: value i goes to lane
+// i % 16, lanes added in order at the end. F32 and BF16 products are exact in double and added
+// with one FMA (the sum of an exact product, as the reference rounds it); F16 products are exact
+// in float and converted. The conversions to float are the hardware's (exact, as the reference's).
+
+// acc[k] += values 2k, 2k + 1 of the 16 products of x and y (doubles)
+static inline void k_fma16_neon(float64x2_t acc[8], const float32x4_t x[4], const float32x4_t y[4]) {
+    for (int k = 0; k < 4; k++) {
+        acc[2 * k] = vfmaq_f64(acc[2 * k], vcvt_f64_f32(vget_low_f32(x[k])), vcvt_f64_f32(vget_low_f32(y[k])));
+        acc[2 * k + 1] = vfmaq_f64(acc[2 * k + 1], vcvt_high_f64_f32(x[k]), vcvt_high_f64_f32(y[k]));
+    }
+}
+
+// The lanes, then the values from i on one by one as the reference adds them (lane i % 16).
+static inline float k_lanes16_neon(const float64x2_t acc[8], int64_t i, int64_t n, uint32_t type, const uint8_t *x,
+                                   const uint8_t *y) {
+    double a[K_LANES];
+    for (int k = 0; k < 8; k++) vst1q_f64(a + 2 * k, acc[k]);
+    for (; i < n; i++) {
+        double t;
+        if (type == T_F32) t = (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
+        else if (type == T_F16) t = (double)(k_ld_f16(x + 2 * i) * k_ld_f16(y + 2 * i));
+        else t = (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
+        a[i % K_LANES] += t;
+    }
+    return k_lanes_sum(a, K_LANES);
+}
+
+static inline float32x4_t k_bf16x4_neon(const uint8_t *p) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(const void *)p), 16));
+}
+
+static inline float k_dot_float_neon(uint32_t type, int64_t n, const uint8_t *x, const uint8_t *y) {
+    float64x2_t acc[8];
+    for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f64(0);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float32x4_t a[4], b[4];
+        for (int k = 0; k < 4; k++) {
+            if (type == T_F32) {
+                a[k] = vld1q_f32((const float *)(const void *)(x + 4 * (i + 4 * k)));
+                b[k] = vld1q_f32((const float *)(const void *)(y + 4 * (i + 4 * k)));
+            } else if (type == T_BF16) {
+                a[k] = k_bf16x4_neon(x + 2 * (i + 4 * k));
+                b[k] = k_bf16x4_neon(y + 2 * (i + 4 * k));
+            } else { // F16: the float products, exact
+                const float32x4_t p = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(x + 2 * (i + 4 * k)))),
+                                                vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(y + 2 * (i + 4 * k)))));
+                acc[2 * k] = vaddq_f64(acc[2 * k], vcvt_f64_f32(vget_low_f32(p)));
+                acc[2 * k + 1] = vaddq_f64(acc[2 * k + 1], vcvt_high_f64_f32(p));
+            }
+        }
+        if (type != T_F16) k_fma16_neon(acc, a, b);
+    }
+    return k_lanes16_neon(acc, i, n, type, x, y);
+}
+static void k_dot_f32_f32_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_F32, n, x, y); }
+static void k_dot_f16_f16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_F16, n, x, y); }
+static void k_dot_bf16_bf16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_BF16, n, x, y); }
+
+// dot_keys (k_vec_ops): each key row's F32 dot product with each query.
+static void k_dot_keys_neon(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                            size_t stride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p++)
+        for (int g = 0; g < nq; g++)
+            s[(size_t)g * s_stride + (size_t)p] = k_dot_float_neon(T_F32, n, (const uint8_t *)(k + (size_t)p * stride),
+                                                                   (const uint8_t *)(q + (size_t)g * q_stride));
+}
+
+// axpy_rows (k_vec_ops): y += w[p] * v[p] for p in order, each product rounded before its sum
+// (the file has contraction off: no FMA); 32 values of y in registers over all the rows.
+static void k_axpy_rows_neon(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        float32x4_t a[8];
+        for (int k = 0; k < 8; k++) a[k] = vld1q_f32(y + i + 4 * k);
+        for (int64_t p = 0; p < nk; p++) {
+            const float *vp = v + (size_t)p * stride + i;
+            for (int k = 0; k < 8; k++) a[k] = vaddq_f32(a[k], vmulq_n_f32(vld1q_f32(vp + 4 * k), w[p]));
+        }
+        for (int k = 0; k < 8; k++) vst1q_f32(y + i + 4 * k, a[k]);
+    }
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t a = vld1q_f32(y + i);
+        for (int64_t p = 0; p < nk; p++) a = vaddq_f32(a, vmulq_n_f32(vld1q_f32(v + (size_t)p * stride + i), w[p]));
+        vst1q_f32(y + i, a);
+    }
+    for (; i < n; i++)
+        for (int64_t p = 0; p < nk; p++) {
+            float t = w[p] * v[(size_t)p * stride + (size_t)i];
+            y[i] += t;
+        }
+}
+
 static void k_fill_neon(k_traits *t, bool dp) {
     static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm; k_pack_fn pack; } dots[] = {
         {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_pack_q4_0_neon},
@@ -11259,6 +11354,9 @@ static void k_fill_neon(k_traits *t, bool dp) {
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
     t[T_Q8_1].from_float = k_quant_q8_1_neon;
     t[T_Q8_K].from_float = k_quant_q8_k_neon;
+    t[T_F32].vec_dot = k_dot_f32_f32_neon;
+    t[T_F16].vec_dot = k_dot_f16_f16_neon;
+    t[T_BF16].vec_dot = k_dot_bf16_bf16_neon;
 }
 #endif // PSV_ARM64
 
@@ -11428,6 +11526,10 @@ static void k_sets_init(void) {
 #if defined(PSV_ARM64)
     k_fill_neon(k_set_tables[K_SET_NEON], false);
     k_fill_neon(k_set_tables[K_SET_DOTPROD], true);
+    for (int s = K_SET_NEON; s <= K_SET_DOTPROD; s++) {
+        k_set_vec[s].dot_keys = k_dot_keys_neon;
+        k_set_vec[s].axpy_rows = k_axpy_rows_neon;
+    }
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }
