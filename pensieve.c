@@ -11332,6 +11332,134 @@ static void k_axpy_rows_neon(float *y, const float *w, const float *v, size_t st
         }
 }
 
+// ---- NEON: exp, SwiGLU, softmax --------------------------------------------------------------------
+// As the AVX2 kernels: psv_expf_poly on 4 lanes with the hardware FMA, which rounds exactly as
+// psv_fmaf does wherever no value involved is a float subnormal, i.e. whenever |n| <= 125; a
+// vector with any lane beyond that (or NaN) goes through psv_expf_poly itself, lane by lane.
+static inline float32x4_t k_expf_poly_neon(float32x4_t x, bool *slow) {
+    const float32x4_t shift = vdupq_n_f32(0x1.8p23f);
+    const float32x4_t z = vfmaq_f32(shift, x, vdupq_n_f32(0x1.715476p+0f));
+    const float32x4_t n = vsubq_f32(z, shift), nn = vsubq_f32(vdupq_n_f32(0), n);
+    const float32x4_t b = vfmaq_f32(vfmaq_f32(x, nn, vdupq_n_f32(0x1.62e4p-1f)), nn, vdupq_n_f32(0x1.7f7d1cp-20f));
+    const float32x4_t k =
+        vreinterpretq_f32_u32(vaddq_u32(vshlq_n_u32(vreinterpretq_u32_f32(z), 23), vdupq_n_u32(0x3f800000)));
+    const float32x4_t u = vmulq_f32(b, b);
+    const float32x4_t j = vfmaq_f32(vmulq_f32(vdupq_n_f32(0x1.ffffecp-1f), b),
+                                    vfmaq_f32(vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), b), u,
+                                              vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), b)),
+                                    u);
+    *slow = vminvq_u32(vcleq_f32(vabsq_f32(n), vdupq_n_f32(125.0f))) == 0; // false for NaN too
+    return vfmaq_f32(k, k, j);
+}
+
+static void k_expf_neon(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        bool slow;
+        const float32x4_t e = k_expf_poly_neon(vld1q_f32(x + i), &slow);
+        if (slow)
+            for (int l = 0; l < 4; l++) y[i + l] = psv_expf_poly(x[i + l]);
+        else vst1q_f32(y + i, e);
+    }
+    for (; i < n; i++) y[i] = psv_expf_poly(x[i]);
+}
+
+static void k_swiglu_neon(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        bool slow;
+        const float32x4_t gv = vld1q_f32(g + i);
+        const float32x4_t e = k_expf_poly_neon(vsubq_f32(vdupq_n_f32(0), gv), &slow);
+        if (slow) {
+            for (int l = 0; l < 4; l++) y[i + l] = g[i + l] / (1.0f + psv_expf_poly(0.0f - g[i + l])) * u[i + l];
+            continue;
+        }
+        vst1q_f32(y + i, vmulq_f32(vdivq_f32(gv, vaddq_f32(vdupq_n_f32(1.0f), e)), vld1q_f32(u + i)));
+    }
+    for (; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
+}
+
+// k_softmax_ref eight scores at a time (its K_SOFTMAX_LANES = 8 sum lanes: four float64x2), as
+// k_softmax_avx2 (the maximum of each lane, then of the lanes, is the reference's running one).
+static void k_softmax_neon(float *w, int64_t n, float scale) {
+    float32x4_t m0 = vdupq_n_f32(-3.4e38f), m1 = m0;
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        const float32x4_t v0 = vmulq_n_f32(vld1q_f32(w + p), scale), v1 = vmulq_n_f32(vld1q_f32(w + p + 4), scale);
+        vst1q_f32(w + p, v0);
+        vst1q_f32(w + p + 4, v1);
+        m0 = vbslq_f32(vcgtq_f32(v0, m0), v0, m0); // v > m ? v : m (a NaN v keeps m)
+        m1 = vbslq_f32(vcgtq_f32(v1, m1), v1, m1);
+    }
+    float lanes[8], mx = -3.4e38f;
+    vst1q_f32(lanes, m0);
+    vst1q_f32(lanes + 4, m1);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > mx) mx = lanes[l];
+    for (; p < n; p++) {
+        w[p] = w[p] * scale;
+        if (w[p] > mx) mx = w[p];
+    }
+    float64x2_t s[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
+    for (p = 0; p + 8 <= n; p += 8)
+        for (int h = 0; h < 2; h++) {
+            bool slow;
+            const float32x4_t v = vsubq_f32(vld1q_f32(w + p + 4 * h), vdupq_n_f32(mx));
+            float32x4_t e = k_expf_poly_neon(v, &slow);
+            if (slow) {
+                float t[4];
+                vst1q_f32(t, v);
+                for (int l = 0; l < 4; l++) t[l] = psv_expf_poly(t[l]);
+                e = vld1q_f32(t);
+            }
+            vst1q_f32(w + p + 4 * h, e);
+            s[2 * h] = vaddq_f64(s[2 * h], vcvt_f64_f32(vget_low_f32(e)));
+            s[2 * h + 1] = vaddq_f64(s[2 * h + 1], vcvt_high_f64_f32(e));
+        }
+    double lane[K_SOFTMAX_LANES];
+    for (int k = 0; k < 4; k++) vst1q_f64(lane + 2 * k, s[k]);
+    for (; p < n; p++) { // p % 8 counts from 0 here
+        w[p] = psv_expf_poly(w[p] - mx);
+        lane[p % K_SOFTMAX_LANES] += (double)w[p];
+    }
+    double sum = lane[0];
+    for (int l = 1; l < K_SOFTMAX_LANES; l++) sum += lane[l];
+    const float inv = (float)(1.0 / sum);
+    for (p = 0; p + 4 <= n; p += 4) vst1q_f32(w + p, vmulq_n_f32(vld1q_f32(w + p), inv));
+    for (; p < n; p++) w[p] = w[p] * inv;
+}
+
+// k_exp_shift_ref two lanes at a time, as k_exp_shift_avx2 (psv_exp's steps where they are
+// branch-free: -708 <= a <= 693; other lanes and NaN take psv_exp itself).
+static void k_exp_shift_neon(double *y, const float *x, double shift, double div, int64_t n) {
+    static const double c[14] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
+                                 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
+    const float64x2_t one = vdupq_n_f64(1.0);
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        const float64x2_t v = vdivq_f64(vsubq_f64(vcvt_f64_f32(vld1_f32(x + i)), vdupq_n_f64(shift)), vdupq_n_f64(div));
+        const uint64x2_t in = vandq_u64(vcgeq_f64(v, vdupq_n_f64(-708.0)), vcleq_f64(v, vdupq_n_f64(693.0)));
+        if ((vgetq_lane_u64(in, 0) & vgetq_lane_u64(in, 1)) == 0) {
+            for (int l = 0; l < 2; l++) y[i + l] = psv_exp(((double)x[i + l] - shift) / div);
+            continue;
+        }
+        // psv_round_half_away(v * log2 e): truncate, then step away from zero on a half or more
+        const float64x2_t kx = vmulq_f64(v, vdupq_n_f64(1.44269504088896338700));
+        float64x2_t k = vrndq_f64(kx);
+        const float64x2_t d = vsubq_f64(kx, k);
+        k = vaddq_f64(k, vreinterpretq_f64_u64(vandq_u64(vcgeq_f64(d, vdupq_n_f64(0.5)), vreinterpretq_u64_f64(one))));
+        k = vsubq_f64(k, vreinterpretq_f64_u64(vandq_u64(vcleq_f64(d, vdupq_n_f64(-0.5)), vreinterpretq_u64_f64(one))));
+        const float64x2_t r = vsubq_f64(vsubq_f64(v, vmulq_f64(k, vdupq_n_f64(6.93147180369123816490e-01))),
+                                        vmulq_f64(k, vdupq_n_f64(1.90821492927058770002e-10)));
+        float64x2_t p = vdupq_n_f64(c[0]);
+        for (int j = 1; j < 14; j++) p = vaddq_f64(vmulq_f64(p, r), vdupq_n_f64(c[j]));
+        const int64x2_t e = vshlq_n_s64(vaddq_s64(vcvtq_s64_f64(k), vdupq_n_s64(1023)), 52);
+        vst1q_f64(y + i, vmulq_f64(p, vreinterpretq_f64_s64(e)));
+    }
+    for (; i < n; i++) y[i] = psv_exp(((double)x[i] - shift) / div);
+}
+
 static void k_fill_neon(k_traits *t, bool dp) {
     static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm; k_pack_fn pack; } dots[] = {
         {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_pack_q4_0_neon},
@@ -11529,6 +11657,10 @@ static void k_sets_init(void) {
     for (int s = K_SET_NEON; s <= K_SET_DOTPROD; s++) {
         k_set_vec[s].dot_keys = k_dot_keys_neon;
         k_set_vec[s].axpy_rows = k_axpy_rows_neon;
+        k_set_vec[s].expf = k_expf_neon;
+        k_set_vec[s].swiglu = k_swiglu_neon;
+        k_set_vec[s].softmax = k_softmax_neon;
+        k_set_vec[s].exp_shift = k_exp_shift_neon;
     }
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
