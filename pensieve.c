@@ -8207,9 +8207,12 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //           the 32-value kernels measured 20-40 % slower there (more shuffles, same work). Its
 //           GEMM kernels and attention's eight-keys-at-a-time dot products use 512-bit vectors
 //           for the double-precision sums.
+//   neon    AArch64's baseline Advanced SIMD
+//   dotprod neon plus the dot product instructions (FEAT_DotProd: sdot), with GEMM kernels
 // Both x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
 // without Q8_0). Float dot products, quantizers, panel packers and the other element-wise kernels
-// are the AVX2 ones in both.
+// are the AVX2 ones in both. The two ARM sets share their NEON float, quantizer and element-wise
+// kernels.
 //
 // Internal API (the engine and the CLI use these):
 //   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
@@ -10645,6 +10648,14 @@ K_AVX2 static void k_axpy_rows_avx2(float *y, const float *w, const float *v, si
 #define K_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 #endif
 
+// An fp16 value by the hardware conversion: exactly psv_fp16_to_f32's float for every input but
+// a NaN (which stays a NaN), without its branches.
+static inline float k_f16_neon(const uint8_t *p) {
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+
 // sdot: lane i of acc += sum_k q[4i + k] a[4i + k]. (Not always_inline: the shared kernels below
 // reach it through k_dot16x_neon, which has no target attribute itself; it is inlined where
 // they are, into the K_DOTPROD entry points.)
@@ -10715,9 +10726,9 @@ K_INLINE void k_dot32_neon(bool dp, uint32_t type, int64_t n, float *s, const ui
         const int8_t *a = (const int8_t *)(y + (q81 ? 4 : 2));
         int32_t isum = vaddvq_s32(k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16)));
         if (q81)
-            acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum +
-                                                (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2));
-        else acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum);
+            acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x) * (double)k_f16_neon(y) * (double)isum +
+                                                (double)k_f16_neon(x + 2) * (double)k_f16_neon(y + 2));
+        else acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x) * (double)k_f16_neon(y) * (double)isum);
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
@@ -10749,8 +10760,8 @@ K_INLINE void k_dot_q2_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
             isum += (x[k] & 15) * k_isum16_neon(dp, q + 16 * k, a + 16 * k);
             msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
         }
-        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_ld_f16(x + 80) * (double)isum -
-                                                                   (double)k_ld_f16(x + 82) * (double)msum));
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_f16_neon(x + 80) * (double)isum -
+                                                                   (double)k_f16_neon(x + 82) * (double)msum));
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
@@ -10768,7 +10779,7 @@ K_INLINE void k_dot_q3_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
         for (int k = 0; k < 16; k++) isum += sc[k] * k_isum16_neon(dp, q + 16 * k, a + 16 * k);
-        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 108) * (double)k_ld_f32(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x + 108) * (double)k_ld_f32(y) * (double)isum);
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
@@ -10809,7 +10820,7 @@ K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, c
             msum += m[k] * (k_ld_i16(y + 260 + 4 * k) + k_ld_i16(y + 262 + 4 * k));
         }
         acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) *
-                                            ((double)k_ld_f16(x) * (double)isum - (double)k_ld_f16(x + 2) * (double)msum));
+                                            ((double)k_f16_neon(x) * (double)isum - (double)k_f16_neon(x + 2) * (double)msum));
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
@@ -10839,7 +10850,7 @@ K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
                     int e = 128 * h + 32 * k + 16 * half;
                     isum += sc[e / 16] * vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), qv, vld1q_s8(a + e)));
                 }
-        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f16(x + 208) * (double)k_ld_f32(y) * (double)isum);
+        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x + 208) * (double)k_ld_f32(y) * (double)isum);
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
@@ -11100,8 +11111,8 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
             switch (type) {
             case T_Q4_0: case T_Q4_1: case T_Q4_K: // the stored bytes
                 src[r] = x + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 16);
-                dx[r] = (double)k_ld_f16(x);
-                if (min) dm[r] = (double)k_ld_f16(x + 2);
+                dx[r] = (double)k_f16_neon(x);
+                if (min) dm[r] = (double)k_f16_neon(x + 2);
                 if (type == T_Q4_K)
                     for (int k = 0; k < 16; k++) k_scale_min_k4(x + 4, k / 2, &sc[r][k], &mco[r][k]);
                 break;
@@ -11109,7 +11120,7 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 vst1q_u8(q[r], veorq_u8(vld1q_u8(x + 2), vdupq_n_u8(0x80)));
                 vst1q_u8(q[r] + 16, veorq_u8(vld1q_u8(x + 18), vdupq_n_u8(0x80)));
                 src[r] = q[r];
-                dx[r] = (double)k_ld_f16(x);
+                dx[r] = (double)k_f16_neon(x);
                 break;
             case T_Q5_0: case T_Q5_1: { // the 5-bit values (plus Q5_0's offset 16: the stored value)
                 const size_t qs = type == T_Q5_0 ? 6 : 8;
@@ -11118,8 +11129,8 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 vst1q_u8(q[r], vorrq_u8(vandq_u8(v, vdupq_n_u8(15)), k_bits16_neon(qh & 0xffff)));
                 vst1q_u8(q[r] + 16, vorrq_u8(vshrq_n_u8(v, 4), k_bits16_neon(qh >> 16)));
                 src[r] = q[r];
-                dx[r] = (double)k_ld_f16(x);
-                if (min) dm[r] = (double)k_ld_f16(x + 2);
+                dx[r] = (double)k_f16_neon(x);
+                if (min) dm[r] = (double)k_f16_neon(x + 2);
                 break;
             }
             case T_Q6_K: { // value 128h + 32k + l: see k_dot_q6_k_neon; plus 32: the stored 6 bits
@@ -11134,7 +11145,7 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                         }
                 src[r] = q[r];
                 for (int k = 0; k < 16; k++) sc[r][k] = (int8_t)x[192 + k], cor[r][k] = -32 * sc[r][k];
-                dx[r] = (double)k_ld_f16(x + 208);
+                dx[r] = (double)k_f16_neon(x + 208);
                 break;
             }
             default: // Q2_K, Q3_K, Q5_K
@@ -11259,7 +11270,7 @@ static inline float k_lanes16_neon(const float64x2_t acc[8], int64_t i, int64_t 
     for (; i < n; i++) {
         double t;
         if (type == T_F32) t = (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
-        else if (type == T_F16) t = (double)(k_ld_f16(x + 2 * i) * k_ld_f16(y + 2 * i));
+        else if (type == T_F16) t = (double)(k_f16_neon(x + 2 * i) * k_f16_neon(y + 2 * i));
         else t = (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
         a[i % K_LANES] += t;
     }
@@ -11558,7 +11569,7 @@ typedef struct {
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
-// One table per set, filled once: the reference table, with each x86 set's kernels over it.
+// One table per set, filled once: the reference table, with each set's kernels over it.
 
 static k_traits k_set_tables[K_SET_COUNT][T_COUNT];
 static k_vec_ops k_set_vec[K_SET_COUNT];
