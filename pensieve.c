@@ -11072,6 +11072,207 @@ K_DEF_GEMM_NEON(k_gemm_q4_k_dotprod, T_Q4_K)
 K_DEF_GEMM_NEON(k_gemm_q5_k_dotprod, T_Q5_K)
 K_DEF_GEMM_NEON(k_gemm_q6_k_dotprod, T_Q6_K)
 
+// ---- NEON dotprod: generation of one sequence (gemv1) -------------------------------------------
+// As the AVX-512 gemv1 kernels: four weight rows at a time against the activation row, so that
+// the work of a block that is not multiplying is shared: the activation's vectors and scale are
+// loaded once for the four rows, each row's sums are reduced with the others' by pairwise adds
+// (no horizontal sum per row), and the four rows' double terms are formed side by side in two
+// float64x2 (the activation's block scales come from the side data, already doubles) and added
+// to lane b % 4, exactly as the reference does it.
+
+// The four weight rows from w0 (past nw: the last row again, its results not stored).
+static inline void k_gemv1_rows_neon(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
+    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
+}
+
+// Lanes (acc[l][0]: rows 0-1, acc[l][1]: rows 2-3) added in the reference's order, rounded to
+// float, stored for the rows that exist.
+static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *s, int w0, int nw) {
+    float out[4];
+    for (int h = 0; h < 2; h++) {
+        const float64x2_t v = vaddq_f64(vaddq_f64(vaddq_f64(acc[0][h], acc[1][h]), acc[2][h]), acc[3][h]);
+        vst1_f32(out + 2 * h, vcvt_f32_f64(v));
+    }
+    for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+}
+
+// The four rows' int32 (one vector each) reduced: lane r = the sum of t[r]'s lanes.
+static inline int32x4_t k_hsum4_neon(const int32x4_t t[4]) {
+    return vpaddq_s32(vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3]));
+}
+
+// 32-value blocks (Q4_0, Q5_0, Q8_0): block b's term of each row into acc (one lane's pair).
+K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const xr[4], size_t xs, int64_t b,
+                                           const uint8_t *y, double dy, float64x2_t acc[2]) {
+    const int8x16_t a0 = vld1q_s8((const int8_t *)(y + (size_t)b * K_Q8_0_SIZE + 2));
+    const int8x16_t a1 = vld1q_s8((const int8_t *)(y + (size_t)b * K_Q8_0_SIZE + 18));
+    int32x4_t t[4];
+    float dx[4];
+    for (int r = 0; r < 4; r++) {
+        const uint8_t *xb = xr[r] + (size_t)b * xs;
+        int8x16_t lo, hi;
+        k_w32_neon(type, xb, &lo, &hi);
+        t[r] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), lo, a0), hi, a1);
+        dx[r] = k_f16_neon(xb);
+    }
+    const int32x4_t is = k_hsum4_neon(t);
+    // reference: (double)dx * (double)dy * (double)isum, exact (11 + 11 + 19 bits): one FMA
+    // rounds the sum as the reference's addition does
+    acc[0] = vfmaq_f64(acc[0], vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx)), dy), vcvtq_f64_s64(vmovl_s32(vget_low_s32(is))));
+    acc[1] = vfmaq_f64(acc[1], vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2)), dy), vcvtq_f64_s64(vmovl_high_s32(is)));
+}
+
+K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                        const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
+    const size_t xs = type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE : K_Q8_0_SIZE;
+    const int64_t nb = n / 32;
+    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
+    for (int w0 = 0; w0 < nw; w0 += 4) {
+        const uint8_t *xr[4];
+        k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
+        float64x2_t acc[K_BLOCK_LANES][2];
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
+        int64_t b = 0;
+        for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
+            K_UNROLL
+            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(type, xr, xs, b + l, y, dy[b + l], acc[l]);
+        }
+        for (; b < nb; b++) {
+            switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
+            case 0: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[0]); break;
+            case 1: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[1]); break;
+            default: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[2]); break; // at most three are left
+            }
+        }
+        k_gemv1_store_neon(acc, s, w0, nw);
+    }
+}
+
+// acc[b % 4] += t (the lane switched on, so the accumulators stay in registers).
+static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b, const float64x2_t t[2]) {
+    switch (b % K_BLOCK_LANES) {
+    case 0: acc[0][0] = vaddq_f64(acc[0][0], t[0]), acc[0][1] = vaddq_f64(acc[0][1], t[1]); break;
+    case 1: acc[1][0] = vaddq_f64(acc[1][0], t[0]), acc[1][1] = vaddq_f64(acc[1][1], t[1]); break;
+    case 2: acc[2][0] = vaddq_f64(acc[2][0], t[0]), acc[2][1] = vaddq_f64(acc[2][1], t[1]); break;
+    default: acc[3][0] = vaddq_f64(acc[3][0], t[0]), acc[3][1] = vaddq_f64(acc[3][1], t[1]); break;
+    }
+}
+
+// Q4_K: a row's eight sub-block sums (sdot on the low and high nibbles of each 32-byte chunk)
+// reduced to two vectors, weighted by the scales and summed; msum from the activation's bsums
+// (pairs summed once for the four rows). Term: the reference's dy * (d * isum - dmin * msum).
+K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                           const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    const int64_t nb = n / QK_K;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    for (int w0 = 0; w0 < nw; w0 += 4) {
+        const uint8_t *xr[4];
+        k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
+        float64x2_t acc[K_BLOCK_LANES][2];
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
+            const int8_t *a = (const int8_t *)(yb + 4);
+            int16x8_t bs0, bs1;
+            memcpy(&bs0, yb + 260, 16);
+            memcpy(&bs1, yb + 276, 16);
+            const int32x4_t p03 = vpaddlq_s16(bs0), p47 = vpaddlq_s16(bs1); // bsums 2k + (2k + 1)
+            int32_t is[4], ms[4];
+            float dx[4], dm[4];
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
+                int32x4_t t[8];
+                for (int c = 0; c < 4; c++) {
+                    const uint8x16_t v0 = vld1q_u8(xb + 16 + 32 * c), v1 = vld1q_u8(xb + 32 + 32 * c);
+                    const int8_t *ac = a + 64 * c;
+                    t[2 * c] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, m4)), vld1q_s8(ac)),
+                                           vreinterpretq_s8_u8(vandq_u8(v1, m4)), vld1q_s8(ac + 16));
+                    t[2 * c + 1] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32)),
+                                               vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
+                }
+                int sc[8], m[8];
+                for (int k = 0; k < 8; k++) k_scale_min_k4(xb + 4, k, &sc[k], &m[k]);
+                const int32x4_t s03 = vld1q_s32(sc), s47 = vld1q_s32(sc + 4), m03 = vld1q_s32(m), m47 = vld1q_s32(m + 4);
+                is[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(k_hsum4_neon(t), s03), k_hsum4_neon(t + 4), s47));
+                ms[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(p03, m03), p47, m47));
+                dx[r] = k_f16_neon(xb);
+                dm[r] = k_f16_neon(xb + 2);
+            }
+            float64x2_t t[2];
+            for (int h = 0; h < 2; h++) {
+                const int32x2_t i2 = vld1_s32(is + 2 * h), m2 = vld1_s32(ms + 2 * h);
+                const float64x2_t di = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), vcvtq_f64_s64(vmovl_s32(i2))));
+                const float64x2_t dmm = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dm + 2 * h)), vcvtq_f64_s64(vmovl_s32(m2))));
+                t[h] = k_no_fuse_f64x2(vmulq_n_f64(vsubq_f64(di, dmm), dys[b]));
+            }
+            k_gemv1_add_neon(acc, b, t);
+        }
+        k_gemv1_store_neon(acc, s, w0, nw);
+    }
+}
+
+// Q6_K: each 16 values' sums (sdot of the signed quants, unpacked as k_dot_q6_k_neon does) reduced
+// four sub-blocks at a time and weighted by the scales. Term: the reference's dx * dy * isum.
+K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                           const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    const int64_t nb = n / QK_K;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    for (int w0 = 0; w0 < nw; w0 += 4) {
+        const uint8_t *xr[4];
+        k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
+        float64x2_t acc[K_BLOCK_LANES][2];
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *a = (const int8_t *)(y + (size_t)b * K_Q8_K_SIZE + 4);
+            int32_t is[4];
+            float dx[4];
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
+                int32x4_t t[16]; // sub-block e / 16 of value e = 128h + 32k + 16 half
+                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < 4; k++)
+                        for (int half = 0; half < 2; half++) {
+                            uint8x16_t l = vld1q_u8(xb + 64 * h + 32 * (k & 1) + 16 * half);
+                            l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+                            const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(xb + 128 + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))),
+                                                           vdupq_n_u8(3));
+                            const int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hb, 4))), vdupq_n_s8(32));
+                            const int e = 128 * h + 32 * k + 16 * half;
+                            t[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
+                        }
+                const int8x16_t sc8 = vld1q_s8((const int8_t *)(xb + 192));
+                const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
+                int32x4_t sum = vmulq_s32(k_hsum4_neon(t), vmovl_s16(vget_low_s16(slo)));
+                sum = vmlaq_s32(sum, k_hsum4_neon(t + 4), vmovl_high_s16(slo));
+                sum = vmlaq_s32(sum, k_hsum4_neon(t + 8), vmovl_s16(vget_low_s16(shi)));
+                sum = vmlaq_s32(sum, k_hsum4_neon(t + 12), vmovl_high_s16(shi));
+                is[r] = vaddvq_s32(sum);
+                dx[r] = k_f16_neon(xb + 208);
+            }
+            float64x2_t t[2];
+            for (int h = 0; h < 2; h++) {
+                const float64x2_t dxy = vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dys[b]);
+                t[h] = k_no_fuse_f64x2(vmulq_f64(dxy, vcvtq_f64_s64(vmovl_s32(vld1_s32(is + 2 * h)))));
+            }
+            k_gemv1_add_neon(acc, b, t);
+        }
+        k_gemv1_store_neon(acc, s, w0, nw);
+    }
+}
+
+#define K_DEF_GEMV1_NEON(name, type)                                                                                  \
+    K_DOTPROD static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,    \
+                               const uint8_t *side) {                                                                \
+        k_gemv1_32_neon(type, n, s, x, x_stride, nw, y, side);                                                       \
+    }
+K_DEF_GEMV1_NEON(k_gemv1_q4_0_dotprod, T_Q4_0)
+K_DEF_GEMV1_NEON(k_gemv1_q5_0_dotprod, T_Q5_0)
+K_DEF_GEMV1_NEON(k_gemv1_q8_0_dotprod, T_Q8_0)
+
 // ---- NEON: packing GEMM panels ------------------------------------------------------------------
 // k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
 // stored quant bytes for the 4-bit types, else the unsigned quants plus offset in value order),
@@ -11489,6 +11690,13 @@ static void k_fill_neon(k_traits *t, bool dp) {
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
         if (dp) k->gemm = dots[i].gemm, k->pack = dots[i].pack;
+    }
+    if (dp) {
+        t[T_Q4_0].gemv1 = k_gemv1_q4_0_dotprod;
+        t[T_Q5_0].gemv1 = k_gemv1_q5_0_dotprod;
+        t[T_Q8_0].gemv1 = k_gemv1_q8_0_dotprod;
+        t[T_Q4_K].gemv1 = k_gemv1_q4_k_dotprod;
+        t[T_Q6_K].gemv1 = k_gemv1_q6_k_dotprod;
     }
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
     t[T_Q8_1].from_float = k_quant_q8_1_neon;
