@@ -8209,6 +8209,7 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //           for the double-precision sums.
 //   neon    AArch64's baseline Advanced SIMD
 //   dotprod neon plus the dot product instructions (FEAT_DotProd: sdot), with GEMM kernels
+//   i8mm    dotprod whose GEMM uses the int8 matrix multiply (FEAT_I8MM: smmla)
 // Both x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
 // without Q8_0). Float dot products, quantizers, panel packers and the other element-wise kernels
 // are the AVX2 ones in both. The two ARM sets share their NEON float, quantizer and element-wise
@@ -8220,14 +8221,14 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   k_traits.pack/.gemm     panels of 8 weight rows against many activation rows (prompts)
 //   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU, and attention's
 //                           products over the KV cache rows (dot_keys, axpy_rows)
-//   k_kernel_set_name()     "ref", "avx2", "avx512", "neon" or "dotprod"; k_kernel_set_note(): why PSV_KERNELS was
+//   k_kernel_set_name()     "ref", "avx2", "avx512", "neon", "dotprod" or "i8mm"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
 // All x86 code is under PSV_X86 and the NEON kernels under PSV_ARM64; other targets get the
 // reference set only.
 
-typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_NEON, K_SET_DOTPROD, K_SET_COUNT } k_set;
-static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512", "neon", "dotprod"};
+typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_NEON, K_SET_DOTPROD, K_SET_I8MM, K_SET_COUNT } k_set;
+static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512", "neon", "dotprod", "i8mm"};
 
 // Whether a CPU can run a kernel set (and this build has it).
 static bool k_set_supported(k_set s, const plat_cpu *c) {
@@ -8241,6 +8242,7 @@ static bool k_set_supported(k_set s, const plat_cpu *c) {
 #if defined(PSV_ARM64)
     case K_SET_NEON: return c->neon;
     case K_SET_DOTPROD: return c->neon && c->dotprod;
+    case K_SET_I8MM: return c->neon && c->dotprod && c->i8mm;
 #endif
     default: break;
     }
@@ -8267,11 +8269,12 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
         if (k_set_supported((k_set)s, c)) return (k_set)s;
         snprintf(note, note_size, "PSV_KERNELS=%s: this CPU lacks %s; using %s", req,
                  s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : s == K_SET_NEON ? "NEON"
-                 : s == K_SET_DOTPROD ? "NEON with the dot product instructions (FEAT_DotProd)" : "it",
+                 : s == K_SET_DOTPROD ? "NEON with the dot product instructions (FEAT_DotProd)"
+                 : s == K_SET_I8MM ? "NEON with the dot product and int8 matrix instructions (FEAT_DotProd, FEAT_I8MM)" : "it",
                  k_set_names[best]);
         return best;
     }
-    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avx512, neon or dotprod); using %s",
+    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avx512, neon, dotprod or i8mm); using %s",
              req, k_set_names[best]);
     return best;
 }
@@ -10936,14 +10939,82 @@ static inline void k_pairs_neon(const uint8_t *c, const int16_t *p, int32x4_t *i
     *i1 = vaddq_s32(*i1, vpaddq_s32(vmull_s16(vget_low_s16(c1), vget_low_s16(a)), vmull_high_s16(c1, a)));
 }
 
+// The "i8mm" set (FEAT_I8MM: Apple M2 and later, Graviton 3 and later, Neoverse V1/N2) is the
+// dotprod set whose GEMM takes two activation rows with smmla: a 2 x 8 by 8 x 2 int8 matrix
+// product, 32 multiply-adds, twice sdot's. Two consecutive panel vectors zipped by 32-bit
+// elements give each pair of weight rows' eight consecutive quants, the operand smmla wants.
+#if defined(__clang__)
+#define K_I8MM __attribute__((target("dotprod,i8mm")))
+#else
+#define K_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
+#endif
+
+// acc += [w0 . a0, w0 . a1, w1 . a0, w1 . a1], w = (w0 | w1) and a = (a0 | a1) of 8 values each.
+// (Not always_inline, as k_sdot_neon: it is inlined into the K_I8MM entry points.)
+K_I8MM static inline int32x4_t k_smmla_neon(int32x4_t acc, int8x16_t w, int8x16_t a) {
+    __asm__("smmla %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(w), "w"(a));
+    return acc;
+}
+
+// Steps lane and lane + 1 of group g of the panel (values 16g + 4 lane ... + 7) for two
+// activation rows whose quants are at a0 and a1 (plus that offset): c[k] (weight rows 2k, 2k + 1)
+// += their products, smmla's layout.
+K_DOTPROD K_INLINE void k_gemm_pair_mm_neon(uint32_t type, const uint8_t *pb, int g, int lane, const int8_t *a0,
+                                            const int8_t *a1, int32x4_t c[4]) {
+    int8x16_t p0, q0, p1, q1; // p: rows 0-3, q: rows 4-7, of steps lane (0) and lane + 1 (1)
+    k_panel_q_neon(type, pb, g, lane, &p0, &q0);
+    k_panel_q_neon(type, pb, g, lane + 1, &p1, &q1);
+    const int8x16_t av = vcombine_s8(vld1_s8(a0 + 16 * g + 4 * lane), vld1_s8(a1 + 16 * g + 4 * lane));
+    const int32x4_t w[4] = {vzip1q_s32(vreinterpretq_s32_s8(p0), vreinterpretq_s32_s8(p1)),
+                            vzip2q_s32(vreinterpretq_s32_s8(p0), vreinterpretq_s32_s8(p1)),
+                            vzip1q_s32(vreinterpretq_s32_s8(q0), vreinterpretq_s32_s8(q1)),
+                            vzip2q_s32(vreinterpretq_s32_s8(q0), vreinterpretq_s32_s8(q1))};
+    K_UNROLL
+    for (int k = 0; k < 4; k++) c[k] = k_smmla_neon(c[k], vreinterpretq_s8_s32(w[k]), av);
+}
+
+// The integer sums of block b (at pb) against two activation rows by smmla, as the sdot path of
+// k_gemm_blk_neon leaves them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r,
+// before the offset and minimum terms, and without 32-value blocks' offset term.
+K_DOTPROD K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t *a0, const int8_t *a1,
+                                            int32x4_t i0[2], int32x4_t i1[2]) {
+    int32x4_t c[4];
+    K_UNROLL
+    for (int k = 0; k < 4; k++) c[k] = vdupq_n_s32(0);
+    if (type_table[type].blck_size == 32) {
+        K_UNROLL
+        for (int g = 0; g < 2; g++) {
+            k_gemm_pair_mm_neon(type, pb, g, 0, a0, a1, c);
+            k_gemm_pair_mm_neon(type, pb, g, 2, a0, a1, c);
+        }
+    } else {
+        for (int g = 0; g < 16; g++) { // each 16 values' sums weighted by their scale
+            int32x4_t d[4];
+            K_UNROLL
+            for (int k = 0; k < 4; k++) d[k] = vdupq_n_s32(0);
+            k_gemm_pair_mm_neon(type, pb, g, 0, a0, a1, d);
+            k_gemm_pair_mm_neon(type, pb, g, 2, a0, a1, d);
+            const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
+            const int32x4_t s0 = vreinterpretq_s32_u8(vld1q_u8(sc)), s1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
+            c[0] = vmlaq_s32(c[0], d[0], vzip1q_s32(s0, s0)); // (s0, s0, s1, s1): smmla's rows
+            c[1] = vmlaq_s32(c[1], d[1], vzip2q_s32(s0, s0));
+            c[2] = vmlaq_s32(c[2], d[2], vzip1q_s32(s1, s1));
+            c[3] = vmlaq_s32(c[3], d[3], vzip2q_s32(s1, s1));
+        }
+    }
+    i0[0] = vuzp1q_s32(c[0], c[1]), i1[0] = vuzp1q_s32(c[2], c[3]); // activation row 0: even lanes
+    i0[1] = vuzp2q_s32(c[0], c[1]), i1[1] = vuzp2q_s32(c[2], c[3]);
+}
+
 // Block b of the panel (at pb) against R (1, 2) activation rows: each row's eight terms added to
 // acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
-K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb, const uint8_t *const *yr,
-                              const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
-                              float64x2_t acc[][4]) {
+K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, bool mm, int R, const uint8_t *pb, int64_t b, int64_t nb,
+                                        const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
+                                        const int32_t *const *ao, float64x2_t acc[][4]) {
     const bool min = k_panel_min(type);
     int32x4_t i0[2], i1[2], m0[2], m1[2];
     float64x2_t dx[4], dm[4];
+    K_UNROLL
     for (int k = 0; k < 4; k++) {
         dx[k] = k_ld_f64x2(pb + k_panel_dx(type) + 16 * k);
         dm[k] = min ? k_ld_f64x2(pb + k_panel_dx(type) + 64 + 16 * k) : dx[k];
@@ -10951,17 +11022,32 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
-        for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
-            i0[r] = i1[r] = vdupq_n_s32(ao[r] && type != T_Q8_0 ? ao[r][b] : 0);
-        for (int g = 0; g < 2; g++) {
-            int8x16_t av[2];
-            for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
-            k_gemm_grp_neon(type, R, pb, g, av, i0, i1);
+        if (mm) { // (R == 2) then the term that takes the offset off
+            k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * as + qo),
+                                (const int8_t *)(yr[1] + (size_t)b * as + qo), i0, i1);
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                const int32x4_t o = vdupq_n_s32(ao[r] && type != T_Q8_0 ? ao[r][b] : 0);
+                i0[r] = vaddq_s32(i0[r], o), i1[r] = vaddq_s32(i1[r], o);
+            }
+        } else {
+            K_UNROLL
+            for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
+                i0[r] = i1[r] = vdupq_n_s32(ao[r] && type != T_Q8_0 ? ao[r][b] : 0);
+            K_UNROLL
+            for (int g = 0; g < 2; g++) {
+                int8x16_t av[2];
+                K_UNROLL
+                for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
+                k_gemm_grp_neon(type, R, pb, g, av, i0, i1);
+            }
         }
+        K_UNROLL
         for (int r = 0; r < R; r++) {
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             float64x2_t is[4];
             k_i32x8_f64_neon(i0[r], i1[r], is);
+            K_UNROLL
             for (int k = 0; k < 4; k++) {
                 const float64x2_t dxy = vmulq_n_f64(dx[k], dr[r][b]);
                 if (!q81) { // the product is exact (see k_gemm_blk_avx512): one rounding, as the reference's
@@ -10975,10 +11061,15 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
         return;
     }
     const bool cor = type == T_Q3_K || type == T_Q6_K;
+    K_UNROLL
     for (int r = 0; r < R; r++) i0[r] = i1[r] = m0[r] = m1[r] = vdupq_n_s32(0);
-    for (int g = 0; g < 16; g++) { // each 16 values' sums weighted by their scale
+    if (mm)
+        k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * K_Q8_K_SIZE + 4),
+                            (const int8_t *)(yr[1] + (size_t)b * K_Q8_K_SIZE + 4), i0, i1);
+    for (int g = 0; g < (mm ? 0 : 16); g++) { // each 16 values' sums weighted by their scale
         int8x16_t av[2];
         int32x4_t d0[2], d1[2];
+        K_UNROLL
         for (int r = 0; r < R; r++) {
             av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
             d0[r] = d1[r] = vdupq_n_s32(0);
@@ -10986,6 +11077,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
         k_gemm_grp_neon(type, R, pb, g, av, d0, d1);
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
         const int32x4_t sc0 = vreinterpretq_s32_u8(vld1q_u8(sc)), sc1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
+        K_UNROLL
         for (int r = 0; r < R; r++) {
             i0[r] = vmlaq_s32(i0[r], d0[r], sc0);
             i1[r] = vmlaq_s32(i1[r], d1[r], sc1);
@@ -10998,10 +11090,12 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
                 k_pairs_neon(pb + k_panel_mco(type) + 32 * j,
                              (const int16_t *)(const void *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j), &m0[r], &m1[r]);
         }
+    K_UNROLL
     for (int r = 0; r < R; r++) {
         float64x2_t is[4], ms[4];
         k_i32x8_f64_neon(i0[r], i1[r], is);
         k_i32x8_f64_neon(m0[r], m1[r], ms);
+        K_UNROLL
         for (int k = 0; k < 4; k++) {
             float64x2_t t;
             if (min) // reference: dy * (dx * isum - dmin * msum)
@@ -11016,26 +11110,29 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
 
 // R (1, 2) activation rows against the panel: each row's eight results to lanes[l][r], lane l
 // the sum of blocks l, l + 4, ...
-K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
+K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, bool mm, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
                                const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                const k_prefetch *pf, double lanes[K_BLOCK_LANES][2][8]) {
     const int64_t nb = n / type_table[type].blck_size;
     const size_t bb = k_panel_blk(type);
+    K_UNROLL
     for (int l = 0; l < K_BLOCK_LANES; l++) {
         float64x2_t acc[2][4];
+        K_UNROLL
         for (int r = 0; r < R; r++)
             for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f64(0);
         for (int64_t b = l; b < nb; b += K_BLOCK_LANES) {
             if (pf) k_prefetch_blks(pf, b, 1);
-            k_gemm_blk_neon(type, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
+            k_gemm_blk_neon(type, mm, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
         }
+        K_UNROLL
         for (int r = 0; r < R; r++)
             for (int k = 0; k < 4; k++) vst1q_f64(&lanes[l][r][2 * k], acc[r][k]);
     }
 }
 
 // k_gemm_fn: nr (1..K_GEMM_ROWS) activation rows against a panel of nw weight rows.
-K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, bool mm, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                           size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);
     for (int r0 = 0; r0 < nr; r0 += 2) {
@@ -11044,33 +11141,42 @@ K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, int64_t n, const uint8_t *pan
         const int16_t *ar[2];
         const double *dr[2];
         const int32_t *ao[2];
+        K_UNROLL
         for (int r = 0; r < R; r++)
             k_gemm_side(type, n, y + (size_t)(r0 + r) * ys, side + (size_t)(r0 + r) * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
         double lanes[K_BLOCK_LANES][2][8];
         const k_prefetch *p = r0 == 0 ? pf : NULL; // once per call
-        if (R == 2) k_gemm_rows_neon(type, 2, n, panel, yr, ar, dr, ao, p, lanes);
-        else k_gemm_rows_neon(type, 1, n, panel, yr, ar, dr, ao, p, lanes);
+        if (R == 2 && mm) k_gemm_rows_neon(type, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (R == 2) k_gemm_rows_neon(type, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else k_gemm_rows_neon(type, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
+        K_UNROLL
         for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
             for (int i = 0; i < nw; i++)
                 out[r0 + r][i] = (float)(((lanes[0][r][i] + lanes[1][r][i]) + lanes[2][r][i]) + lanes[3][r][i]);
     }
 }
 
-#define K_DEF_GEMM_NEON(name, type)                                                                                   \
-    K_DOTPROD static void name(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side, size_t ss, \
-                     int nr, float *const *out, int nw, const k_prefetch *pf) {                                     \
-        k_gemm_neon(type, n, panel, y, ys, side, ss, nr, out, nw, pf);                                              \
+// Each type's GEMM twice: sdot only ("dotprod") and with smmla ("i8mm").
+#define K_DEF_GEMM_NEON(name, type)                                                                                  \
+    K_DOTPROD static void name##_dotprod(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,              \
+                                         const uint8_t *side, size_t ss, int nr, float *const *out, int nw,         \
+                                         const k_prefetch *pf) {                                                    \
+        k_gemm_neon(type, false, n, panel, y, ys, side, ss, nr, out, nw, pf);                                       \
+    }                                                                                                               \
+    K_I8MM static void name##_i8mm(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side, \
+                                   size_t ss, int nr, float *const *out, int nw, const k_prefetch *pf) {            \
+        k_gemm_neon(type, true, n, panel, y, ys, side, ss, nr, out, nw, pf);                                        \
     }
-K_DEF_GEMM_NEON(k_gemm_q4_0_dotprod, T_Q4_0)
-K_DEF_GEMM_NEON(k_gemm_q4_1_dotprod, T_Q4_1)
-K_DEF_GEMM_NEON(k_gemm_q5_0_dotprod, T_Q5_0)
-K_DEF_GEMM_NEON(k_gemm_q5_1_dotprod, T_Q5_1)
-K_DEF_GEMM_NEON(k_gemm_q8_0_dotprod, T_Q8_0)
-K_DEF_GEMM_NEON(k_gemm_q2_k_dotprod, T_Q2_K)
-K_DEF_GEMM_NEON(k_gemm_q3_k_dotprod, T_Q3_K)
-K_DEF_GEMM_NEON(k_gemm_q4_k_dotprod, T_Q4_K)
-K_DEF_GEMM_NEON(k_gemm_q5_k_dotprod, T_Q5_K)
-K_DEF_GEMM_NEON(k_gemm_q6_k_dotprod, T_Q6_K)
+K_DEF_GEMM_NEON(k_gemm_q4_0, T_Q4_0)
+K_DEF_GEMM_NEON(k_gemm_q4_1, T_Q4_1)
+K_DEF_GEMM_NEON(k_gemm_q5_0, T_Q5_0)
+K_DEF_GEMM_NEON(k_gemm_q5_1, T_Q5_1)
+K_DEF_GEMM_NEON(k_gemm_q8_0, T_Q8_0)
+K_DEF_GEMM_NEON(k_gemm_q2_k, T_Q2_K)
+K_DEF_GEMM_NEON(k_gemm_q3_k, T_Q3_K)
+K_DEF_GEMM_NEON(k_gemm_q4_k, T_Q4_K)
+K_DEF_GEMM_NEON(k_gemm_q5_k, T_Q5_K)
+K_DEF_GEMM_NEON(k_gemm_q6_k, T_Q6_K)
 
 // ---- NEON dotprod: generation of one sequence (gemv1) -------------------------------------------
 // As the AVX-512 gemv1 kernels: four weight rows at a time against the activation row, so that
@@ -11082,6 +11188,7 @@ K_DEF_GEMM_NEON(k_gemm_q6_k_dotprod, T_Q6_K)
 
 // The four weight rows from w0 (past nw: the last row again, its results not stored).
 static inline void k_gemv1_rows_neon(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
+    K_UNROLL
     for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
 }
 
@@ -11089,6 +11196,7 @@ static inline void k_gemv1_rows_neon(const uint8_t *x, size_t x_stride, int nw, 
 // float, stored for the rows that exist.
 static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *s, int w0, int nw) {
     float out[4];
+    K_UNROLL
     for (int h = 0; h < 2; h++) {
         const float64x2_t v = vaddq_f64(vaddq_f64(vaddq_f64(acc[0][h], acc[1][h]), acc[2][h]), acc[3][h]);
         vst1_f32(out + 2 * h, vcvt_f32_f64(v));
@@ -11108,6 +11216,7 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
     const int8x16_t a1 = vld1q_s8((const int8_t *)(y + (size_t)b * K_Q8_0_SIZE + 18));
     int32x4_t t[4];
     float dx[4];
+    K_UNROLL
     for (int r = 0; r < 4; r++) {
         const uint8_t *xb = xr[r] + (size_t)b * xs;
         int8x16_t lo, hi;
@@ -11132,6 +11241,7 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
         const uint8_t *xr[4];
         k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
+        K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
         int64_t b = 0;
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
@@ -11172,6 +11282,7 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
         const uint8_t *xr[4];
         k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
+        K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
@@ -11182,9 +11293,11 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
             const int32x4_t p03 = vpaddlq_s16(bs0), p47 = vpaddlq_s16(bs1); // bsums 2k + (2k + 1)
             int32_t is[4], ms[4];
             float dx[4], dm[4];
+            K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
                 int32x4_t t[8];
+                K_UNROLL
                 for (int c = 0; c < 4; c++) {
                     const uint8x16_t v0 = vld1q_u8(xb + 16 + 32 * c), v1 = vld1q_u8(xb + 32 + 32 * c);
                     const int8_t *ac = a + 64 * c;
@@ -11194,6 +11307,7 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
                                                vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
                 }
                 int sc[8], m[8];
+                K_UNROLL
                 for (int k = 0; k < 8; k++) k_scale_min_k4(xb + 4, k, &sc[k], &m[k]);
                 const int32x4_t s03 = vld1q_s32(sc), s47 = vld1q_s32(sc + 4), m03 = vld1q_s32(m), m47 = vld1q_s32(m + 4);
                 is[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(k_hsum4_neon(t), s03), k_hsum4_neon(t + 4), s47));
@@ -11202,6 +11316,7 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
                 dm[r] = k_f16_neon(xb + 2);
             }
             float64x2_t t[2];
+            K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const int32x2_t i2 = vld1_s32(is + 2 * h), m2 = vld1_s32(ms + 2 * h);
                 const float64x2_t di = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), vcvtq_f64_s64(vmovl_s32(i2))));
@@ -11225,11 +11340,13 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
         const uint8_t *xr[4];
         k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
+        K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
         for (int64_t b = 0; b < nb; b++) {
             const int8_t *a = (const int8_t *)(y + (size_t)b * K_Q8_K_SIZE + 4);
             int32_t is[4];
             float dx[4];
+            K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
                 int32x4_t t[16]; // sub-block e / 16 of value e = 128h + 32k + 16 half
@@ -11254,6 +11371,7 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
                 dx[r] = k_f16_neon(xb + 208);
             }
             float64x2_t t[2];
+            K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const float64x2_t dxy = vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dys[b]);
                 t[h] = k_no_fuse_f64x2(vmulq_f64(dxy, vcvtq_f64_s64(vmovl_s32(vld1_s32(is + 2 * h)))));
@@ -11672,24 +11790,25 @@ static void k_exp_shift_neon(double *y, const float *x, double shift, double div
     for (; i < n; i++) y[i] = psv_exp(((double)x[i] - shift) / div);
 }
 
-static void k_fill_neon(k_traits *t, bool dp) {
-    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm; k_pack_fn pack; } dots[] = {
-        {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_pack_q4_0_neon},
-        {T_Q4_1, k_dot_q4_1_q8_1_neon, k_dot_q4_1_q8_1_dotprod, k_gemm_q4_1_dotprod, k_pack_q4_1_neon},
-        {T_Q5_0, k_dot_q5_0_q8_0_neon, k_dot_q5_0_q8_0_dotprod, k_gemm_q5_0_dotprod, k_pack_q5_0_neon},
-        {T_Q5_1, k_dot_q5_1_q8_1_neon, k_dot_q5_1_q8_1_dotprod, k_gemm_q5_1_dotprod, k_pack_q5_1_neon},
-        {T_Q8_0, k_dot_q8_0_q8_0_neon, k_dot_q8_0_q8_0_dotprod, k_gemm_q8_0_dotprod, k_pack_q8_0_neon},
-        {T_Q2_K, k_dot_q2_k_q8_k_neon, k_dot_q2_k_q8_k_dotprod, k_gemm_q2_k_dotprod, k_pack_q2_k_neon},
-        {T_Q3_K, k_dot_q3_k_q8_k_neon, k_dot_q3_k_q8_k_dotprod, k_gemm_q3_k_dotprod, k_pack_q3_k_neon},
-        {T_Q4_K, k_dot_q4_k_q8_k_neon, k_dot_q4_k_q8_k_dotprod, k_gemm_q4_k_dotprod, k_pack_q4_k_neon},
-        {T_Q5_K, k_dot_q5_k_q8_k_neon, k_dot_q5_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_pack_q5_k_neon},
-        {T_Q6_K, k_dot_q6_k_q8_k_neon, k_dot_q6_k_q8_k_dotprod, k_gemm_q6_k_dotprod, k_pack_q6_k_neon},
+// The ARM sets' tables: neon (dp false), dotprod (dp), i8mm (dp and mm).
+static void k_fill_neon(k_traits *t, bool dp, bool mm) {
+    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm, gemm_mm; k_pack_fn pack; } dots[] = {
+        {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_gemm_q4_0_i8mm, k_pack_q4_0_neon},
+        {T_Q4_1, k_dot_q4_1_q8_1_neon, k_dot_q4_1_q8_1_dotprod, k_gemm_q4_1_dotprod, k_gemm_q4_1_i8mm, k_pack_q4_1_neon},
+        {T_Q5_0, k_dot_q5_0_q8_0_neon, k_dot_q5_0_q8_0_dotprod, k_gemm_q5_0_dotprod, k_gemm_q5_0_i8mm, k_pack_q5_0_neon},
+        {T_Q5_1, k_dot_q5_1_q8_1_neon, k_dot_q5_1_q8_1_dotprod, k_gemm_q5_1_dotprod, k_gemm_q5_1_i8mm, k_pack_q5_1_neon},
+        {T_Q8_0, k_dot_q8_0_q8_0_neon, k_dot_q8_0_q8_0_dotprod, k_gemm_q8_0_dotprod, k_gemm_q8_0_i8mm, k_pack_q8_0_neon},
+        {T_Q2_K, k_dot_q2_k_q8_k_neon, k_dot_q2_k_q8_k_dotprod, k_gemm_q2_k_dotprod, k_gemm_q2_k_i8mm, k_pack_q2_k_neon},
+        {T_Q3_K, k_dot_q3_k_q8_k_neon, k_dot_q3_k_q8_k_dotprod, k_gemm_q3_k_dotprod, k_gemm_q3_k_i8mm, k_pack_q3_k_neon},
+        {T_Q4_K, k_dot_q4_k_q8_k_neon, k_dot_q4_k_q8_k_dotprod, k_gemm_q4_k_dotprod, k_gemm_q4_k_i8mm, k_pack_q4_k_neon},
+        {T_Q5_K, k_dot_q5_k_q8_k_neon, k_dot_q5_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_gemm_q5_k_i8mm, k_pack_q5_k_neon},
+        {T_Q6_K, k_dot_q6_k_q8_k_neon, k_dot_q6_k_q8_k_dotprod, k_gemm_q6_k_dotprod, k_gemm_q6_k_i8mm, k_pack_q6_k_neon},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
         k_traits *k = &t[dots[i].type];
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
-        if (dp) k->gemm = dots[i].gemm, k->pack = dots[i].pack;
+        if (dp) k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack;
     }
     if (dp) {
         t[T_Q4_0].gemv1 = k_gemv1_q4_0_dotprod;
@@ -11871,9 +11990,10 @@ static void k_sets_init(void) {
                                           k_softmax_avx2};
 #endif
 #if defined(PSV_ARM64)
-    k_fill_neon(k_set_tables[K_SET_NEON], false);
-    k_fill_neon(k_set_tables[K_SET_DOTPROD], true);
-    for (int s = K_SET_NEON; s <= K_SET_DOTPROD; s++) {
+    k_fill_neon(k_set_tables[K_SET_NEON], false, false);
+    k_fill_neon(k_set_tables[K_SET_DOTPROD], true, false);
+    k_fill_neon(k_set_tables[K_SET_I8MM], true, true);
+    for (int s = K_SET_NEON; s <= K_SET_I8MM; s++) {
         k_set_vec[s].dot_keys = k_dot_keys_neon;
         k_set_vec[s].axpy_rows = k_axpy_rows_neon;
         k_set_vec[s].expf = k_expf_neon;

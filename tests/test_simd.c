@@ -766,6 +766,8 @@ static void test_choose(void) {
     arm.detected = arm.neon = true;
     arm_dp = arm;
     arm_dp.dotprod = true;
+    plat_cpu arm_mm = arm_dp, arm_mm_only = arm;
+    arm_mm.i8mm = arm_mm_only.i8mm = true;
     char note[160];
     struct { const char *req; const plat_cpu *cpu; k_set want; bool note; } cases[] = {
         {NULL, &none, K_SET_REF, false},     {"", &none, K_SET_REF, false},
@@ -780,16 +782,19 @@ static void test_choose(void) {
         {"avx512", &v4, K_SET_AVX512, false}, {"AVX512", &v4, K_SET_AVX512, true},
         {"neon", &v4, K_SET_AVX512, true},   {NULL, &v4_no_vnni, K_SET_AVX2, false},
         {"avx512", &v4_no_vnni, K_SET_AVX2, true}, {"dotprod", &v4, K_SET_AVX512, true},
-        {NULL, &arm_dp, K_SET_REF, false},
+        {"i8mm", &v4, K_SET_AVX512, true},   {NULL, &arm_mm, K_SET_REF, false},
 #elif defined(PSV_ARM64)
         {NULL, &arm, K_SET_NEON, false},     {NULL, &arm_dp, K_SET_DOTPROD, false},
         {"auto", &arm_dp, K_SET_DOTPROD, false}, {"neon", &arm_dp, K_SET_NEON, false},
         {"ref", &arm_dp, K_SET_REF, false},  {"dotprod", &arm_dp, K_SET_DOTPROD, false},
         {"dotprod", &arm, K_SET_NEON, true}, {"avx512", &v4_no_vnni, K_SET_REF, true},
-        {NULL, &v4, K_SET_REF, false},
+        {NULL, &arm_mm, K_SET_I8MM, false},  {"dotprod", &arm_mm, K_SET_DOTPROD, false},
+        {"i8mm", &arm_dp, K_SET_DOTPROD, true}, {NULL, &arm_mm_only, K_SET_NEON, false},
+        {"i8mm", &arm_mm_only, K_SET_NEON, true}, {NULL, &v4, K_SET_REF, false},
 #else
         {NULL, &v4, K_SET_REF, false},       {"avx2", &v4, K_SET_REF, true},
         {"avx512", &v4_no_vnni, K_SET_REF, true}, {NULL, &arm_dp, K_SET_REF, false},
+        {NULL, &arm_mm, K_SET_REF, false},   {NULL, &arm_mm_only, K_SET_REF, false},
 #endif
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(cases); i++) {
