@@ -9978,6 +9978,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
             k_stream_step(&pf, b);
             const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
             __m512i av[4];
+            K_UNROLL // (or av lives in memory: 21 -> 24 GB/s in the cache unrolled)
             for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
                 int k0 = v < 2 ? v : v + 2;
                 av[v] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(a + 32 * k0)), k_load256(a + 32 * (k0 + 2)), 1);
