@@ -122,7 +122,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
-#if defined(__aarch64__)
+#if defined(__aarch64__) && defined(__AARCH64EL__) // (the kernels read little-endian blocks)
 #define PSV_ARM64 1
 #include <arm_neon.h>
 #if defined(__linux__)
@@ -219,6 +219,7 @@ static void plat_cpu_detect_once(void) {
 #elif defined(__APPLE__)
     int v = 0;
     size_t sz = sizeof v;
+    c.dotprod = true; // every Apple Silicon CPU (macOS 11 lacks the key)
     if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &sz, NULL, 0) == 0) c.dotprod = v;
     sz = sizeof v; v = 0;
     if (sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &sz, NULL, 0) == 0) c.i8mm = v;
@@ -8189,8 +8190,8 @@ static const k_traits *k_traits_ref(uint32_t type) {
 
 // ----------------------------------------------------------------------------
 // 12. SIMD kernels
-// x86 variants of the hot kernels of section 11, written with intrinsics inside functions
-// compiled for their instruction set (target attributes), so a build without flags contains them
+// x86 and AArch64 variants of the hot kernels of section 11, written with intrinsics inside
+// functions compiled for their instruction set (target attributes), so a build without flags contains them
 // and runs the best set the CPU has; one dispatch table per set, chosen once. Every variant is
 // bit-identical to its reference kernel for every input (a NaN result may differ in payload):
 // the integer sums of a block are exact in any order, and the double arithmetic that follows
@@ -8212,8 +8213,8 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   i8mm    dotprod whose GEMM uses the int8 matrix multiply (FEAT_I8MM: smmla)
 // Both x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
 // without Q8_0). Float dot products, quantizers, panel packers and the other element-wise kernels
-// are the AVX2 ones in both. The two ARM sets share their NEON float, quantizer and element-wise
-// kernels.
+// are the AVX2 ones in both. The three ARM sets share their NEON float, quantizer and
+// element-wise kernels.
 //
 // Internal API (the engine and the CLI use these):
 //   k_traits_get(type)      the kernels of the set in use (k_traits_of_set: any set, for tests)
@@ -10644,9 +10645,15 @@ K_AVX2 static void k_axpy_rows_avx2(float *y, const float *w, const float *v, si
 #if defined(PSV_ARM64)
 
 // The "dotprod" set's functions are built for FEAT_DotProd whatever the compiler's target (gcc
-// and clang spell the attribute differently). sdot is written in assembly: the intrinsics of
-// older compilers exist only when the whole file targets it.
-#if defined(__clang__)
+// and clang spell the attribute differently; nothing where the build targets it already, so the
+// kernels inline helpers built for the same target). sdot is written in assembly: older clang
+// declares its intrinsics only when the whole file targets FEAT_DotProd. gcc's assembler wants an
+// armv8.2-a base for it; a build for an older base plus extensions (-march=armv8-a+crypto)
+// cannot inline the helpers into these functions, so builds with -march/-mcpu flags should name
+// a target with the dot product instructions, or none.
+#if defined(__ARM_FEATURE_DOTPROD)
+#define K_DOTPROD
+#elif defined(__clang__)
 #define K_DOTPROD __attribute__((target("dotprod")))
 #else
 #define K_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
@@ -10888,7 +10895,7 @@ static inline float64x2_t k_no_fuse_f64x2(float64x2_t v) {
 
 static inline float64x2_t k_ld_f64x2(const uint8_t *p) { return vreinterpretq_f64_u8(vld1q_u8(p)); }
 
-// Of 16 int32 (v0: weight rows 0-3, v1: 4-7), row 2k + j as a double in lane j of out[k].
+// Of 8 int32 (v0: weight rows 0-3, v1: 4-7), row 2k + j as a double in lane j of out[k].
 static inline void k_i32x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[4]) {
     out[0] = vcvtq_f64_s64(vmovl_s32(vget_low_s32(v0)));
     out[1] = vcvtq_f64_s64(vmovl_high_s32(v0));
@@ -10944,8 +10951,12 @@ static inline void k_pairs_neon(const uint8_t *c, const int16_t *p, int32x4_t *i
 // dotprod set whose GEMM takes two activation rows with smmla: a 2 x 8 by 8 x 2 int8 matrix
 // product, 32 multiply-adds, twice sdot's. Two consecutive panel vectors zipped by 32-bit
 // elements give each pair of weight rows' eight consecutive quants, the operand smmla wants.
-#if defined(__clang__)
+#if defined(__ARM_FEATURE_MATMUL_INT8) && defined(__ARM_FEATURE_DOTPROD)
+#define K_I8MM
+#elif defined(__clang__)
 #define K_I8MM __attribute__((target("dotprod,i8mm")))
+#elif defined(__ARM_FEATURE_DOTPROD)
+#define K_I8MM __attribute__((target("+i8mm")))
 #else
 #define K_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
 #endif
@@ -11711,7 +11722,8 @@ static void k_swiglu_neon(float *y, const float *g, const float *u, int64_t n) {
 }
 
 // k_softmax_ref eight scores at a time (its K_SOFTMAX_LANES = 8 sum lanes: four float64x2), as
-// k_softmax_avx2 (the maximum of each lane, then of the lanes, is the reference's running one).
+// k_softmax_avx2 (the maximum of each lane, then of the lanes, is the reference's running one
+// but for the sign of a zero, which gives the same weights).
 static void k_softmax_neon(float *w, int64_t n, float scale) {
     float32x4_t m0 = vdupq_n_f32(-3.4e38f), m1 = m0;
     int64_t p = 0;
@@ -12031,7 +12043,7 @@ PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_get(void) {
     return &k_set_vec[k_active_set];
 }
 
-// Name of the set k_traits_get uses ("ref", "avx2", "avx512", "neon").
+// Name of the set k_traits_get uses ("ref", "avx2", "avx512", "neon", "dotprod" or "i8mm").
 PSV_MAYBE_UNUSED static const char *k_kernel_set_name(void) {
     pthread_once(&k_sets_once, k_sets_init);
     return k_set_names[k_active_set];
