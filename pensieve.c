@@ -11674,6 +11674,28 @@ static void k_axpy_rows_neon(float *y, const float *w, const float *v, size_t st
         }
 }
 
+// F16 (the hardware conversion: round to nearest even, infinity past 65504, NaN quieted with its
+// top payload bits, as psv_f32_to_fp16) and BF16 (psv_f32_to_bf16's integer rounding) activations.
+static void k_quant_f16_neon(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16((uint16_t *)(void *)(y + 2 * i), vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i < n; i++) k_st_f16(y + 2 * i, x[i]);
+}
+
+static void k_quant_bf16_neon(const float *x, void *vy, int64_t n) {
+    uint8_t *y = vy;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const uint32x4_t u = vreinterpretq_u32_f32(vld1q_f32(x + i));
+        const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffffu)), vdupq_n_u32(0x7f800000u));
+        const uint32x4_t r = vaddq_u32(u, vaddq_u32(vdupq_n_u32(0x7fff), vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1))));
+        const uint32x4_t h = vbslq_u32(nan, vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40)), vshrq_n_u32(r, 16));
+        vst1_u16((uint16_t *)(void *)(y + 2 * i), vmovn_u32(h));
+    }
+    for (; i < n; i++) wr_u16(y + 2 * i, psv_f32_to_bf16(x[i]));
+}
+
 // ---- NEON: exp, SwiGLU, softmax --------------------------------------------------------------------
 // As the AVX2 kernels: psv_expf_poly on 4 lanes with the hardware FMA, which rounds exactly as
 // psv_fmaf does wherever no value involved is a float subnormal, i.e. whenever |n| <= 125; a
@@ -11833,6 +11855,8 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
     t[T_Q8_1].from_float = k_quant_q8_1_neon;
     t[T_Q8_K].from_float = k_quant_q8_k_neon;
+    t[T_F16].from_float = k_quant_f16_neon;
+    t[T_BF16].from_float = k_quant_bf16_neon;
     t[T_F32].vec_dot = k_dot_f32_f32_neon;
     t[T_F16].vec_dot = k_dot_f16_f16_neon;
     t[T_BF16].vec_dot = k_dot_bf16_bf16_neon;
