@@ -10640,8 +10640,10 @@ K_AVX2 static void k_axpy_rows_avx2(float *y, const float *w, const float *v, si
 // reference's own double expression per block into the same K_BLOCK_LANES lanes: bit-identical
 // to the reference. The "dotprod" set (FEAT_DotProd, ARMv8.2: Apple M1 and later, Neoverse N1,
 // Cortex-A76 and later; run-time detected) is the same kernels with each 16 products summed by
-// one sdot (k_sdot_neon) instead of two multiplies and two pairwise adds (`dp` below), and adds
-// GEMM kernels (see "NEON dotprod: GEMM on panels").
+// one sdot (k_sdot_neon) instead of two multiplies and two pairwise adds (`dp` below), plus GEMM
+// and four-row generation kernels ("NEON dotprod: GEMM on panels", "... generation of one
+// sequence"); the "i8mm" set is dotprod with smmla in the GEMM. The NEON float, quantizer and
+// element-wise kernels further down serve all three sets.
 #if defined(PSV_ARM64)
 
 // The "dotprod" set's functions are built for FEAT_DotProd whatever the compiler's target (gcc
