@@ -8513,6 +8513,12 @@ K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint
                                                                  : NULL;
 }
 
+// The four weight rows of a gemv1 kernel's group starting at row w0 of nw (past the end: the
+// last row again, its results not stored).
+K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
+    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
+}
+
 // Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
 // 4, leaves the level-1 cache to the computation better than level-1 prefetches).
 K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
@@ -9820,12 +9826,6 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
     return v;
 }
 
-// The four weight rows of a gemv1 kernel's group starting at row w0 of nw (past the end: the
-// last row again, its results not stored).
-K_AVX2 K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
-    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
-}
-
 // The group's results: each row's four lanes (a[l], element r: row r) added in order, lane 0
 // first (k_lanes_sum), rounded to float and stored for the rows that exist.
 K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int w0, int nw) {
@@ -10844,22 +10844,26 @@ K_DEF_DOTK_NEON(k_dot_q5_k_q8_k, k_dot_q5_k_neon)
 
 // Q6_K unpacked in registers: for half h and quarter k, values 128h + 32k + l (l < 32) have their
 // low nibble in ql[64h + 32(k&1) + l] at bit 4(k>>1) and their top bits in qh[32h + l] at bit 2k;
-// the 16 values of each half of l are one sub-block.
+// the 16 values of each half of l are one sub-block. k_q6_k_raw16_neon: values 128h + 32k +
+// 16 half ... + 15 of the block at x as stored (6 bits: q + 32).
+static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int half) {
+    uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
+    l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+    const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(x + 128 + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3));
+    return vorrq_u8(l, vshlq_n_u8(hb, 4));
+}
+
 K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx, *y = vy;
     double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += K_Q6_K_SIZE, y += K_Q8_K_SIZE) {
-        const uint8_t *ql = x, *qh = x + 128;
         const int8_t *sc = (const int8_t *)(x + 192), *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 4; k++)
                 for (int half = 0; half < 2; half++) {
-                    uint8x16_t l = vld1q_u8(ql + 64 * h + 32 * (k & 1) + 16 * half);
-                    l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
-                    uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(qh + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3));
-                    int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hb, 4))), vdupq_n_s8(32));
+                    int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(x, h, k, half)), vdupq_n_s8(32));
                     int e = 128 * h + 32 * k + 16 * half;
                     isum += sc[e / 16] * vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), qv, vld1q_s8(a + e)));
                 }
@@ -11200,12 +11204,6 @@ K_DEF_GEMM_NEON(k_gemm_q6_k, T_Q6_K)
 // float64x2 (the activation's block scales come from the side data, already doubles) and added
 // to lane b % 4, exactly as the reference does it.
 
-// The four weight rows from w0 (past nw: the last row again, its results not stored).
-static inline void k_gemv1_rows_neon(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
-    K_UNROLL
-    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
-}
-
 // Lanes (acc[l][0]: rows 0-1, acc[l][1]: rows 2-3) added in the reference's order, rounded to
 // float, stored for the rows that exist.
 static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *s, int w0, int nw) {
@@ -11253,7 +11251,7 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
-        k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w0, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
@@ -11294,7 +11292,7 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
     const uint8x16_t m4 = vdupq_n_u8(15);
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
-        k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w0, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
@@ -11352,7 +11350,7 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
-        k_gemv1_rows_neon(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w0, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
@@ -11367,11 +11365,7 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
                 for (int h = 0; h < 2; h++)
                     for (int k = 0; k < 4; k++)
                         for (int half = 0; half < 2; half++) {
-                            uint8x16_t l = vld1q_u8(xb + 64 * h + 32 * (k & 1) + 16 * half);
-                            l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
-                            const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(xb + 128 + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))),
-                                                           vdupq_n_u8(3));
-                            const int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hb, 4))), vdupq_n_s8(32));
+                            const int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(xb, h, k, half)), vdupq_n_s8(32));
                             const int e = 128 * h + 32 * k + 16 * half;
                             t[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
                         }
@@ -11466,16 +11460,11 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 if (min) dm[r] = (double)k_f16_neon(x + 2);
                 break;
             }
-            case T_Q6_K: { // value 128h + 32k + l: see k_dot_q6_k_neon; plus 32: the stored 6 bits
+            case T_Q6_K: { // the stored 6 bits (q + 32), in value order
                 for (int h = 0; h < 2; h++)
                     for (int k = 0; k < 4; k++)
-                        for (int half = 0; half < 2; half++) {
-                            uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
-                            l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
-                            uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(x + 128 + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))),
-                                                     vdupq_n_u8(3));
-                            vst1q_u8(q[r] + 128 * h + 32 * k + 16 * half, vorrq_u8(l, vshlq_n_u8(hb, 4)));
-                        }
+                        for (int half = 0; half < 2; half++)
+                            vst1q_u8(q[r] + 128 * h + 32 * k + 16 * half, k_q6_k_raw16_neon(x, h, k, half));
                 src[r] = q[r];
                 for (int k = 0; k < 16; k++) sc[r][k] = (int8_t)x[192 + k], cor[r][k] = -32 * sc[r][k];
                 dx[r] = (double)k_f16_neon(x + 208);
