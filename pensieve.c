@@ -10799,8 +10799,18 @@ K_INLINE void k_dot_q3_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
 
 K_DEF_DOTK_NEON(k_dot_q3_k_q8_k, k_dot_q3_k_neon)
 
-// Q4_K unpacked in registers (value 64c + l: low nibble of qs[32c + l], 64c + 32 + l: high);
-// Q5_K through the reference unpacking.
+// Q4_K chunk c (64 values: qs[32c + l] holds value 64c + l in its low nibble, 64c + 32 + l in its
+// high one) against the activation's quants a: the lanes of sub-blocks 2c (*lo) and 2c + 1 (*hi).
+K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const int8_t *a, int c, int32x4_t *lo, int32x4_t *hi) {
+    const uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16), m4 = vdupq_n_u8(15);
+    const int8_t *ac = a + 64 * c;
+    *lo = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, m4)), vld1q_s8(ac)),
+                        vreinterpretq_s8_u8(vandq_u8(v1, m4)), vld1q_s8(ac + 16));
+    *hi = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32)),
+                        vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
+}
+
+// Q4_K unpacked in registers (k_q4_k_chunk_neon); Q5_K through the reference unpacking.
 K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
     PSV_ASSERT(n % QK_K == 0);
     const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
@@ -10815,14 +10825,9 @@ K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, c
             for (int k = 0; k < 8; k++) t[k] = k_isum32_neon(dp, q + 32 * k, a + 32 * k);
         } else {
             for (int k = 0; k < 8; k++) k_scale_min_k4(x + 4, k, &sc[k], &m[k]);
-            const uint8_t *qs = x + 16;
             for (int c = 0; c < 4; c++) {
-                uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16);
-                const int8_t *ac = a + 64 * c;
-                int32x4_t lo = k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, vdupq_n_u8(15))), vld1q_s8(ac));
-                lo = k_dot16x_neon(dp, lo, vreinterpretq_s8_u8(vandq_u8(v1, vdupq_n_u8(15))), vld1q_s8(ac + 16));
-                int32x4_t hi = k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32));
-                hi = k_dot16x_neon(dp, hi, vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
+                int32x4_t lo, hi;
+                k_q4_k_chunk_neon(dp, x + 16, a, c, &lo, &hi);
                 t[2 * c] = vaddvq_s32(lo);
                 t[2 * c + 1] = vaddvq_s32(hi);
             }
@@ -11289,7 +11294,6 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    const uint8x16_t m4 = vdupq_n_u8(15);
     for (int w0 = 0; w0 < nw; w0 += 4) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w0, xr);
@@ -11310,14 +11314,7 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
                 const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
                 int32x4_t t[8];
                 K_UNROLL
-                for (int c = 0; c < 4; c++) {
-                    const uint8x16_t v0 = vld1q_u8(xb + 16 + 32 * c), v1 = vld1q_u8(xb + 32 + 32 * c);
-                    const int8_t *ac = a + 64 * c;
-                    t[2 * c] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, m4)), vld1q_s8(ac)),
-                                           vreinterpretq_s8_u8(vandq_u8(v1, m4)), vld1q_s8(ac + 16));
-                    t[2 * c + 1] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32)),
-                                               vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
-                }
+                for (int c = 0; c < 4; c++) k_q4_k_chunk_neon(true, xb + 16, a, c, &t[2 * c], &t[2 * c + 1]);
                 int sc[8], m[8];
                 K_UNROLL
                 for (int k = 0; k < 8; k++) k_scale_min_k4(xb + 4, k, &sc[k], &m[k]);
@@ -11429,7 +11426,8 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *src[K_PANEL];
-        int sc[K_PANEL][16] = {{0}}, cor[K_PANEL][16] = {{0}}, mco[K_PANEL][16] = {{0}};
+        int sc[K_PANEL][16], cor[K_PANEL][16], mco[K_PANEL][16]; // k-quants only (rows past nw: 0)
+        if (kq) memset(sc, 0, sizeof sc), memset(cor, 0, sizeof cor), memset(mco, 0, sizeof mco);
         double dx[K_PANEL] = {0}, dm[K_PANEL] = {0};
         for (int r = 0; r < K_PANEL; r++) {
             src[r] = zero;
