@@ -4386,6 +4386,20 @@ typedef struct {
     uint8_t byte;
 } tok_trie_node;
 
+// A slot of the string table: the id, and the high half of its text's hash, which most probes
+// that miss are told apart by without reading the text.
+typedef struct {
+    int32_t id;
+    uint32_t tag;
+} tok_str_slot;
+
+// A slot of the merge table: one cache line holds all a lookup reads.
+typedef struct {
+    uint64_t key;
+    uint32_t rank;
+    int32_t out;
+} tok_merge;
+
 typedef struct tok_vocab {
     tok_kind kind;
     tok_pre pre;
@@ -4397,8 +4411,8 @@ typedef struct tok_vocab {
     uint32_t *str_off; // n_str + 1 offsets into str_buf
     size_t str_off_cap;
     buf_t str_buf;
-    int32_t *str_tab; // open-addressing hash text -> id, -1 empty
-    size_t str_cap;   // power of two
+    tok_str_slot *str_tab; // open-addressing hash text -> id, id -1 empty
+    size_t str_cap;        // power of two
     float *score;     // n_vocab (SPM merge priority)
     uint8_t *attr;    // n_vocab, TOK_ATTR_*
     // What each token detokenizes to: control and unknown tokens as their text.
@@ -4406,9 +4420,7 @@ typedef struct tok_vocab {
     char *piece;
     // BPE merges: (left id, right id) -> rank and result id, open addressing keyed by
     // left << 32 | right (UINT64_MAX empty).
-    uint64_t *merge_key;
-    uint32_t *merge_rank;
-    int32_t *merge_out;
+    tok_merge *merge;
     size_t merge_cap;
     int32_t byte_sym[256];  // BPE: string id of each byte's GPT-2 character (-1: none)
     int32_t byte_tok1[256]; // the token whose text is that single byte (-1: none)
@@ -4481,22 +4493,48 @@ static const char *tok_token_bytes(const tok_vocab *v, int32_t id, size_t *len) 
     return v->piece + v->piece_off[id];
 }
 
-// FNV-1a: token texts are short.
+// Eight bytes at a time, then a final mix: the table takes the low bits as the slot and the
+// high 32 as the tag. Loading a 200k-token vocabulary and its merges hashes 800k texts.
 static uint64_t tok_hash(const char *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
-    return h;
+    const uint8_t *u = (const uint8_t *)p;
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    for (; n >= 8; u += 8, n -= 8) {
+        h = (h ^ ld_u64(u)) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    uint64_t w = 0;
+    for (size_t i = 0; i < n; i++) w |= (uint64_t)u[i] << (8 * i);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 32;
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 29);
+}
+
+// memcmp(a, b, n) == 0 for the short texts of a vocabulary, without a call.
+static inline bool tok_same(const char *a, const char *b, size_t n) {
+    const uint8_t *x = (const uint8_t *)a, *y = (const uint8_t *)b;
+    for (; n >= 8; x += 8, y += 8, n -= 8)
+        if (ld_u64(x) != ld_u64(y)) return false;
+    for (; n; x++, y++, n--)
+        if (*x != *y) return false;
+    return true;
+}
+
+static int32_t tok_str_find_h(const tok_vocab *v, const char *p, size_t n, uint64_t h) {
+    size_t mask = v->str_cap - 1, i = (size_t)h & mask;
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (;; i = (i + 1) & mask) {
+        tok_str_slot e = v->str_tab[i];
+        if (e.id < 0) return -1;
+        if (e.tag != tag) continue;
+        size_t len;
+        const char *s = tok_str(v, e.id, &len);
+        if (len == n && tok_same(s, p, n)) return e.id;
+    }
 }
 
 static int32_t tok_str_find(const tok_vocab *v, const char *p, size_t n) {
-    size_t mask = v->str_cap - 1, i = (size_t)tok_hash(p, n) & mask;
-    for (;; i = (i + 1) & mask) {
-        int32_t id = v->str_tab[i];
-        if (id < 0) return -1;
-        size_t len;
-        const char *s = tok_str(v, id, &len);
-        if (len == n && (n == 0 || memcmp(s, p, n) == 0)) return id;
-    }
+    return tok_str_find_h(v, p, n, tok_hash(p, n));
 }
 
 // The token with exactly this text, or -1 (e.g. to find "<|im_end|>").
@@ -4506,20 +4544,33 @@ static int32_t tok_find(const tok_vocab *v, const char *text, size_t n) {
 }
 
 static bool tok_str_rehash(tok_vocab *v, size_t cap) {
-    int32_t *tab = malloc(cap * sizeof *tab);
+    tok_str_slot *tab = malloc(cap * sizeof *tab);
     if (!tab) return false;
     memset(tab, 0xff, cap * sizeof *tab);
-    for (int32_t id = 0; id < v->n_str; id++) {
-        size_t len;
-        const char *s = tok_str(v, id, &len);
-        size_t i = (size_t)tok_hash(s, len) & (cap - 1);
-        while (tab[i] >= 0) {
-            size_t l2;
-            const char *s2 = tok_str(v, tab[i], &l2);
-            if (l2 == len && (len == 0 || memcmp(s2, s, len) == 0)) break; // duplicate: keep first
-            i = (i + 1) & (cap - 1);
+    enum { AHEAD = 16 };
+    uint64_t ring[AHEAD]; // the hashes of the next ids, whose slots are being prefetched
+    for (int64_t j = 0; j < (int64_t)v->n_str + AHEAD; j++) {
+        if (j >= AHEAD) { // insert id j - AHEAD
+            int32_t id = (int32_t)(j - AHEAD);
+            size_t len;
+            const char *s = tok_str(v, id, &len);
+            uint64_t h = ring[id % AHEAD];
+            uint32_t tag = (uint32_t)(h >> 32);
+            size_t i = (size_t)h & (cap - 1);
+            while (tab[i].id >= 0) {
+                size_t l2;
+                const char *s2 = tab[i].tag == tag ? tok_str(v, tab[i].id, &l2) : NULL;
+                if (s2 && l2 == len && tok_same(s2, s, len)) break; // duplicate: keep first
+                i = (i + 1) & (cap - 1);
+            }
+            if (tab[i].id < 0) tab[i] = (tok_str_slot){id, tag};
         }
-        if (tab[i] < 0) tab[i] = id;
+        if (j < v->n_str) { // and start on id j
+            size_t len;
+            const char *s = tok_str(v, (int32_t)j, &len);
+            ring[j % AHEAD] = tok_hash(s, len);
+            __builtin_prefetch(&tab[(size_t)ring[j % AHEAD] & (cap - 1)], 1);
+        }
     }
     free(v->str_tab);
     v->str_tab = tab;
@@ -4527,9 +4578,10 @@ static bool tok_str_rehash(tok_vocab *v, size_t cap) {
     return true;
 }
 
-// The id of a string, adding it after the tokens when new. -1 on out-of-memory.
-static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n) {
-    int32_t id = tok_str_find(v, p, n);
+// The id of a string whose tok_hash is h, adding it after the tokens when new. -1 on
+// out-of-memory.
+static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n, uint64_t h) {
+    int32_t id = tok_str_find_h(v, p, n, h);
     if (id >= 0) return id;
     if (v->n_str >= INT32_MAX - 1) return -1;
     if ((size_t)v->n_str + 2 > v->str_off_cap) {
@@ -4547,16 +4599,20 @@ static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n) {
     if ((size_t)v->n_str * 2 > v->str_cap) {
         if (!tok_str_rehash(v, v->str_cap * 2)) return -1;
     } else {
-        size_t i = (size_t)tok_hash(p, n) & (v->str_cap - 1);
-        while (v->str_tab[i] >= 0) i = (i + 1) & (v->str_cap - 1);
-        v->str_tab[i] = id;
+        size_t i = (size_t)h & (v->str_cap - 1);
+        while (v->str_tab[i].id >= 0) i = (i + 1) & (v->str_cap - 1);
+        v->str_tab[i] = (tok_str_slot){id, (uint32_t)(h >> 32)};
     }
     return id;
 }
 
+static size_t tok_merge_hash(const tok_vocab *v, uint64_t key) {
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & (v->merge_cap - 1);
+}
+
 static size_t tok_merge_slot(const tok_vocab *v, uint64_t key) {
-    size_t mask = v->merge_cap - 1, i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & mask;
-    while (v->merge_key[i] != UINT64_MAX && v->merge_key[i] != key) i = (i + 1) & mask;
+    size_t mask = v->merge_cap - 1, i = tok_merge_hash(v, key);
+    while (v->merge[i].key != UINT64_MAX && v->merge[i].key != key) i = (i + 1) & mask;
     return i;
 }
 
@@ -4569,9 +4625,7 @@ static void tok_free(tok_vocab *v) {
     free(v->attr);
     free(v->piece_off);
     free(v->piece);
-    free(v->merge_key);
-    free(v->merge_rank);
-    free(v->merge_out);
+    free(v->merge);
     free(v->special);
     free(v->trie);
     free(v->eog);
@@ -4670,8 +4724,15 @@ static void tok_piece_build(const tok_vocab *v, int32_t id, buf_t *b) {
     } else if (a & TOK_ATTR_NORMAL) {
         const uint8_t *p = (const uint8_t *)s;
         for (size_t i = 0; i < n;) {
+            size_t k = 0;
+            while (i + k < n && p[i + k] < 0x80) k++; // ASCII stands for itself in both kinds
+            if (k) {
+                buf_append(b, p + i, k);
+                i += k;
+                continue;
+            }
             uint32_t cp;
-            size_t k = utf8_decode(p + i, n - i, &cp);
+            k = utf8_decode(p + i, n - i, &cp);
             if (v->kind == TOK_SPM && cp == 0x2581) { // sentencepiece's space marker
                 buf_putc(b, ' ');
             } else if (v->kind == TOK_BPE && bpe_cp_to_byte(cp) >= 0) {
@@ -4914,9 +4975,22 @@ done:
     return st;
 }
 
+// Start loading what finding a string of hash h will read: its first slot (step 0), the text
+// offsets of the id there (1), the text (2). A hint only; the table may change before the find.
+static void tok_str_prefetch(const tok_vocab *v, uint64_t h, int step) {
+    const tok_str_slot *e = &v->str_tab[(size_t)h & (v->str_cap - 1)];
+    if (step == 0) __builtin_prefetch(e);
+    else if (e->id >= 0 && step == 1) __builtin_prefetch(&v->str_off[e->id]);
+    else if (e->id >= 0) __builtin_prefetch(v->str_buf.data + v->str_off[e->id]);
+}
+
 // BPE merges "left right" (split at the first space after the first byte), as
 // (left id, right id) -> (rank, result id). Operands and results that are not tokens get
-// string ids of their own, so merging works on ids alone.
+// string ids of their own, so merging works on ids alone. The tables outgrow the caches (a
+// 200k-merge vocabulary has 8 MB of string slots and 8 MB of merge slots), so merges are taken
+// TOK_MERGE_BATCH at a time: what the batch will read is prefetched, step by step, for all of
+// its strings before any is looked up. The lookups themselves go in order.
+enum { TOK_MERGE_BATCH = 16 };
 static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *err) {
     psv_status st = PSV_OK;
     buf_t cat = {0};
@@ -4927,32 +5001,58 @@ static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *e
     size_t m = (size_t)merges->arr_n, cap = 16;
     while (2 * cap < 3 * m) cap *= 2; // load factor at most 2/3: 4 MB less than 1/2 for 150k merges
     v->merge_cap = cap;
-    v->merge_key = malloc(cap * sizeof *v->merge_key);
-    v->merge_rank = malloc(cap * sizeof *v->merge_rank);
-    v->merge_out = malloc(cap * sizeof *v->merge_out);
-    if (!v->merge_key || !v->merge_rank || !v->merge_out) return tok_oom(err);
-    memset(v->merge_key, 0xff, cap * sizeof *v->merge_key);
-    for (size_t i = 0; i < m; i++) {
-        str_t s = gguf_arr_str(merges, (uint64_t)i);
-        const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
-        if (!sp) continue; // llama.cpp maps it to ("", ""), which never matches
-        size_t ln = (size_t)(sp - s.p), rn = s.n - ln - 1;
+    v->merge = malloc(cap * sizeof *v->merge);
+    if (!v->merge) return tok_oom(err);
+    memset(v->merge, 0xff, cap * sizeof *v->merge);
+    struct {
+        const char *l, *r; // NULL l: no space to split at, which llama.cpp maps to ("", ""), never matching
+        size_t ln, rn, cat; // cat: where left + right starts in `cat`
+        uint64_t h[3];      // hashes of left, right, left + right
+        uint64_t key;
+        int32_t out;
+    } q[TOK_MERGE_BATCH];
+    for (size_t i0 = 0; i0 < m; i0 += TOK_MERGE_BATCH) {
+        size_t nb = m - i0 < TOK_MERGE_BATCH ? m - i0 : TOK_MERGE_BATCH;
         cat.len = 0;
-        buf_append(&cat, s.p, ln);
-        buf_append(&cat, sp + 1, rn);
-        int32_t l = cat.oom ? -1 : tok_str_intern(v, s.p, ln);
-        int32_t r = l < 0 ? -1 : tok_str_intern(v, sp + 1, rn);
-        int32_t o = r < 0 ? -1 : tok_str_intern(v, cat.data, cat.len);
-        if (o < 0) {
-            st = tok_oom(err);
-            goto done;
+        for (size_t j = 0; j < nb; j++) {
+            str_t s = gguf_arr_str(merges, (uint64_t)(i0 + j));
+            const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
+            q[j].l = sp ? s.p : NULL;
+            if (!sp) continue;
+            q[j].r = sp + 1;
+            q[j].ln = (size_t)(sp - s.p);
+            q[j].rn = s.n - q[j].ln - 1;
+            q[j].cat = cat.len;
+            buf_append(&cat, s.p, q[j].ln);
+            buf_append(&cat, sp + 1, q[j].rn);
+            if (cat.oom) {
+                st = tok_oom(err);
+                goto done;
+            }
+            q[j].h[0] = tok_hash(q[j].l, q[j].ln);
+            q[j].h[1] = tok_hash(q[j].r, q[j].rn);
+            q[j].h[2] = tok_hash(cat.data + q[j].cat, q[j].ln + q[j].rn);
         }
-        uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
-        size_t slot = tok_merge_slot(v, key);
-        if (v->merge_key[slot] == UINT64_MAX) { // a repeated pair keeps its first rank
-            v->merge_key[slot] = key;
-            v->merge_rank[slot] = (uint32_t)i;
-            v->merge_out[slot] = o;
+        for (int step = 0; step < 3; step++)
+            for (size_t j = 0; j < nb; j++)
+                for (int k = 0; k < 3 && q[j].l; k++) tok_str_prefetch(v, q[j].h[k], step);
+        for (size_t j = 0; j < nb; j++) {
+            if (!q[j].l) continue;
+            int32_t l = tok_str_intern(v, q[j].l, q[j].ln, q[j].h[0]);
+            int32_t r = l < 0 ? -1 : tok_str_intern(v, q[j].r, q[j].rn, q[j].h[1]);
+            q[j].out = r < 0 ? -1 : tok_str_intern(v, cat.data + q[j].cat, q[j].ln + q[j].rn, q[j].h[2]);
+            if (q[j].out < 0) {
+                st = tok_oom(err);
+                goto done;
+            }
+            q[j].key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+            __builtin_prefetch(&v->merge[tok_merge_hash(v, q[j].key)]);
+        }
+        for (size_t j = 0; j < nb; j++) {
+            if (!q[j].l) continue;
+            size_t slot = tok_merge_slot(v, q[j].key);
+            if (v->merge[slot].key == UINT64_MAX) // a repeated pair keeps its first rank
+                v->merge[slot] = (tok_merge){q[j].key, (uint32_t)(i0 + j), q[j].out};
         }
     }
 done:
@@ -4983,6 +5083,7 @@ static psv_status tok_build_tables(tok_vocab *v, psv_error *err) {
         }
     }
     buf_t pb = {0};
+    buf_reserve(&pb, v->str_off[v->n_vocab]); // a piece is never longer than its text
     v->piece_off = malloc(((size_t)v->n_vocab + 1) * sizeof *v->piece_off);
     if (!v->piece_off) return tok_oom(err);
     v->piece_off[0] = 0;
@@ -5487,9 +5588,10 @@ static void bpe_try_pair(const tok_vocab *v, tok_work *w, int32_t l, int32_t r) 
     if (a->id < 0 || b->id < 0) return;
     uint64_t key = (uint64_t)(uint32_t)a->id << 32 | (uint32_t)b->id;
     size_t slot = tok_merge_slot(v, key);
-    if (v->merge_key[slot] != key) return;
-    tok_heap_push(w, (struct tok_pair){(uint64_t)v->merge_rank[slot] << 32 | (uint32_t)l, (uint32_t)l,
-                                       (uint32_t)r, a->len, b->len, v->merge_out[slot]});
+    const tok_merge *e = &v->merge[slot];
+    if (e->key != key) return;
+    tok_heap_push(w, (struct tok_pair){(uint64_t)e->rank << 32 | (uint32_t)l, (uint32_t)l, (uint32_t)r, a->len,
+                                       b->len, e->out});
 }
 
 static void bpe_word(const tok_vocab *v, tok_work *w, const uint8_t *s, size_t n) {
