@@ -343,6 +343,35 @@ static void test_bad_models(void) {
     CHECK(psv_model_open("/nonexistent/x.gguf", NULL, &m, &err) == PSV_ERR_IO && !m && strstr(err.message, "/nonexistent/x.gguf"));
 }
 
+// The page-table helper psv_model_open starts: it runs over the data section, a stop request
+// ends it (the join returns), and stopping twice or a helper that never started is harmless.
+static void test_prefault(void) {
+    size_t n = (size_t)64 << 20;
+    uint8_t *p = calloc(n, 1);
+    if (!p) return;
+    plat_prefault pf;
+    plat_prefault_start(&pf, p, n);
+    CHECK(pf.running);
+    plat_prefault_stop(&pf);
+    CHECK(!pf.running && atomic_load(&pf.stop));
+    plat_prefault_stop(&pf);
+    CHECK(!pf.running);
+    plat_prefault_start(&pf, p, 0); // nothing to touch: no thread
+    CHECK(!pf.running);
+    plat_prefault_stop(&pf);
+    free(p);
+
+    model_spec sp = {.arch = "llama", .n_rot = HD};
+    if (!write_model(tmp_path, &sp)) return;
+    psv_error err = {0};
+    psv_model *m = NULL;
+    CHECK(psv_model_open(tmp_path, NULL, &m, &err) == PSV_OK);
+    if (!m) return;
+    CHECK(m->prefault.running && m->prefault.p == m->gguf->base + m->gguf->data_offset &&
+          m->prefault.n == m->gguf->size - m->gguf->data_offset);
+    psv_model_close(m); // joins the helper; ASan and TSan builds see it end before the unmap
+}
+
 int main(void) {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/psv-test-model-%d.gguf", (int)getpid());
     model_spec specs[] = {
@@ -352,6 +381,7 @@ int main(void) {
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(specs); i++) test_forward_matches_naive(&specs[i]);
     test_ctx_limits();
+    test_prefault();
     test_bad_models();
     free_weights();
     unlink(tmp_path);
