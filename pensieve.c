@@ -12797,6 +12797,9 @@ typedef struct {
 // the tokens/s for Q4_K_M and Q8_0; at 2 and 3 rows it is a tie).
 #define MM_GEMM_MIN 4
 #define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
+#ifndef MM_CHUNKS
+#define MM_CHUNKS 4 // chunks of a one-token product per thread, taken as threads come free
+#endif
 
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
 typedef struct {
@@ -12880,6 +12883,7 @@ typedef struct {
     size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
+    _Atomic int64_t next_chunk; // one-token products: the next chunk of rows a thread takes
 } mm_job;
 
 static void mm_quant_task(void *arg, int ith, int nth) {
@@ -12896,26 +12900,42 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     }
 }
 
-// The GEMM path of mm_dot_task: this thread's share of the panels.
-static void mm_gemm_task(const mm_job *j, int ith, int nth) {
+// Work units [lo, hi) of a product of n units for the calling thread, false when none are left.
+// Threads take chunks as they come free, MM_CHUNKS per thread on average: a thread that runs
+// slower (a busy core, a virtual CPU its host holds back, an efficiency core) does less of the
+// product instead of making the others wait for it. Which thread computes a row does not change
+// its result.
+static bool mm_next_chunk(mm_job *j, int64_t n, int nth, int64_t *lo, int64_t *hi) {
+    const int64_t per = PSV_MAX((int64_t)1, n / ((int64_t)nth * MM_CHUNKS));
+    int64_t c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
+    if (c >= (n + per - 1) / per) return false;
+    *lo = c * per;
+    *hi = PSV_MIN(n, *lo + per);
+    return true;
+}
+
+// The GEMM path of mm_dot_task: panels, a chunk at a time.
+static void mm_gemm_task(mm_job *j, int ith, int nth) {
     const mtensor *w = j->w;
     int64_t lo, hi;
-    pool_share((w->n_out + K_PANEL - 1) / K_PANEL, ith, nth, &lo, &hi);
     uint8_t *panel = j->panels + (size_t)ith * j->panel_size;
-    for (int64_t p = lo; p < hi; p++) {
-        int64_t o = p * K_PANEL;
-        int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
-        j->tr->pack(w->n_in, w->data + (size_t)o * w->row_size, w->row_size, nw, panel);
-        // the next panel's weights come from memory while this one computes (its first call)
-        k_prefetch next = {.p = w->data + (size_t)(o + K_PANEL) * w->row_size, .stride = w->row_size,
-                           .blk = type_table[w->type].type_size,
-                           .rows = p + 1 < hi ? (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL) : 0};
-        for (int64_t t = 0; t < j->n_tok; t += K_GEMM_ROWS) {
-            int nr = (int)PSV_MIN((int64_t)K_GEMM_ROWS, j->n_tok - t);
-            float *out[K_GEMM_ROWS];
-            for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
-            j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row, j->sides + (size_t)t * j->side_stride,
-                        j->side_stride, nr, out, nw, t == 0 && next.rows ? &next : NULL);
+    while (mm_next_chunk(j, (w->n_out + K_PANEL - 1) / K_PANEL, nth, &lo, &hi)) {
+        for (int64_t p = lo; p < hi; p++) {
+            int64_t o = p * K_PANEL;
+            int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
+            j->tr->pack(w->n_in, w->data + (size_t)o * w->row_size, w->row_size, nw, panel);
+            // the next panel's weights come from memory while this one computes (its first call)
+            k_prefetch next = {.p = w->data + (size_t)(o + K_PANEL) * w->row_size, .stride = w->row_size,
+                               .blk = type_table[w->type].type_size,
+                               .rows = p + 1 < hi ? (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL) : 0};
+            for (int64_t t = 0; t < j->n_tok; t += K_GEMM_ROWS) {
+                int nr = (int)PSV_MIN((int64_t)K_GEMM_ROWS, j->n_tok - t);
+                float *out[K_GEMM_ROWS];
+                for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
+                j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row,
+                            j->sides + (size_t)t * j->side_stride, j->side_stride, nr, out, nw,
+                            t == 0 && next.rows ? &next : NULL);
+            }
         }
     }
 }
@@ -12928,38 +12948,39 @@ static void mm_dot_task(void *arg, int ith, int nth) {
     }
     int64_t lo, hi;
     if (j->sides && j->n_tok == 1 && j->tr->gemv1) { // one token: many weight rows a call, in fours
-        pool_share((j->w->n_out + 3) / 4, ith, nth, &lo, &hi);
-        lo *= 4, hi = PSV_MIN(hi * 4, j->w->n_out);
-        if (lo < hi)
+        while (mm_next_chunk(j, (j->w->n_out + 3) / 4, nth, &lo, &hi)) {
+            lo *= 4, hi = PSV_MIN(hi * 4, j->w->n_out);
             j->tr->gemv1(j->w->n_in, (j->y_rows ? j->y_rows[0] : j->y) + lo, j->w->data + (size_t)lo * j->w->row_size,
                          j->w->row_size, (int)(hi - lo), j->xq, j->sides);
+        }
         return;
     }
-    pool_share(j->w->n_out, ith, nth, &lo, &hi);
     // several tokens per weight row at once where the kernels can (same results per row): the
     // gemv kernels with the rows' side data (all rows), else the multi-row dot products (2 or more)
     const bool gemv = j->sides != NULL;
-    for (int64_t o = lo; o < hi; o++) {
-        const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
-        int64_t t = 0;
-        if (gemv || j->tr->vec_dot_rows)
-            for (; gemv ? t < j->n_tok : t + 1 < j->n_tok; t += K_ROWS_MAX) {
-                int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
-                float tmp[K_ROWS_MAX]; // scattered results go through this small buffer
-                float *dst = j->y_rows ? tmp : &j->y[t * j->y_stride + o];
-                int64_t ds = j->y_rows ? 1 : j->y_stride;
-                const uint8_t *yq = j->xq + (size_t)t * j->xq_row;
-                if (gemv)
-                    j->tr->gemv(j->w->n_in, dst, ds, wr, yq, j->xq_row, j->sides + (size_t)t * j->side_stride,
-                                j->side_stride, nr);
-                else
-                    j->tr->vec_dot_rows(j->w->n_in, dst, ds, wr, yq, j->xq_row, nr);
-                if (j->y_rows)
-                    for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
-            }
-        for (; t < j->n_tok; t++)
-            j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
-                           j->xq + (size_t)t * j->xq_row);
+    while (mm_next_chunk(j, j->w->n_out, nth, &lo, &hi)) {
+        for (int64_t o = lo; o < hi; o++) {
+            const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
+            int64_t t = 0;
+            if (gemv || j->tr->vec_dot_rows)
+                for (; gemv ? t < j->n_tok : t + 1 < j->n_tok; t += K_ROWS_MAX) {
+                    int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
+                    float tmp[K_ROWS_MAX]; // scattered results go through this small buffer
+                    float *dst = j->y_rows ? tmp : &j->y[t * j->y_stride + o];
+                    int64_t ds = j->y_rows ? 1 : j->y_stride;
+                    const uint8_t *yq = j->xq + (size_t)t * j->xq_row;
+                    if (gemv)
+                        j->tr->gemv(j->w->n_in, dst, ds, wr, yq, j->xq_row, j->sides + (size_t)t * j->side_stride,
+                                    j->side_stride, nr);
+                    else
+                        j->tr->vec_dot_rows(j->w->n_in, dst, ds, wr, yq, j->xq_row, nr);
+                    if (j->y_rows)
+                        for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
+                }
+            for (; t < j->n_tok; t++)
+                j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
+                               j->xq + (size_t)t * j->xq_row);
+        }
     }
 }
 
