@@ -12429,6 +12429,20 @@ static inline void pool_share(int64_t n, int ith, int nth, int64_t *lo, int64_t 
     *hi = n * (ith + 1) / nth;
 }
 
+// The next chunk [*lo, *hi) of n items for the calling thread, from the job's counter *next
+// (zero when the pool_run starts); false when none are left. Threads take chunks as they come
+// free, per_thread of them per thread on average, so that a thread that runs slower (a busy
+// core, a virtual CPU its host holds back, an efficiency core) or draws costlier items does
+// less of the work instead of making the others wait for it.
+static bool pool_next_chunk(_Atomic int64_t *next, int64_t n, int nth, int per_thread, int64_t *lo, int64_t *hi) {
+    const int64_t per = PSV_MAX((int64_t)1, n / ((int64_t)nth * per_thread));
+    int64_t c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
+    if (c >= (n + per - 1) / per) return false;
+    *lo = c * per;
+    *hi = PSV_MIN(n, *lo + per);
+    return true;
+}
+
 // ----------------------------------------------------------------------------
 // 14. Model
 // Loads hyper-parameters and weights from a GGUF file (weights stay in the mapping, used in
@@ -12900,18 +12914,10 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     }
 }
 
-// Work units [lo, hi) of a product of n units for the calling thread, false when none are left.
-// Threads take chunks as they come free, MM_CHUNKS per thread on average: a thread that runs
-// slower (a busy core, a virtual CPU its host holds back, an efficiency core) does less of the
-// product instead of making the others wait for it. Which thread computes a row does not change
-// its result.
+// Work units [lo, hi) of a product of n units for the calling thread, false when none are left
+// (pool_next_chunk). Which thread computes a row does not change its result.
 static bool mm_next_chunk(mm_job *j, int64_t n, int nth, int64_t *lo, int64_t *hi) {
-    const int64_t per = PSV_MAX((int64_t)1, n / ((int64_t)nth * MM_CHUNKS));
-    int64_t c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
-    if (c >= (n + per - 1) / per) return false;
-    *lo = c * per;
-    *hi = PSV_MIN(n, *lo + per);
-    return true;
+    return pool_next_chunk(&j->next_chunk, n, nth, MM_CHUNKS, lo, hi);
 }
 
 // The GEMM path of mm_dot_task: panels, a chunk at a time.
@@ -13123,7 +13129,7 @@ static void op_rope(const psv_model *m, float *v, int64_t n_heads, const float *
     }
 }
 
-// Attention for every (token, head) pair, threads splitting the pairs.
+// Attention for every (token, head) pair, threads taking the pairs in chunks.
 typedef struct {
     const psv_model *m;
     fwd_scratch *s;
@@ -13131,6 +13137,7 @@ typedef struct {
     int64_t n, il;
     const float *q; // (n, n_head*hd)
     int64_t q_stride;
+    _Atomic int64_t next_chunk; // tasks are taken in chunks (a token's cost grows with its position)
 } att_job;
 
 static void att_task(void *arg, int ith, int nth) {
@@ -13147,40 +13154,41 @@ static void att_task(void *arg, int ith, int nth) {
     const int64_t groups = j->n * m->n_head_kv;
     const int64_t parts = PSV_MIN(group, (nth + groups - 1) / groups), per = (group + parts - 1) / parts;
     int64_t lo, hi;
-    pool_share(groups * parts, ith, nth, &lo, &hi);
-    for (int64_t task = lo; task < hi; task++) {
-        const int64_t t = task / (m->n_head_kv * parts), kvh = task / parts % m->n_head_kv, part = task % parts;
-        const int64_t h0 = kvh * group + part * per, nh = PSV_MIN(per, (kvh + 1) * group - h0);
-        if (nh <= 0) continue;
-        const fwd_item *it = &j->items[t];
-        const kv_seq *kv = it->kv;
-        const float *q0 = j->q + t * j->q_stride + h0 * hd;
-        const int64_t n_kv = it->pos + 1;
-        const size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
-        if (kv->type == PSV_KV_F16) {
-            for (int64_t g = 0; g < nh; g++)
-                for (int64_t p = 0; p < n_kv; p++) {
-                    float d = 0;
-                    const float *q = q0 + g * hd;
-                    const uint16_t *kr = (const uint16_t *)kv->k + base + (size_t)p * (size_t)kv->kv_dim;
-                    for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
-                    scores[(size_t)g * sc_stride + (size_t)p] = d;
-                }
-        } else {
-            vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, (const float *)kv->k + base, (size_t)kv->kv_dim, n_kv, hd);
-        }
-        for (int64_t g = 0; g < nh; g++) {
-            float *sc = scores + (size_t)g * sc_stride;
-            vec->softmax(sc, n_kv, scale); // the weights
-            float *out = j->s->att + t * m->n_head * hd + (h0 + g) * hd;
-            for (int64_t i = 0; i < hd; i++) out[i] = 0;
+    while (pool_next_chunk(&j->next_chunk, groups * parts, nth, 8, &lo, &hi)) {
+        for (int64_t task = lo; task < hi; task++) {
+            const int64_t t = task / (m->n_head_kv * parts), kvh = task / parts % m->n_head_kv, part = task % parts;
+            const int64_t h0 = kvh * group + part * per, nh = PSV_MIN(per, (kvh + 1) * group - h0);
+            if (nh <= 0) continue;
+            const fwd_item *it = &j->items[t];
+            const kv_seq *kv = it->kv;
+            const float *q0 = j->q + t * j->q_stride + h0 * hd;
+            const int64_t n_kv = it->pos + 1;
+            const size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
             if (kv->type == PSV_KV_F16) {
-                for (int64_t p = 0; p < n_kv; p++) {
-                    const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
-                    for (int64_t i = 0; i < hd; i++) out[i] += sc[p] * psv_fp16_to_f32(vr[i]);
-                }
+                for (int64_t g = 0; g < nh; g++)
+                    for (int64_t p = 0; p < n_kv; p++) {
+                        float d = 0;
+                        const float *q = q0 + g * hd;
+                        const uint16_t *kr = (const uint16_t *)kv->k + base + (size_t)p * (size_t)kv->kv_dim;
+                        for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
+                        scores[(size_t)g * sc_stride + (size_t)p] = d;
+                    }
             } else {
-                vec->axpy_rows(out, sc, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
+                vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, (const float *)kv->k + base, (size_t)kv->kv_dim, n_kv, hd);
+            }
+            for (int64_t g = 0; g < nh; g++) {
+                float *sc = scores + (size_t)g * sc_stride;
+                vec->softmax(sc, n_kv, scale); // the weights
+                float *out = j->s->att + t * m->n_head * hd + (h0 + g) * hd;
+                for (int64_t i = 0; i < hd; i++) out[i] = 0;
+                if (kv->type == PSV_KV_F16) {
+                    for (int64_t p = 0; p < n_kv; p++) {
+                        const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
+                        for (int64_t i = 0; i < hd; i++) out[i] += sc[p] * psv_fp16_to_f32(vr[i]);
+                    }
+                } else {
+                    vec->axpy_rows(out, sc, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
+                }
             }
         }
     }

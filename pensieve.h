@@ -86,7 +86,10 @@ typedef struct psv_ctx_params {
 
 PSV_API psv_model_params psv_model_default_params(void);
 // Open a GGUF model. Errors name the file and the problem (missing tensor, wrong shape,
-// unsupported architecture or tensor type, truncated data).
+// unsupported architecture or tensor type, truncated data). The file is mapped, not read; a
+// helper thread touches its weights' pages front to back meanwhile, so that the first prompt
+// does not take the page faults (and, for a file not in the page cache, reads it ahead). It
+// stops by itself when done, or at psv_model_close.
 PSV_API psv_status psv_model_open(const char *path, const psv_model_params *params, psv_model **out,
                                   psv_error *err);
 PSV_API void psv_model_close(psv_model *m); // all contexts of m must be freed first
