@@ -343,6 +343,50 @@ static void test_bad_models(void) {
     CHECK(psv_model_open("/nonexistent/x.gguf", NULL, &m, &err) == PSV_ERR_IO && !m && strstr(err.message, "/nonexistent/x.gguf"));
 }
 
+// pool_next_chunk hands out every item exactly once, in chunks within [0, n), whatever the
+// thread count, the number of items or of chunks per thread.
+typedef struct {
+    _Atomic int64_t next;
+    int64_t n;
+    int per_thread;
+    _Atomic int *count;
+    _Atomic int bad;
+} chunk_job;
+
+static void chunk_task(void *arg, int ith, int nth) {
+    (void)ith;
+    chunk_job *j = arg;
+    int64_t lo, hi;
+    while (pool_next_chunk(&j->next, j->n, nth, j->per_thread, &lo, &hi)) {
+        if (lo < 0 || lo >= hi || hi > j->n) atomic_fetch_add(&j->bad, 1);
+        for (int64_t i = lo; i < hi && i < j->n && i >= 0; i++) atomic_fetch_add(&j->count[i], 1);
+    }
+}
+
+static void test_pool_chunks(void) {
+    static const int64_t ns[] = {0, 1, 5, 7, 64, 1000, 4099};
+    static const int pers[] = {1, 4, 8};
+    for (int nth = 1; nth <= 3; nth++) {
+        pool_t *pl = NULL;
+        psv_error err = {0};
+        CHECK(pool_new(nth, &pl, &err) == PSV_OK);
+        if (!pl) continue;
+        for (size_t a = 0; a < PSV_ARRAY_LEN(ns); a++)
+            for (size_t b = 0; b < PSV_ARRAY_LEN(pers); b++) {
+                chunk_job j = {.n = ns[a], .per_thread = pers[b]};
+                j.count = calloc((size_t)ns[a] + 1, sizeof *j.count);
+                if (!j.count) continue;
+                pool_run(pl, chunk_task, &j);
+                int64_t wrong = 0;
+                for (int64_t i = 0; i < ns[a]; i++) wrong += atomic_load(&j.count[i]) != 1;
+                CHECKF(wrong == 0 && atomic_load(&j.bad) == 0, "nth %d n %lld per %d: %lld items not taken once", nth,
+                       (long long)ns[a], pers[b], (long long)wrong);
+                free(j.count);
+            }
+        pool_free(pl);
+    }
+}
+
 // The page-table helper psv_model_open starts: it runs over the data section, a stop request
 // ends it (the join returns), and stopping twice or a helper that never started is harmless.
 static void test_prefault(void) {
@@ -382,6 +426,7 @@ int main(void) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(specs); i++) test_forward_matches_naive(&specs[i]);
     test_ctx_limits();
     test_prefault();
+    test_pool_chunks();
     test_bad_models();
     free_weights();
     unlink(tmp_path);
