@@ -252,12 +252,19 @@ static void test_forward_matches_naive(const model_spec *sp) {
     free(ref), free(batch), free(one);
 }
 
-static void test_ctx_limits(void) {
+// A small llama model written to tmp_path and opened, or NULL (a failed check).
+static psv_model *open_llama(void) {
     model_spec sp = {.arch = "llama", .n_rot = HD};
-    if (!write_model(tmp_path, &sp)) return;
+    if (!write_model(tmp_path, &sp)) return NULL;
     psv_error err = {0};
     psv_model *m = NULL;
-    CHECK(psv_model_open(tmp_path, NULL, &m, &err) == PSV_OK);
+    CHECKF(psv_model_open(tmp_path, NULL, &m, &err) == PSV_OK, "%s", err.message);
+    return m;
+}
+
+static void test_ctx_limits(void) {
+    psv_error err = {0};
+    psv_model *m = open_llama();
     if (!m) return;
     psv_ctx_params cp = psv_ctx_default_params();
     cp.n_ctx = 8;
@@ -405,11 +412,7 @@ static void test_prefault(void) {
     plat_prefault_stop(&pf);
     free(p);
 
-    model_spec sp = {.arch = "llama", .n_rot = HD};
-    if (!write_model(tmp_path, &sp)) return;
-    psv_error err = {0};
-    psv_model *m = NULL;
-    CHECK(psv_model_open(tmp_path, NULL, &m, &err) == PSV_OK);
+    psv_model *m = open_llama();
     if (!m) return;
     CHECK(m->prefault.running && m->prefault.p == m->gguf->base + m->gguf->data_offset &&
           m->prefault.n == m->gguf->size - m->gguf->data_offset);
