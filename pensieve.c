@@ -5027,13 +5027,26 @@ static void tok_str_prefetch(const tok_vocab *v, uint64_t h, int step) {
 // BPE merges "left right" (split at the first space after the first byte), as
 // (left id, right id) -> (rank, result id). Operands and results that are not tokens get
 // string ids of their own, so merging works on ids alone. The tables outgrow the caches (a
-// 200k-merge vocabulary has 8 MB of string slots and 8 MB of merge slots), so merges are taken
-// TOK_MERGE_BATCH at a time: what the batch will read is prefetched, step by step, for all of
-// its strings before any is looked up. The lookups themselves go in order.
-enum { TOK_MERGE_BATCH = 16 };
+// 200k-merge vocabulary has 8 MB of string slots and 8 MB of merge slots), so merges go
+// through a pipeline of batches of TOK_MERGE_BATCH: batch b is split and hashed and its slots
+// prefetched in round b, the text offsets those slots name are prefetched in round b + 1 and
+// the texts in round b + 2, its strings are looked up (in order) in round b + 3, which
+// prefetches its merge slots, and its merges are inserted (in order) in round b + 4. Each
+// prefetch has a round of work to arrive in.
+enum { TOK_MERGE_BATCH = 16, TOK_MERGE_STAGES = 5 };
+
+typedef struct {
+    const char *l, *r; // NULL l: no space to split at, which llama.cpp maps to ("", ""), never matching
+    size_t ln, rn, cat; // cat: where left + right starts in the batch's buffer
+    uint64_t h[3];      // hashes of left, right, left + right
+    uint64_t key;
+    int32_t out;
+} tok_merge_job;
+
 static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *err) {
     psv_status st = PSV_OK;
-    buf_t cat = {0};
+    buf_t cat[TOK_MERGE_STAGES] = {{0}}; // the batches' left + right strings
+    tok_merge_job q[TOK_MERGE_STAGES][TOK_MERGE_BATCH];
     const gguf_kv *merges = gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_T_STRING);
     if (!merges) return err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.merges: missing (expected an array of strings)");
     if (merges->arr_n >= (uint64_t)INT32_MAX / 4)
@@ -5044,59 +5057,59 @@ static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *e
     v->merge = malloc(cap * sizeof *v->merge);
     if (!v->merge) return tok_oom(err);
     memset(v->merge, 0xff, cap * sizeof *v->merge);
-    struct {
-        const char *l, *r; // NULL l: no space to split at, which llama.cpp maps to ("", ""), never matching
-        size_t ln, rn, cat; // cat: where left + right starts in `cat`
-        uint64_t h[3];      // hashes of left, right, left + right
-        uint64_t key;
-        int32_t out;
-    } q[TOK_MERGE_BATCH];
-    for (size_t i0 = 0; i0 < m; i0 += TOK_MERGE_BATCH) {
-        size_t nb = m - i0 < TOK_MERGE_BATCH ? m - i0 : TOK_MERGE_BATCH;
-        cat.len = 0;
-        for (size_t j = 0; j < nb; j++) {
-            str_t s = gguf_arr_str(merges, (uint64_t)(i0 + j));
-            const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
-            q[j].l = sp ? s.p : NULL;
-            if (!sp) continue;
-            q[j].r = sp + 1;
-            q[j].ln = (size_t)(sp - s.p);
-            q[j].rn = s.n - q[j].ln - 1;
-            q[j].cat = cat.len;
-            buf_append(&cat, s.p, q[j].ln);
-            buf_append(&cat, sp + 1, q[j].rn);
-            if (cat.oom) {
-                st = tok_oom(err);
-                goto done;
+    const size_t n_batches = (m + TOK_MERGE_BATCH - 1) / TOK_MERGE_BATCH;
+    for (size_t round = 0; round < n_batches + TOK_MERGE_STAGES - 1; round++) {
+        for (size_t stage = 0; stage < TOK_MERGE_STAGES; stage++) {
+            if (round < stage || round - stage >= n_batches) continue;
+            const size_t b = round - stage, i0 = b * TOK_MERGE_BATCH;
+            const size_t nb = m - i0 < TOK_MERGE_BATCH ? m - i0 : TOK_MERGE_BATCH;
+            tok_merge_job *qb = q[b % TOK_MERGE_STAGES];
+            buf_t *cb = &cat[b % TOK_MERGE_STAGES];
+            for (size_t j = 0; j < nb; j++) {
+                tok_merge_job *e = &qb[j];
+                if (stage == 0) { // split and hash
+                    str_t s = gguf_arr_str(merges, (uint64_t)(i0 + j));
+                    const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
+                    if (j == 0) cb->len = 0;
+                    e->l = sp ? s.p : NULL;
+                    if (!sp) continue;
+                    e->r = sp + 1;
+                    e->ln = (size_t)(sp - s.p);
+                    e->rn = s.n - e->ln - 1;
+                    e->cat = cb->len;
+                    buf_append(cb, s.p, e->ln);
+                    buf_append(cb, sp + 1, e->rn);
+                    if (cb->oom) {
+                        st = tok_oom(err);
+                        goto done;
+                    }
+                    e->h[0] = tok_hash(e->l, e->ln);
+                    e->h[1] = tok_hash(e->r, e->rn);
+                    e->h[2] = tok_hash(cb->data + e->cat, e->ln + e->rn);
+                    for (int k = 0; k < 3; k++) tok_str_prefetch(v, e->h[k], 0);
+                } else if (!e->l) {
+                    continue;
+                } else if (stage < 3) { // text offsets, then texts
+                    for (int k = 0; k < 3; k++) tok_str_prefetch(v, e->h[k], (int)stage);
+                } else if (stage == 3) { // look up (or add) the strings
+                    int32_t l = tok_str_intern(v, e->l, e->ln, e->h[0]);
+                    int32_t r = l < 0 ? -1 : tok_str_intern(v, e->r, e->rn, e->h[1]);
+                    e->out = r < 0 ? -1 : tok_str_intern(v, cb->data + e->cat, e->ln + e->rn, e->h[2]);
+                    if (e->out < 0) {
+                        st = tok_oom(err);
+                        goto done;
+                    }
+                    e->key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+                    __builtin_prefetch(&v->merge[tok_merge_hash(v, e->key)]);
+                } else { // insert: a repeated pair keeps its first rank
+                    size_t slot = tok_merge_slot(v, e->key);
+                    if (v->merge[slot].key == UINT64_MAX) v->merge[slot] = (tok_merge){e->key, (uint32_t)(i0 + j), e->out};
+                }
             }
-            q[j].h[0] = tok_hash(q[j].l, q[j].ln);
-            q[j].h[1] = tok_hash(q[j].r, q[j].rn);
-            q[j].h[2] = tok_hash(cat.data + q[j].cat, q[j].ln + q[j].rn);
-        }
-        for (int step = 0; step < 3; step++)
-            for (size_t j = 0; j < nb; j++)
-                for (int k = 0; k < 3 && q[j].l; k++) tok_str_prefetch(v, q[j].h[k], step);
-        for (size_t j = 0; j < nb; j++) {
-            if (!q[j].l) continue;
-            int32_t l = tok_str_intern(v, q[j].l, q[j].ln, q[j].h[0]);
-            int32_t r = l < 0 ? -1 : tok_str_intern(v, q[j].r, q[j].rn, q[j].h[1]);
-            q[j].out = r < 0 ? -1 : tok_str_intern(v, cat.data + q[j].cat, q[j].ln + q[j].rn, q[j].h[2]);
-            if (q[j].out < 0) {
-                st = tok_oom(err);
-                goto done;
-            }
-            q[j].key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
-            __builtin_prefetch(&v->merge[tok_merge_hash(v, q[j].key)]);
-        }
-        for (size_t j = 0; j < nb; j++) {
-            if (!q[j].l) continue;
-            size_t slot = tok_merge_slot(v, q[j].key);
-            if (v->merge[slot].key == UINT64_MAX) // a repeated pair keeps its first rank
-                v->merge[slot] = (tok_merge){q[j].key, (uint32_t)(i0 + j), q[j].out};
         }
     }
 done:
-    buf_free(&cat);
+    for (int k = 0; k < TOK_MERGE_STAGES; k++) buf_free(&cat[k]);
     return st;
 }
 

@@ -748,6 +748,65 @@ static psv_status tiny_vocab(const char *model, const char *pre, bool with_merge
     return st;
 }
 
+// Merges loaded through every stage of tok_load_merges' pipeline: 300 merges (19 batches), whose
+// operands and results are mostly not tokens (each new string is added, and the string table
+// grows from 16 slots several times while merges are in flight), a repeated pair (its first
+// rank counts), an entry with no space, and the merge chain that builds the one long token.
+static void test_merge_pipeline(void) {
+    enum { N_MERGES = 300 };
+    static const char *const toks[] = {"a", "b", "c", "abcabc"};
+    char text[N_MERGES][32];
+    const char *merges[N_MERGES];
+    int k = 0;
+    for (; k < N_MERGES - 6; k++) { // fillers: pairs of strings no token text contains
+        snprintf(text[k], sizeof text[k], "x%d y%d", k, k);
+        merges[k] = text[k];
+    }
+    merges[k++] = "a b";    // "ab": not a token
+    merges[k++] = "nospace"; // never matches
+    merges[k++] = "ab c";   // "abc": not a token
+    merges[k++] = "a b";    // repeated: keeps the rank above
+    merges[k++] = "abc abc"; // the token
+    merges[k++] = "b c";    // "bc": ranks after "a b", so "abc" is built as ab + c
+    gguf_writer *w = gguf_writer_new();
+    buf_t buf = {0};
+    gguf_file *f = NULL;
+    tok_vocab *v = NULL;
+    psv_error err = {0};
+    gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, 4);
+    gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, N_MERGES);
+    psv_status st = gguf_writer_to_buf(w, &buf, &err);
+    if (st == PSV_OK) st = gguf_open_mem(buf.data, buf.len, &f, &err);
+    if (st == PSV_OK) st = tok_load(f, &v, &err);
+    CHECKF(st == PSV_OK, "%s", err.message);
+    if (v) {
+        // every filler's operands and result, and "ab", "abc", "bc" were added as strings
+        CHECKF(v->n_str == 4 + 3 * (N_MERGES - 6) + 3, "n_str %d", v->n_str);
+        int32_t x0 = tok_str_find(v, "x0", 2), y0 = tok_str_find(v, "y0", 2), xy = tok_str_find(v, "x0y0", 4);
+        CHECK(x0 >= 4 && y0 >= 4 && xy >= 4 && tok_find(v, "x0y0", 4) == -1);
+        int32_t ab = tok_str_find(v, "ab", 2), abc = tok_str_find(v, "abc", 3);
+        CHECK(ab >= 4 && abc >= 4);
+        size_t slot = tok_merge_slot(v, (uint64_t)(uint32_t)x0 << 32 | (uint32_t)y0);
+        CHECK(v->merge[slot].rank == 0 && v->merge[slot].out == xy);
+        slot = tok_merge_slot(v, (uint64_t)0 << 32 | 1); // "a b": its first rank
+        CHECK(v->merge[slot].rank == N_MERGES - 6 && v->merge[slot].out == ab);
+        slot = tok_merge_slot(v, (uint64_t)(uint32_t)abc << 32 | (uint32_t)abc);
+        CHECK(v->merge[slot].rank == N_MERGES - 2 && v->merge[slot].out == 3);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (encode(v, "abcabcab", 8, false, false, &ids, &n)) {
+            int32_t want[] = {3, 0, 1}; // "abcabc" through ab, abc; then "a" "b" ("ab" is no token)
+            CHECKF(ids_eq(ids, n, want, 3), "got %zu ids", n);
+        }
+        free(ids);
+        tok_free(v);
+    }
+    gguf_close(f);
+    buf_free(&buf);
+    gguf_writer_free(w);
+}
+
 static void test_errors(void) {
     tok_vocab *v = NULL;
     psv_error err = {0};
@@ -806,6 +865,7 @@ int main(void) {
     test_byte_map();
     test_pretokenizers();
     test_stream();
+    test_merge_pipeline();
     test_errors();
     test_conformance();
     test_reference_prompts();
