@@ -4560,21 +4560,22 @@ static inline bool tok_same(const char *a, const char *b, size_t n) {
     return true;
 }
 
-static int32_t tok_str_find_h(const tok_vocab *v, const char *p, size_t n, uint64_t h) {
-    size_t mask = v->str_cap - 1, i = (size_t)h & mask;
-    uint32_t tag = (uint32_t)(h >> 32);
-    for (;; i = (i + 1) & mask) {
-        tok_str_slot e = v->str_tab[i];
-        if (e.id < 0) return -1;
-        if (e.tag != tag) continue;
+// The slot of table tab (cap slots) that holds the string p[0..n) of hash h, or else the empty
+// slot where it would go.
+static size_t tok_str_probe(const tok_vocab *v, const tok_str_slot *tab, size_t cap, const char *p, size_t n,
+                            uint64_t h) {
+    const uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1)) {
+        if (tab[i].id < 0) return i;
+        if (tab[i].tag != tag) continue;
         size_t len;
-        const char *s = tok_str(v, e.id, &len);
-        if (len == n && tok_same(s, p, n)) return e.id;
+        const char *s = tok_str(v, tab[i].id, &len);
+        if (len == n && tok_same(s, p, n)) return i;
     }
 }
 
 static int32_t tok_str_find(const tok_vocab *v, const char *p, size_t n) {
-    return tok_str_find_h(v, p, n, tok_hash(p, n));
+    return v->str_tab[tok_str_probe(v, v->str_tab, v->str_cap, p, n, tok_hash(p, n))].id;
 }
 
 // The token with exactly this text, or -1 (e.g. to find "<|im_end|>").
@@ -4595,15 +4596,8 @@ static bool tok_str_rehash(tok_vocab *v, size_t cap) {
             size_t len;
             const char *s = tok_str(v, id, &len);
             uint64_t h = ring[id % AHEAD];
-            uint32_t tag = (uint32_t)(h >> 32);
-            size_t i = (size_t)h & (cap - 1);
-            while (tab[i].id >= 0) {
-                size_t l2;
-                const char *s2 = tab[i].tag == tag ? tok_str(v, tab[i].id, &l2) : NULL;
-                if (s2 && l2 == len && tok_same(s2, s, len)) break; // duplicate: keep first
-                i = (i + 1) & (cap - 1);
-            }
-            if (tab[i].id < 0) tab[i] = (tok_str_slot){id, tag};
+            size_t i = tok_str_probe(v, tab, cap, s, len, h);
+            if (tab[i].id < 0) tab[i] = (tok_str_slot){id, (uint32_t)(h >> 32)}; // a duplicate keeps the first
         }
         if (j < v->n_str) { // and start on id j
             size_t len;
@@ -4621,7 +4615,8 @@ static bool tok_str_rehash(tok_vocab *v, size_t cap) {
 // The id of a string whose tok_hash is h, adding it after the tokens when new. -1 on
 // out-of-memory.
 static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n, uint64_t h) {
-    int32_t id = tok_str_find_h(v, p, n, h);
+    const size_t slot = tok_str_probe(v, v->str_tab, v->str_cap, p, n, h);
+    int32_t id = v->str_tab[slot].id;
     if (id >= 0) return id;
     if (v->n_str >= INT32_MAX - 1) return -1;
     if ((size_t)v->n_str + 2 > v->str_off_cap) {
@@ -4637,11 +4632,9 @@ static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n, uint64_t h)
     id = v->n_str++;
     v->str_off[v->n_str] = (uint32_t)v->str_buf.len;
     if ((size_t)v->n_str * 2 > v->str_cap) {
-        if (!tok_str_rehash(v, v->str_cap * 2)) return -1;
+        if (!tok_str_rehash(v, v->str_cap * 2)) return -1; // which places the new string too
     } else {
-        size_t i = (size_t)h & (v->str_cap - 1);
-        while (v->str_tab[i].id >= 0) i = (i + 1) & (v->str_cap - 1);
-        v->str_tab[i] = (tok_str_slot){id, (uint32_t)(h >> 32)};
+        v->str_tab[slot] = (tok_str_slot){id, (uint32_t)(h >> 32)};
     }
     return id;
 }
@@ -5065,12 +5058,12 @@ static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *e
             const size_t nb = m - i0 < TOK_MERGE_BATCH ? m - i0 : TOK_MERGE_BATCH;
             tok_merge_job *qb = q[b % TOK_MERGE_STAGES];
             buf_t *cb = &cat[b % TOK_MERGE_STAGES];
+            if (stage == 0) cb->len = 0;
             for (size_t j = 0; j < nb; j++) {
                 tok_merge_job *e = &qb[j];
                 if (stage == 0) { // split and hash
                     str_t s = gguf_arr_str(merges, (uint64_t)(i0 + j));
                     const char *sp = s.n > 1 ? memchr(s.p + 1, ' ', s.n - 1) : NULL;
-                    if (j == 0) cb->len = 0;
                     e->l = sp ? s.p : NULL;
                     if (!sp) continue;
                     e->r = sp + 1;
@@ -12825,7 +12818,7 @@ typedef struct {
 #define MM_GEMM_MIN 4
 #define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
 #ifndef MM_CHUNKS
-#define MM_CHUNKS 4 // chunks of a one-token product per thread, taken as threads come free
+#define MM_CHUNKS 4 // chunks of a product per thread on average, taken as threads come free
 #endif
 
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
@@ -12910,7 +12903,7 @@ typedef struct {
     size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
-    _Atomic int64_t next_chunk; // one-token products: the next chunk of rows a thread takes
+    _Atomic int64_t next_chunk; // the next chunk of rows (or panels) a thread takes
 } mm_job;
 
 static void mm_quant_task(void *arg, int ith, int nth) {
