@@ -8661,10 +8661,25 @@ K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint
                                                                  : NULL;
 }
 
-// The four weight rows of a gemv1 kernel's group starting at row w0 of nw (past the end: the
-// last row again, its results not stored).
-K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w0, const uint8_t *xr[4]) {
-    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w0 + r, nw - 1) * x_stride;
+// A gemv1 kernel's nw weight rows go in groups of four, one from each quarter of the rows:
+// group w (0 <= w < k_gemv1_groups(nw)) is rows w + r * k_gemv1_groups(nw), r = 0..3. So the
+// kernel reads four separate sequential streams, which the hardware prefetchers follow well,
+// where four adjacent rows, read a block of each at a time, interleave in the same pages and
+// defeat them (measured on Zen 4, Q4_0 rows of 896 values from memory: 19-20 GB/s with
+// adjacent rows and software prefetch, 24-25 GB/s with quarters and none, which prefetching
+// now only slows; a plain read of four such streams: 35-39 GB/s, of the rows in order: 28-30).
+K_INLINE int k_gemv1_groups(int nw) { return (nw + 3) / 4; }
+
+// The rows of group w (past the end: the last row again, its result not stored).
+K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, const uint8_t *xr[4]) {
+    const int q = k_gemv1_groups(nw);
+    for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w + r * q, nw - 1) * x_stride;
+}
+
+// The results of group w's rows that exist, out[r] being row r's.
+K_INLINE void k_gemv1_put(const float out[4], float *s, int w, int nw) {
+    const int q = k_gemv1_groups(nw);
+    for (int r = 0; r < 4 && w + r * q < nw; r++) s[w + r * q] = out[r];
 }
 
 // Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
@@ -9947,25 +9962,9 @@ K_DEF_GEMV(k_gemv_q4_0_avx512, k_gemv32_avx512, T_Q4_0, K_AVX512)
 K_DEF_GEMV(k_gemv_q5_0_avx512, k_gemv32_avx512, T_Q5_0, K_AVX512)
 K_DEF_GEMV(k_gemv_q8_0_avx512, k_gemv32_avx512, T_Q8_0, K_AVX512)
 
-// Software prefetch of the weight rows after the ones a gemv1 kernel is working on, spread over
-// its steps: rows [from, from + count) of nw rows x_stride apart, the part of one step at a time.
-typedef struct {
-    const uint8_t *p;
-    size_t len, step;
-} k_stream;
-
-static k_stream k_stream_next(const uint8_t *x, size_t x_stride, int nw, int from, int count, int64_t steps) {
-    k_stream s = {x, 0, 0};
-    if (from >= nw || steps <= 0) return s;
-    s.p = x + (size_t)from * x_stride;
-    s.len = (size_t)(PSV_MIN(from + count, nw) - from) * x_stride;
-    s.step = (s.len + (size_t)steps - 1) / (size_t)steps;
-    return s;
-}
-
-K_AVX2 K_INLINE void k_stream_step(const k_stream *s, int64_t i) {
-    size_t at = (size_t)i * s->step;
-    for (size_t k = 0; k < s->step && at + k < s->len; k += 64) _mm_prefetch((const char *)(s->p + at + k), _MM_HINT_T0);
+// 32 bytes at p, then 32 at q.
+K_AVX512 K_INLINE __m512i k_cat256(const uint8_t *p, const uint8_t *q) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(p)), k_load256(q), 1);
 }
 
 // As k_no_fuse, for eight doubles.
@@ -9976,11 +9975,11 @@ K_AVX512 K_INLINE __m512d k_no_fuse_pd512(__m512d v) {
 
 // The group's results: each row's four lanes (a[l], element r: row r) added in order, lane 0
 // first (k_lanes_sum), rounded to float and stored for the rows that exist.
-K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int w0, int nw) {
+K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int w, int nw) {
     __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), a[2]), a[3]);
     float out[4];
     _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
-    for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+    k_gemv1_put(out, s, w, nw);
 }
 
 // Generation's product of one activation row against many weight rows (k_gemv1_fn), Q4_0: four
@@ -9993,12 +9992,15 @@ K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int
 // from that -8 * sum(a). A transpose-and-add turns the four rows' vectors into [block][row] sums,
 // which are scaled and added in double exactly as the reference does it (lane b % 4 of each
 // row), the four rows side by side. The rows' block scales come out of their first 64 bytes by
-// word permutes. (Q8_0 the same way measured no faster than k_gemv32_avx512 a row at a time: it
-// has no unpacking to share.)
+// word permutes. Q8_0 the same way, from two vectors per row of two whole blocks each (with
+// 128 added: vpdpbusd multiplies unsigned bytes, the side data's -128 * sum(a) takes it off),
+// whose 128-bit lanes add up to the four blocks' lanes; its scales are gathered in general
+// registers (measured, Q8_0 rows of 896 values from memory: 20-22 GB/s a row at a time with the
+// one-row kernel, 25-27 GB/s so).
 K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                       const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0));
-    const bool five = type == T_Q5_0;
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
+    const bool five = type == T_Q5_0, eight = type == T_Q8_0;
     const size_t xs = k_w32_size(type);
     const int64_t nb = n / 32, ng = nb / 4;
     const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block
@@ -10033,43 +10035,63 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                                          0x0101010101010101, 0);
     const __m512i phi = _mm512_add_epi8(plo, _mm512_set1_epi8(2));
     const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
-    for (int w0 = 0; w0 < nw; w0 += 4) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w, xr);
         __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
-        // the next rows follow these in memory: fetch them meanwhile, one stream as the rows are
-        // in memory (four separate short streams defeat the hardware prefetchers)
-        const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, ng);
         for (int64_t g = 0; g < ng; g++) {
             const uint8_t *xg = side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part
-            k_stream_step(&pf, g);
             const __m512i alo = _mm512_loadu_si512(xg), ahi = _mm512_loadu_si512(xg + 64);
             const __m512i corr = _mm512_loadu_si512(xg + 128);
             __m512i rs[4], l0[4];
-            K_UNROLL
-            for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                const __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
-                const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
-                __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                l0[r] = x0;
-                if (five) { // the fifth bits: +16 where set
-                    l0[r] = _mm512_permutex2var_epi16(x0, iqh, x1);
-                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], plo), bit), lo, c16);
-                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], phi), bit), hi, c16);
+            __m256i sc;
+            if (eight) {
+                const uint8_t *yb = y + (size_t)g * 4 * K_Q8_0_SIZE;
+                const __m512i a01 = k_cat256(yb + 2, yb + 36), a23 = k_cat256(yb + 70, yb + 104);
+                uint64_t h[4]; // block j's scales of the four rows
+                K_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const size_t o = (size_t)(4 * g + j) * xs;
+                    h[j] = (uint64_t)ld_u16(xr[0] + o) | (uint64_t)ld_u16(xr[1] + o) << 16 | (uint64_t)ld_u16(xr[2] + o) << 32 |
+                           (uint64_t)ld_u16(xr[3] + o) << 48;
                 }
-                rs[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, alo), hi, ahi);
+                sc = _mm256_set_epi64x((long long)h[3], (long long)h[2], (long long)h[1], (long long)h[0]);
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    const __m512i v0 = _mm512_dpbusd_epi32(z, _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip), a01);
+                    const __m512i v1 = _mm512_dpbusd_epi32(z, _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip), a23);
+                    // 128-bit lanes (b0 lo, b0 hi, b1 lo, b1 hi), (b2 lo, ...) added to b0, b1, b2, b3
+                    rs[r] = _mm512_add_epi32(corr, _mm512_add_epi32(_mm512_shuffle_i64x2(v0, v1, 0x88),
+                                                                    _mm512_shuffle_i64x2(v0, v1, 0xdd)));
+                }
+            } else {
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    const __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
+                    const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
+                    __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                    l0[r] = x0;
+                    if (five) { // the fifth bits: +16 where set
+                        l0[r] = _mm512_permutex2var_epi16(x0, iqh, x1);
+                        lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], plo), bit), lo, c16);
+                        hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], phi), bit), hi, c16);
+                    }
+                    rs[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, alo), hi, ahi);
+                }
+                sc = _mm512_castsi512_si256(_mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(l0[0], isc, l0[1]),
+                                                                     _mm512_permutex2var_epi16(l0[2], isc, l0[3])));
             }
             // rows' four lanes a block: [block][row]
             __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(rs[0], rs[1]), _mm512_unpackhi_epi32(rs[0], rs[1]));
             __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(rs[2], rs[3]), _mm512_unpackhi_epi32(rs[2], rs[3]));
             const __m512i is = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-            const __m512i sc = _mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(l0[0], isc, l0[1]),
-                                                       _mm512_permutex2var_epi16(l0[2], isc, l0[3]));
             // reference: (double)dx * (double)dy * (double)isum, added with one FMA as the GEMM
             // does it (the product is exact: see k_gemm_blk_avx512). dx * dy is exact in float
             // too (two fp16 values: 11 + 11 bits, and no smaller than 2^-48).
-            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(sc)), _mm512_loadu_ps((const float *)(const void *)(xg + 192)));
+            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(sc), _mm512_loadu_ps((const float *)(const void *)(xg + 192)));
             __m512d dxy01 = _mm512_cvtps_pd(_mm512_castps512_ps256(dxy));
             __m512d dxy23 = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1)));
             acc01 = _mm512_fmadd_pd(dxy01, _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)), acc01);
@@ -10091,7 +10113,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
         }
         const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
                                               _mm256_loadu_pd(acc[3])};
-        k_gemv1_store(lanes, s, w0, nw);
+        k_gemv1_store(lanes, s, w, nw);
     }
 }
 
@@ -10117,14 +10139,12 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
         for (int i = 0; i < 64; i++) b[i] = (uint8_t)(2 * (k0 + 2 * (i / 32)) + i % 2);
         pick[v] = _mm512_loadu_si512(b);
     }
-    for (int w0 = 0; w0 < nw; w0 += 4) {
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
-        const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, nb); // as in k_gemv1_avx512
         for (int64_t b = 0; b < nb; b++) {
-            k_stream_step(&pf, b);
             const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
             __m512i av[4];
             K_UNROLL // (or av lives in memory: 21 -> 24 GB/s in the cache unrolled)
@@ -10160,7 +10180,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
             __m256d t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
             acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
-        k_gemv1_store(acc, s, w0, nw);
+        k_gemv1_store(acc, s, w, nw);
     }
 }
 
@@ -10187,14 +10207,12 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
         for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * v + i / 8);
         pick[v] = _mm512_loadu_si512(w);
     }
-    for (int w0 = 0; w0 < nw; w0 += 4) {
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
-        const k_stream pf = k_stream_next(x, x_stride, nw, w0 + 4, 4, nb); // as in k_gemv1_avx512
         for (int64_t b = 0; b < nb; b++) {
-            k_stream_step(&pf, b);
             const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
             const __m256i sums = k_load256(side + 32 * b);
             __m256i iv[4];
@@ -10227,7 +10245,7 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
             __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
             acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
-        k_gemv1_store(acc, s, w0, nw);
+        k_gemv1_store(acc, s, w, nw);
     }
 }
 
@@ -10239,12 +10257,9 @@ K_AVX512 static void k_gemv1_q5_0_avx512(int64_t n, float *s, const uint8_t *x, 
                                          const uint8_t *y, const uint8_t *side) {
     k_gemv1_avx512(T_Q5_0, n, s, x, x_stride, nw, y, side);
 }
-// Q8_0: the one-row kernel (k_gemv32_avx512) row after row, inlined here: sharing the blocks'
-// work among four rows measured no faster (Q8_0 has no unpacking), but a call per row through
-// the matmul's dispatch cost about 3 % of generation with a large vocabulary.
 K_AVX512 static void k_gemv1_q8_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                          const uint8_t *y, const uint8_t *side) {
-    for (int w = 0; w < nw; w++) k_gemv32_avx512(T_Q8_0, n, s + w, 1, x + (size_t)w * x_stride, y, 0, side, 0, 1);
+    k_gemv1_avx512(T_Q8_0, n, s, x, x_stride, nw, y, side);
 }
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
@@ -11359,14 +11374,14 @@ K_DEF_GEMM_NEON(k_gemm_q6_k, T_Q6_K)
 
 // Lanes (acc[l][0]: rows 0-1, acc[l][1]: rows 2-3) added in the reference's order, rounded to
 // float, stored for the rows that exist.
-static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *s, int w0, int nw) {
+static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *s, int w, int nw) {
     float out[4];
     K_UNROLL
     for (int h = 0; h < 2; h++) {
         const float64x2_t v = vaddq_f64(vaddq_f64(vaddq_f64(acc[0][h], acc[1][h]), acc[2][h]), acc[3][h]);
         vst1_f32(out + 2 * h, vcvt_f32_f64(v));
     }
-    for (int r = 0; r < 4 && w0 + r < nw; r++) s[w0 + r] = out[r];
+    k_gemv1_put(out, s, w, nw);
 }
 
 // The four rows' int32 (one vector each) reduced: lane r = the sum of t[r]'s lanes.
@@ -11402,9 +11417,9 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
     const size_t xs = type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE : K_Q8_0_SIZE;
     const int64_t nb = n / 32;
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
-    for (int w0 = 0; w0 < nw; w0 += 4) {
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
@@ -11420,7 +11435,7 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
             default: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[2]); break; // at most three are left
             }
         }
-        k_gemv1_store_neon(acc, s, w0, nw);
+        k_gemv1_store_neon(acc, s, w, nw);
     }
 }
 
@@ -11442,9 +11457,9 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    for (int w0 = 0; w0 < nw; w0 += 4) {
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
@@ -11482,7 +11497,7 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
             }
             k_gemv1_add_neon(acc, b, t);
         }
-        k_gemv1_store_neon(acc, s, w0, nw);
+        k_gemv1_store_neon(acc, s, w, nw);
     }
 }
 
@@ -11493,9 +11508,9 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    for (int w0 = 0; w0 < nw; w0 += 4) {
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w0, xr);
+        k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
@@ -11531,7 +11546,7 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
             }
             k_gemv1_add_neon(acc, b, t);
         }
-        k_gemv1_store_neon(acc, s, w0, nw);
+        k_gemv1_store_neon(acc, s, w, nw);
     }
 }
 

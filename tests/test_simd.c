@@ -406,7 +406,7 @@ static void st_check_gemv1(k_set set) {
     bool any = false;
     for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemv1;
     if (!any) SKIP("kernel set %s: has no gemv1 kernels", k_set_names[set]);
-    enum { MAXW = 11 };
+    enum { MAXW = 17 };
     for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
         uint32_t wt = st_weight_types[ti];
         const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
