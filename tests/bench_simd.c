@@ -8,8 +8,8 @@
 //   rows4  the same matrix against 4 activation rows with vec_dot_rows (prompt processing),
 //          per weight value and activation row;
 //   gemv1  the same matrix against one activation row as generation of one sequence computes
-//          it (the set's gemv1 kernels: several weight rows a call, next rows prefetched), for
-//          sets and types that have them.
+//          it (the set's gemv1 kernels: the whole matrix a call, four rows a step, one from each
+//          quarter of it), for sets and types that have them.
 // and, for sets with GEMM kernels:
 //   pack   packing 8 rows of the matrix into a panel, in L1/L2, per weight value;
 //   gemm4  4 activation rows against that panel, per weight value and activation row;
