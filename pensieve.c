@@ -8723,12 +8723,16 @@ K_AVX2 K_INLINE __m128i k_hsum4_i32_avx2(__m256i a, __m256i b, __m256i c, __m256
 
 K_AVX2 K_INLINE float k_f16_avx2(const uint8_t *p) { return _cvtsh_ss(ld_u16(p)); }
 
+// Four fp16 values' bits, p0's in the low 16 (for a vector conversion of four at a time).
+static inline uint64_t k_f16x4_bits(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    return (uint64_t)ld_u16(p0) | (uint64_t)ld_u16(p1) << 16 | (uint64_t)ld_u16(p2) << 32 | (uint64_t)ld_u16(p3) << 48;
+}
+
 // Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32). Gathered in a
 // general register, which keeps the vector shuffle units free (measured: 10 % faster Q4_0 than
 // inserting words, 25 % faster than a hardware gather, on Zen 4).
 K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    uint64_t h = (uint64_t)ld_u16(p0) | (uint64_t)ld_u16(p1) << 16 | (uint64_t)ld_u16(p2) << 32 | (uint64_t)ld_u16(p3) << 48;
-    return _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h));
+    return _mm_cvtph_ps(_mm_set_epi64x(0, (long long)k_f16x4_bits(p0, p1, p2, p3)));
 }
 
 K_AVX2 K_INLINE __m256i k_load256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
@@ -10044,7 +10048,6 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
         __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
         for (int64_t g = 0; g < ng; g++) {
             const uint8_t *xg = side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part
-            const __m512i alo = _mm512_loadu_si512(xg), ahi = _mm512_loadu_si512(xg + 64);
             const __m512i corr = _mm512_loadu_si512(xg + 128);
             __m512i rs[4], l0[4];
             __m256i sc;
@@ -10055,8 +10058,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 K_UNROLL
                 for (int j = 0; j < 4; j++) {
                     const size_t o = (size_t)(4 * g + j) * xs;
-                    h[j] = (uint64_t)ld_u16(xr[0] + o) | (uint64_t)ld_u16(xr[1] + o) << 16 | (uint64_t)ld_u16(xr[2] + o) << 32 |
-                           (uint64_t)ld_u16(xr[3] + o) << 48;
+                    h[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
                 }
                 sc = _mm256_set_epi64x((long long)h[3], (long long)h[2], (long long)h[1], (long long)h[0]);
                 K_UNROLL
@@ -10069,6 +10071,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                                                                     _mm512_shuffle_i64x2(v0, v1, 0xdd)));
                 }
             } else {
+                const __m512i alo = _mm512_loadu_si512(xg), ahi = _mm512_loadu_si512(xg + 64);
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
@@ -11599,14 +11602,6 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
             if (r >= nw) continue;
             const uint8_t *x = w + (size_t)r * ws + (size_t)b * xs;
             switch (type) {
-            case T_Q4_0: { // the 4-bit values (plus the offset 8: the stored value), in value order
-                const uint8x16_t v = vld1q_u8(x + 2);
-                vst1q_u8(q[r], vandq_u8(v, vdupq_n_u8(15)));
-                vst1q_u8(q[r] + 16, vshrq_n_u8(v, 4));
-                src[r] = q[r];
-                dx[r] = (double)k_f16_neon(x);
-                break;
-            }
             case T_Q4_1: case T_Q4_K: // the stored bytes
                 src[r] = x + (type == T_Q4_1 ? 4 : 16);
                 dx[r] = (double)k_f16_neon(x);
@@ -11620,12 +11615,16 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 break;
-            case T_Q5_0: case T_Q5_1: { // the 5-bit values (plus Q5_0's offset 16: the stored value)
-                const size_t qs = type == T_Q5_0 ? 6 : 8;
-                const uint32_t qh = ld_u32(x + qs - 4);
+            case T_Q4_0: case T_Q5_0: case T_Q5_1: { // the 4- or 5-bit values (plus Q4_0's and Q5_0's offset: as stored)
+                const size_t qs = type == T_Q4_0 ? 2 : type == T_Q5_0 ? 6 : 8;
                 const uint8x16_t v = vld1q_u8(x + qs);
-                vst1q_u8(q[r], vorrq_u8(vandq_u8(v, vdupq_n_u8(15)), k_bits16_neon(qh & 0xffff)));
-                vst1q_u8(q[r] + 16, vorrq_u8(vshrq_n_u8(v, 4), k_bits16_neon(qh >> 16)));
+                uint8x16_t lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
+                if (type != T_Q4_0) { // the fifth bits
+                    const uint32_t qh = ld_u32(x + qs - 4);
+                    lo = vorrq_u8(lo, k_bits16_neon(qh & 0xffff)), hi = vorrq_u8(hi, k_bits16_neon(qh >> 16));
+                }
+                vst1q_u8(q[r], lo);
+                vst1q_u8(q[r] + 16, hi);
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 if (min) dm[r] = (double)k_f16_neon(x + 2);
