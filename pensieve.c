@@ -8452,6 +8452,11 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          is then a transpose, and the kernels split the nibbles. Q4_0 is unpacked like the
 //          others: splitting its nibbles in the kernels, once per panel vector and activation
 //          rows' call, measured 2-3 % slower Q4_0 prompts with AVX-512, 8 % with AVX2.
+//          The AVX-512 set groups the unpacked 32-value types' quants by eight instead
+//          (k_panel_g8: Q4_0, Q5_0, Q5_1, Q8_0): 64-byte vector j has quants 8j..8j+7 of each
+//          row, row r in bytes 8r..8r+7, so that one vpdpbusd takes eight values of each row
+//          against one broadcast of eight activation bytes (k_panel_regroup8 turns the
+//          four-value layout into it).
 //   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
 //          Q5_K: each of their 8 scales of 32 values twice)
 //   cor    k-quants with an offset (Q3_K, Q6_K): 8 vectors of int16 pairs, the coefficients of
@@ -8584,6 +8589,27 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
             memcpy(pb + dxo + 8 * r, &dx, 8);
             if (k_panel_min(type)) memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
         }
+    }
+}
+
+// Whether set `set` packs `type` in groups of eight quants (see "GEMM panels").
+PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
+    return set == K_SET_AVX512 && type_table[type].blck_size == 32 && !k_panel_nibbles(type);
+}
+
+// A panel of k_panel_pack's layout, of a k_panel_g8 type, rearranged in place into groups of
+// eight quants: per block, the 32-byte vectors 2j and 2j + 1 (four quants of each row) become
+// the 64-byte vector j (eight of each row).
+PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t *panel) {
+    const int64_t nb = n / type_table[type].blck_size;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * k_panel_blk(type), t[256];
+        memcpy(t, pb, sizeof t);
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < K_PANEL; r++) {
+                memcpy(pb + 64 * j + 8 * r, t + 32 * (2 * j) + 4 * r, 4);
+                memcpy(pb + 64 * j + 8 * r + 4, t + 32 * (2 * j + 1) + 4 * r, 4);
+            }
     }
 }
 
@@ -9210,7 +9236,25 @@ K_AVX2 K_INLINE void k_transpose8_store_avx2(__m256i v[8], uint8_t *dst) {
     for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * s), v[s]);
 }
 
-K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+// Rows 4h..4h+3 of the unpacked vectors v (four groups of eight quants each) into the halves h
+// of the 64-byte vectors of eight-quant groups (k_panel_g8): a 4 x 4 transpose of 64-bit
+// elements per half.
+K_AVX2 K_INLINE void k_group8_store_avx2(const __m256i v[8], uint8_t *dst) {
+    K_UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m256i *a = v + 4 * h;
+        __m256i t0 = _mm256_unpacklo_epi64(a[0], a[1]), t1 = _mm256_unpackhi_epi64(a[0], a[1]);
+        __m256i t2 = _mm256_unpacklo_epi64(a[2], a[3]), t3 = _mm256_unpackhi_epi64(a[2], a[3]);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * h), _mm256_permute2x128_si256(t0, t2, 0x20));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + 64 + 32 * h), _mm256_permute2x128_si256(t1, t3, 0x20));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + 128 + 32 * h), _mm256_permute2x128_si256(t0, t2, 0x31));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + 192 + 32 * h), _mm256_permute2x128_si256(t1, t3, 0x31));
+    }
+}
+
+// g8: the layout in groups of eight quants (k_panel_g8 types only)
+K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel,
+                                      bool g8) {
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
     const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
     const bool min = k_panel_min(type);
@@ -9256,6 +9300,8 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 32), _mm256_unpackhi_epi64(t[0], t[2]));
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 64), _mm256_unpacklo_epi64(t[1], t[3]));
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 96), _mm256_unpackhi_epi64(t[1], t[3]));
+            } else if (g8) {
+                k_group8_store_avx2(v, pb);
             } else {
                 k_transpose8_store_avx2(v, pb);
             }
@@ -9309,18 +9355,25 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
 
 #define K_DEF_PACK(name, type)                                                                             \
     K_AVX2 static void k_pack_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
-        k_pack_core_avx2(type, n, w, ws, nw, panel);                                                       \
+        k_pack_core_avx2(type, n, w, ws, nw, panel, false);                                                \
     }
 K_DEF_PACK(q4_0, T_Q4_0)
 K_DEF_PACK(q4_1, T_Q4_1)
 K_DEF_PACK(q5_0, T_Q5_0)
 K_DEF_PACK(q5_1, T_Q5_1)
-K_DEF_PACK(q8_0, T_Q8_0)
 K_DEF_PACK(q2_k, T_Q2_K)
 K_DEF_PACK(q3_k, T_Q3_K)
 K_DEF_PACK(q4_k, T_Q4_K)
 K_DEF_PACK(q5_k, T_Q5_K)
 K_DEF_PACK(q6_k, T_Q6_K)
+#define K_DEF_PACK8(name, type)                                                                            \
+    K_AVX2 static void k_pack8_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
+        k_pack_core_avx2(type, n, w, ws, nw, panel, true);                                                 \
+    }
+K_DEF_PACK8(q4_0, T_Q4_0)
+K_DEF_PACK8(q5_0, T_Q5_0)
+K_DEF_PACK8(q5_1, T_Q5_1)
+K_DEF_PACK8(q8_0, T_Q8_0)
 
 // ---- AVX2: GEMM on panels ----------------------------------------------------------------------
 // The AVX-512 kernel's scheme with AVX2's instructions: vpmaddubsw multiplies the unsigned panel
@@ -10326,14 +10379,13 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
-        // the sums start from the term that takes the quants' offset off (k_act_side)
-        K_UNROLL
-        for (int r = 0; r < R; r++)
-            is[r] = k_panel_off(type) ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
         if (k_panel_nibbles(type)) { // the high nibbles in a second chain of sums (shorter latency)
             __m256i ih[K_GEMM_ROWS];
             K_UNROLL
-            for (int r = 0; r < R; r++) ih[r] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) {
+                is[r] = k_panel_off(type) ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // (k_act_side)
+                ih[r] = _mm256_setzero_si256();
+            }
             K_UNROLL
             for (int s = 0; s < 4; s++) { // steps s (low nibbles) and s + 4 (high)
                 __m256i v = k_load256(pb + 32 * s), m4 = _mm256_set1_epi8(15);
@@ -10346,32 +10398,47 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                 }
             }
             K_UNROLL
-            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], ih[r]);
-        } else { // odd steps in a second chain
-            __m256i ih[K_GEMM_ROWS];
-            K_UNROLL
-            for (int r = 0; r < R; r++) ih[r] = _mm256_setzero_si256();
-            K_UNROLL
-            for (int s = 0; s < 8; s++) {
-                __m256i w = k_load256(pb + 32 * s);
-                K_UNROLL
-                for (int r = 0; r < R; r++) {
-                    __m256i *d = s % 2 ? &ih[r] : &is[r];
-                    *d = _mm256_dpbusd_epi32(*d, w, k_bcast4_avx2(yr[r] + (size_t)b * as + qo + 4 * s));
-                }
+            for (int r = 0; r < R; r++) {
+                is[r] = _mm256_add_epi32(is[r], ih[r]);
+                // reference: (double)dx * (double)dy * (double)isum + (double)mx * (double)sy
+                __m512d t = _mm512_mul_pd(_mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b])), _mm512_cvtepi32_pd(is[r]));
+                t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
+                acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
             }
-            K_UNROLL
-            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], ih[r]);
+            return;
         }
+        // groups of eight (k_panel_g8): each row's 64-bit lane gathers two int32 sums, of the
+        // even and the odd groups of four; the offset term starts the even one
+        __m512i z[K_GEMM_ROWS];
+        K_UNROLL
+        for (int r = 0; r < R; r++)
+            z[r] = k_panel_off(type) ? _mm512_maskz_set1_epi32(0x5555, ao[r][b]) : _mm512_setzero_si512();
+        K_UNROLL
+        for (int j = 0; j < 4; j++) {
+            const __m512i w = _mm512_loadu_si512((const void *)(pb + 64 * j));
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                int64_t a8;
+                memcpy(&a8, yr[r] + (size_t)b * as + qo + 8 * j, 8);
+                z[r] = _mm512_dpbusd_epi32(z[r], w, _mm512_set1_epi64(a8));
+            }
+        }
+        // The two halves added in int32, then the sum made a double without vcvtdq2pd (slow
+        // here): its 32 bits, sign bit flipped, as the low mantissa bits of 2^52 + 2^31 (one
+        // ternary logic op: (s & 0xffffffff) ^ 0x4330000080000000), less 2^52 + 2^31, exact.
+        const __m512i lo32 = _mm512_set1_epi64(0xffffffffLL), magic = _mm512_set1_epi64(0x4330000080000000LL);
+        const __m512d bias = _mm512_set1_pd(4503601774854144.0); // 2^52 + 2^31
         K_UNROLL
         for (int r = 0; r < R; r++) {
+            const __m512i sum = _mm512_add_epi32(z[r], _mm512_srli_epi64(z[r], 32));
+            const __m512d isum = _mm512_sub_pd(_mm512_castsi512_pd(_mm512_ternarylogic_epi64(sum, lo32, magic, 0x6a)), bias);
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m512d dxy = _mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b]));
             if (!q81) {
-                acc[r] = _mm512_fmadd_pd(dxy, _mm512_cvtepi32_pd(is[r]), acc[r]);
+                acc[r] = _mm512_fmadd_pd(dxy, isum, acc[r]);
                 continue;
             }
-            __m512d t = _mm512_mul_pd(dxy, _mm512_cvtepi32_pd(is[r]));
+            __m512d t = _mm512_mul_pd(dxy, isum);
             t = _mm512_add_pd(t, _mm512_mul_pd(dm, _mm512_set1_pd(dr[r][nb + b])));
             acc[r] = _mm512_add_pd(acc[r], k_no_fuse_pd512(t));
         }
@@ -12151,9 +12218,9 @@ static void k_fill_avx512(k_traits *t) {
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
     static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
-        {T_Q4_0, k_gemm_q4_0_avx512, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx512, k_pack_q4_1_avx2},
-        {T_Q5_0, k_gemm_q5_0_avx512, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack_q5_1_avx2},
-        {T_Q8_0, k_gemm_q8_0_avx512, k_pack_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack_q2_k_avx2},
+        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx512, k_pack_q4_1_avx2},
+        {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
+        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack_q2_k_avx2},
         {T_Q3_K, k_gemm_q3_k_avx512, k_pack_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack_q4_k_avx2},
         {T_Q5_K, k_gemm_q5_k_avx512, k_pack_q5_k_avx2}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack_q6_k_avx2},
     };

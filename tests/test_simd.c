@@ -274,7 +274,7 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack) against every count of activation rows, each result compared with the
+// packed by k_panel_pack, regrouped where the set wants it) against every count of activation rows, each result compared with the
 // reference vec_dot of its pair; nothing outside the panel's width may be written.
 static void st_check_gemm(k_set set) {
     bool any = false;
@@ -308,6 +308,7 @@ static void st_check_gemm(k_set set) {
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
                 for (int r = 0; r < nrow; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
                 k_panel_pack(wt, n, x, xs, nw, panel);
+                if (k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
                 // the set's packer writes the same bytes (every lane, padding included)
                 memset(panel2, 0xa5, k_panel_size(wt, n));
                 sk->pack(n, x, xs, nw, panel2);
