@@ -7510,6 +7510,17 @@ static inline double k_no_fuse(double v) {
 #define K_LANES 16
 #define K_BLOCK_LANES 4 // the quantized dot products' lanes (see the section comment)
 #define K_SOFTMAX_LANES 8 // the lanes of the attention weights' sum (k_softmax_ref)
+#define K_KEY_BLOCK 8 // the KV cache's keys are stored in blocks of this many positions (k_dot_keys_ref)
+
+enum { K_KEYS_MAX_N = 512 }; // the longest rows the key kernels take (queries on the stack)
+static void k_dot_keys_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                           size_t bstride, int64_t nk, int64_t n);
+
+// Queries g0 .. g0 + c - 1 (q_stride apart, n values each) as doubles, rows K_KEYS_MAX_N apart.
+PSV_MAYBE_UNUSED static void k_keys_queries_pd(double *qd, const float *q, size_t q_stride, int g0, int c, int64_t n) {
+    for (int g = 0; g < c; g++)
+        for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
+}
 
 // The lanes added in order, lane 0 first, rounded to float.
 static float k_lanes_sum(const double *acc, int n_lanes) {
@@ -9638,53 +9649,56 @@ K_AVX2 K_INLINE void k_dot_f32_core_avx2(int64_t n, float *s, const void *vx, co
 
 K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) { k_dot_f32_core_avx2(n, s, vx, vy); }
 
-// k_dot_keys_ref: the F32 dot product of the AVX2 kernel, for nq (1 or 2) queries at a time (qd:
-// converted to double once, rows K_KEYS_MAX_N apart) against each key, whose values are
-// converted to double once for both.
-enum { K_KEYS_MAX_N = 512 }; // the longest rows the key kernels take (queries on the stack)
-
-// Queries g0 .. g0 + c - 1 (q_stride apart, n values each) as doubles, rows K_KEYS_MAX_N apart.
-static void k_keys_queries_pd(double *qd, const float *q, size_t q_stride, int g0, int c, int64_t n) {
-    for (int g = 0; g < c; g++)
-        for (int64_t i = 0; i < n; i++) qd[(size_t)g * K_KEYS_MAX_N + (size_t)i] = (double)q[(size_t)(g0 + g) * q_stride + (size_t)i];
-}
-
-K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int nq, float *s, size_t s_stride, const double *qd, const float *k,
-                                       size_t stride, int64_t nk, int64_t n) {
-    for (int64_t p = 0; p < nk; p++) {
-        __m256d a[2][4];
-        K_UNROLL
-        for (int g = 0; g < 2; g++)
-            for (int l = 0; l < 4; l++) a[g][l] = _mm256_setzero_pd();
-        const float *kr = k + (size_t)p * stride;
-        for (int64_t i = 0; i < n; i += 16) {
-            const __m256 x0 = _mm256_loadu_ps(kr + i), x1 = _mm256_loadu_ps(kr + i + 8);
-            const __m256d kv[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x0)), _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1)),
-                                   _mm256_cvtps_pd(_mm256_castps256_ps128(x1)), _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1))};
+// k_dot_keys_ref on the keys' blocks of K_KEY_BLOCK: the queries (up to four at a time) are
+// converted to double once (qd, rows K_KEYS_MAX_N apart), each key value once for all of them;
+// one register holds lane l (of the reference's K_LANES) of four keys, so the lanes' in-order
+// sum is plain vector additions. Half a block at a time.
+K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, float *s, size_t s_stride, const double *qd, const float *k,
+                                       size_t bstride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p += 4) {
+        const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+        __m256d tot[4];
+        for (int l = 0; l < K_LANES; l++) {
+            __m256d lane[4];
             K_UNROLL
-            for (int g = 0; g < nq; g++)
+            for (int g = 0; g < c; g++) lane[g] = _mm256_setzero_pd();
+            for (int64_t i = l; i < n; i += K_LANES) {
+                const __m256d kv = _mm256_cvtps_pd(_mm_loadu_ps(kb + (size_t)i * K_KEY_BLOCK));
                 K_UNROLL
-                for (int l = 0; l < 4; l++)
-                    a[g][l] = _mm256_fmadd_pd(kv[l], _mm256_loadu_pd(qd + (size_t)g * K_KEYS_MAX_N + (size_t)i + 4 * l), a[g][l]);
+                for (int g = 0; g < c; g++)
+                    lane[g] = _mm256_fmadd_pd(kv, _mm256_broadcast_sd(qd + (size_t)g * K_KEYS_MAX_N + (size_t)i), lane[g]);
+            }
+            K_UNROLL
+            for (int g = 0; g < c; g++) tot[g] = l == 0 ? lane[g] : _mm256_add_pd(tot[g], lane[g]);
         }
-        for (int g = 0; g < nq; g++) s[(size_t)g * s_stride + (size_t)p] = k_lanes_sum_avx2(a[g][0], a[g][1], a[g][2], a[g][3]);
+        const int64_t m = PSV_MIN((int64_t)4, nk - p);
+        K_UNROLL
+        for (int g = 0; g < c; g++) {
+            float out[4];
+            _mm_storeu_ps(out, _mm256_cvtpd_ps(tot[g]));
+            memcpy(s + (size_t)g * s_stride + (size_t)p, out, (size_t)m * sizeof(float));
+        }
     }
 }
 
 K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
-                                     size_t stride, int64_t nk, int64_t n) {
-    if (n % 16 != 0 || n > K_KEYS_MAX_N) {
-        for (int g = 0; g < nq; g++)
-            for (int64_t p = 0; p < nk; p++)
-                k_dot_f32_core_avx2(n, &s[(size_t)g * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g * q_stride);
+                                   size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) {
+        k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
         return;
     }
-    double qd[2 * K_KEYS_MAX_N];
-    for (int g0 = 0; g0 < nq; g0 += 2) {
-        const int c = PSV_MIN(2, nq - g0);
+    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
+    double qd[4 * K_KEYS_MAX_N];
+    for (int g0 = 0; g0 < nq; g0 += per) {
+        const int c = PSV_MIN(per, nq - g0);
+        float *sg = s + (size_t)g0 * s_stride;
         k_keys_queries_pd(qd, q, q_stride, g0, c, n);
-        if (c == 2) k_dot_keys_q_avx2(2, s + (size_t)g0 * s_stride, s_stride, qd, k, stride, nk, n);
-        else k_dot_keys_q_avx2(1, s + (size_t)g0 * s_stride, s_stride, qd, k, stride, nk, n);
+        switch (c) {
+        case 1: k_dot_keys_q_avx2(1, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 2: k_dot_keys_q_avx2(2, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 3: k_dot_keys_q_avx2(3, sg, s_stride, qd, k, bstride, nk, n); break;
+        default: k_dot_keys_q_avx2(4, sg, s_stride, qd, k, bstride, nk, n); break;
+        }
     }
 }
 
@@ -10599,102 +10613,112 @@ K_DEF_GEMM(q5_k, T_Q5_K)
 K_DEF_GEMM(q6_k, T_Q6_K)
 
 // ---- AVX-512: attention's dot products -----------------------------------------------------------
-// k_dot_keys_ref for several keys and queries at a time: each (query, key) pair's K_LANES = 16
-// double lanes in two registers, exact products added by FMA as in the AVX2 kernel; each key's
-// values are converted to double once for all the queries of a step (grouped-query attention:
-// the query heads that share a KV head). Eight pairs a step: 8 keys of one query, 4 keys of 2, 2
-// keys of 3 or 4. Then 8 x 8 transposes put lane l of the eight pairs in one register, so the
-// reference's in-order lane sum runs for eight pairs at once. Rows of n % 16 != 0 values (or very
-// long ones) and the keys left over use the AVX2 kernel.
-
-// v[i] (row i, elements 0..7) -> v[e] = element e of each row.
-K_AVX512 K_INLINE void k_transpose8_pd512(__m512d v[8]) {
-    __m512d t[8], u[8];
-    K_UNROLL
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm512_unpacklo_pd(v[i], v[i + 1]);
-        t[i + 1] = _mm512_unpackhi_pd(v[i], v[i + 1]);
-    }
-    K_UNROLL
-    for (int h = 0; h < 8; h += 4) { // rows h..h+3
-        u[h] = _mm512_shuffle_f64x2(t[h], t[h + 2], 0x88);     // elements 0, 4
-        u[h + 1] = _mm512_shuffle_f64x2(t[h], t[h + 2], 0xdd); // 2, 6
-        u[h + 2] = _mm512_shuffle_f64x2(t[h + 1], t[h + 3], 0x88); // 1, 5
-        u[h + 3] = _mm512_shuffle_f64x2(t[h + 1], t[h + 3], 0xdd); // 3, 7
-    }
-    v[0] = _mm512_shuffle_f64x2(u[0], u[4], 0x88);
-    v[4] = _mm512_shuffle_f64x2(u[0], u[4], 0xdd);
-    v[2] = _mm512_shuffle_f64x2(u[1], u[5], 0x88);
-    v[6] = _mm512_shuffle_f64x2(u[1], u[5], 0xdd);
-    v[1] = _mm512_shuffle_f64x2(u[2], u[6], 0x88);
-    v[5] = _mm512_shuffle_f64x2(u[2], u[6], 0xdd);
-    v[3] = _mm512_shuffle_f64x2(u[3], u[7], 0x88);
-    v[7] = _mm512_shuffle_f64x2(u[3], u[7], 0xdd);
-}
-
-// nq (1-4) queries (qd: rows K_KEYS_MAX_N doubles apart) against kp = 8 / nq keys a step, as many
-// whole steps as nk has; returns the keys done.
-K_AVX512 K_INLINE int64_t k_dot_keys_blk_avx512(const int nq, float *s, size_t s_stride, const double *qd,
-                                                const float *k, size_t stride, int64_t nk, int64_t n) {
-    const int kp = 8 / nq;
-    int64_t p = 0;
-    for (; p + kp <= nk; p += kp) {
-        __m512d lo[8], hi[8]; // pair g * kp + key: lanes 0-7 and 8-15
-        K_UNROLL
-        for (int j = 0; j < 8; j++) lo[j] = hi[j] = _mm512_setzero_pd();
-        const float *kr = k + (size_t)p * stride;
-        for (int64_t i = 0; i < n; i += 16) {
-            __m512d q0[4], q1[4];
+// k_dot_keys_avx2's scheme with a whole block of K_KEY_BLOCK = 8 keys in a register, for up to
+// eight queries at a time (grouped-query attention: the query heads that share a KV head).
+K_AVX512 K_INLINE void k_dot_keys_blk_avx512(const int c, float *s, size_t s_stride, const double *qd, const float *k,
+                                             size_t bstride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p += K_KEY_BLOCK) {
+        const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride;
+        __m512d tot[8];
+        for (int l = 0; l < K_LANES; l++) {
+            __m512d lane[8];
             K_UNROLL
-            for (int g = 0; g < nq; g++) {
-                q0[g] = _mm512_loadu_pd(qd + (size_t)g * K_KEYS_MAX_N + i);
-                q1[g] = _mm512_loadu_pd(qd + (size_t)g * K_KEYS_MAX_N + i + 8);
-            }
-            K_UNROLL
-            for (int j = 0; j < kp; j++) {
-                const __m512d k0 = _mm512_cvtps_pd(_mm256_loadu_ps(kr + (size_t)j * stride + i));
-                const __m512d k1 = _mm512_cvtps_pd(_mm256_loadu_ps(kr + (size_t)j * stride + i + 8));
+            for (int g = 0; g < c; g++) lane[g] = _mm512_setzero_pd();
+            for (int64_t i = l; i < n; i += K_LANES) {
+                const __m512d kv = _mm512_cvtps_pd(_mm256_loadu_ps(kb + (size_t)i * K_KEY_BLOCK));
                 K_UNROLL
-                for (int g = 0; g < nq; g++) {
-                    lo[g * kp + j] = _mm512_fmadd_pd(k0, q0[g], lo[g * kp + j]);
-                    hi[g * kp + j] = _mm512_fmadd_pd(k1, q1[g], hi[g * kp + j]);
-                }
+                for (int g = 0; g < c; g++)
+                    lane[g] = _mm512_fmadd_pd(kv, _mm512_set1_pd(qd[(size_t)g * K_KEYS_MAX_N + (size_t)i]), lane[g]);
             }
+            K_UNROLL
+            for (int g = 0; g < c; g++) tot[g] = l == 0 ? lane[g] : _mm512_add_pd(tot[g], lane[g]);
         }
-        k_transpose8_pd512(lo);
-        k_transpose8_pd512(hi);
-        __m512d t = lo[0]; // ((lane0 + lane1) + lane2) + ... + lane15, for the eight pairs
+        const __mmask8 mask = (__mmask8)((1u << PSV_MIN((int64_t)K_KEY_BLOCK, nk - p)) - 1);
         K_UNROLL
-        for (int l = 1; l < 8; l++) t = _mm512_add_pd(t, lo[l]);
-        K_UNROLL
-        for (int l = 0; l < 8; l++) t = _mm512_add_pd(t, hi[l]);
-        float out[8];
-        _mm256_storeu_ps(out, _mm512_cvtpd_ps(t));
-        for (int g = 0; g < nq; g++)
-            for (int j = 0; j < kp; j++) s[(size_t)g * s_stride + (size_t)(p + j)] = out[g * kp + j];
+        for (int g = 0; g < c; g++) _mm256_mask_storeu_ps(s + (size_t)g * s_stride + (size_t)p, mask, _mm512_cvtpd_ps(tot[g]));
     }
-    return p;
 }
 
 K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
-                                       const float *k, size_t stride, int64_t nk, int64_t n) {
-    if (n % 16 != 0 || n > K_KEYS_MAX_N) {
-        k_dot_keys_avx2(s, s_stride, q, q_stride, nq, k, stride, nk, n);
+                                       const float *k, size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) {
+        k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
         return;
     }
-    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
-    double qd[4 * K_KEYS_MAX_N];
+    const int chunks = (nq + 7) / 8, per = (nq + chunks - 1) / chunks;
+    double qd[8 * K_KEYS_MAX_N];
     for (int g0 = 0; g0 < nq; g0 += per) {
         const int c = PSV_MIN(per, nq - g0);
-        k_keys_queries_pd(qd, q, q_stride, g0, c, n);
         float *sg = s + (size_t)g0 * s_stride;
-        int64_t p = c == 1   ? k_dot_keys_blk_avx512(1, sg, s_stride, qd, k, stride, nk, n)
-                    : c == 2 ? k_dot_keys_blk_avx512(2, sg, s_stride, qd, k, stride, nk, n)
-                    : c == 3 ? k_dot_keys_blk_avx512(3, sg, s_stride, qd, k, stride, nk, n)
-                             : k_dot_keys_blk_avx512(4, sg, s_stride, qd, k, stride, nk, n);
+        k_keys_queries_pd(qd, q, q_stride, g0, c, n);
+        switch (c) {
+        case 1: k_dot_keys_blk_avx512(1, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 2: k_dot_keys_blk_avx512(2, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 3: k_dot_keys_blk_avx512(3, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 4: k_dot_keys_blk_avx512(4, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 5: k_dot_keys_blk_avx512(5, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 6: k_dot_keys_blk_avx512(6, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 7: k_dot_keys_blk_avx512(7, sg, s_stride, qd, k, bstride, nk, n); break;
+        default: k_dot_keys_blk_avx512(8, sg, s_stride, qd, k, bstride, nk, n); break;
+        }
+    }
+}
+
+// k_axpy_rows_avx2 in 512-bit vectors: 64 values of up to four queries in registers across all
+// the value rows, a tail of n % 16 values masked.
+K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const float *w, size_t ws, const float *v,
+                                       size_t stride, int64_t nk, int64_t n) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 a[4][4];
+        K_UNROLL
         for (int g = 0; g < c; g++)
-            for (int64_t r = p; r < nk; r++)
-                k_dot_f32_core_avx2(n, &sg[(size_t)g * s_stride + (size_t)r], k + (size_t)r * stride, q + (size_t)(g0 + g) * q_stride);
+            K_UNROLL
+            for (int k = 0; k < 4; k++) a[g][k] = _mm512_loadu_ps(y + (size_t)g * ys + (size_t)i + 16 * (size_t)k);
+        const float *vp = v + i;
+        for (int64_t p = 0; p < nk; p++, vp += stride) {
+            const __m512 x[4] = {_mm512_loadu_ps(vp), _mm512_loadu_ps(vp + 16), _mm512_loadu_ps(vp + 32), _mm512_loadu_ps(vp + 48)};
+            K_UNROLL
+            for (int g = 0; g < c; g++) {
+                const __m512 wv = _mm512_set1_ps(w[(size_t)g * ws + (size_t)p]);
+                K_UNROLL
+                for (int k = 0; k < 4; k++) a[g][k] = _mm512_add_ps(a[g][k], _mm512_mul_ps(wv, x[k]));
+            }
+        }
+        K_UNROLL
+        for (int g = 0; g < c; g++)
+            K_UNROLL
+            for (int k = 0; k < 4; k++) _mm512_storeu_ps(y + (size_t)g * ys + (size_t)i + 16 * (size_t)k, a[g][k]);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 mask = (__mmask16)(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+        __m512 a[4];
+        K_UNROLL
+        for (int g = 0; g < c; g++) a[g] = _mm512_maskz_loadu_ps(mask, y + (size_t)g * ys + (size_t)i);
+        const float *vp = v + i;
+        for (int64_t p = 0; p < nk; p++, vp += stride) {
+            const __m512 x = _mm512_maskz_loadu_ps(mask, vp);
+            K_UNROLL
+            for (int g = 0; g < c; g++) a[g] = _mm512_add_ps(a[g], _mm512_mul_ps(_mm512_set1_ps(w[(size_t)g * ws + (size_t)p]), x));
+        }
+        K_UNROLL
+        for (int g = 0; g < c; g++) _mm512_mask_storeu_ps(y + (size_t)g * ys + (size_t)i, mask, a[g]);
+    }
+}
+
+K_AVX512 static void k_axpy_rows_avx512(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v,
+                                        size_t stride, int64_t nk, int64_t n) {
+    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
+    for (int g0 = 0; g0 < nq; g0 += per) {
+        const int c = PSV_MIN(per, nq - g0);
+        float *yg = y + (size_t)g0 * ys;
+        const float *wg = w + (size_t)g0 * ws;
+        switch (c) {
+        case 1: k_axpy_q_avx512(1, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 2: k_axpy_q_avx512(2, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 3: k_axpy_q_avx512(3, yg, ys, wg, ws, v, stride, nk, n); break;
+        default: k_axpy_q_avx512(4, yg, ys, wg, ws, v, stride, nk, n); break;
+        }
     }
 }
 
@@ -10834,35 +10858,64 @@ K_AVX2 static void k_softmax_avx2(float *w, int64_t n, float scale) {
     for (; p < n; p++) w[p] = w[p] * inv;
 }
 
-// k_axpy_rows_ref: a product then a sum, each rounded (no FMA), as the reference does. y stays
-// in registers, 32 values at a time, across all the rows; a tail of n % 8 values goes through
-// masked loads and stores.
-K_AVX2 static void k_axpy_rows_avx2(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
+// k_axpy_rows_ref: a product then a sum, each rounded (no FMA), as the reference does. Up to four
+// queries at a time, so that each value row's vector is loaded once for all of them, and 32
+// values of each in registers across all the rows (16 sums in flight: the additions' latency
+// is hidden); a tail of n % 8 values goes through masked loads and stores.
+K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, float *y, size_t ys, const float *w, size_t ws, const float *v,
+                                   size_t stride, int64_t nk, int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
-        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+        __m256 a[4][4];
+        K_UNROLL
+        for (int g = 0; g < c; g++)
+            K_UNROLL
+            for (int k = 0; k < 4; k++) a[g][k] = _mm256_loadu_ps(y + (size_t)g * ys + (size_t)i + 8 * (size_t)k);
         const float *vp = v + i;
         for (int64_t p = 0; p < nk; p++, vp += stride) {
-            __m256 wv = _mm256_set1_ps(w[p]);
-            y0 = _mm256_add_ps(y0, _mm256_mul_ps(wv, _mm256_loadu_ps(vp)));
-            y1 = _mm256_add_ps(y1, _mm256_mul_ps(wv, _mm256_loadu_ps(vp + 8)));
-            y2 = _mm256_add_ps(y2, _mm256_mul_ps(wv, _mm256_loadu_ps(vp + 16)));
-            y3 = _mm256_add_ps(y3, _mm256_mul_ps(wv, _mm256_loadu_ps(vp + 24)));
+            const __m256 x[4] = {_mm256_loadu_ps(vp), _mm256_loadu_ps(vp + 8), _mm256_loadu_ps(vp + 16), _mm256_loadu_ps(vp + 24)};
+            K_UNROLL
+            for (int g = 0; g < c; g++) {
+                const __m256 wv = _mm256_broadcast_ss(w + (size_t)g * ws + (size_t)p);
+                K_UNROLL
+                for (int k = 0; k < 4; k++) a[g][k] = _mm256_add_ps(a[g][k], _mm256_mul_ps(wv, x[k]));
+            }
         }
-        _mm256_storeu_ps(y + i, y0);
-        _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2);
-        _mm256_storeu_ps(y + i + 24, y3);
+        K_UNROLL
+        for (int g = 0; g < c; g++)
+            K_UNROLL
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + (size_t)g * ys + (size_t)i + 8 * (size_t)k, a[g][k]);
     }
     for (; i < n; i += 8) {
         __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)PSV_MIN(n - i, (int64_t)8)),
                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        __m256 y0 = _mm256_maskload_ps(y + i, mask);
+        __m256 a[4];
+        K_UNROLL
+        for (int g = 0; g < c; g++) a[g] = _mm256_maskload_ps(y + (size_t)g * ys + (size_t)i, mask);
         const float *vp = v + i;
-        for (int64_t p = 0; p < nk; p++, vp += stride)
-            y0 = _mm256_add_ps(y0, _mm256_mul_ps(_mm256_set1_ps(w[p]), _mm256_maskload_ps(vp, mask)));
-        _mm256_maskstore_ps(y + i, mask, y0);
+        for (int64_t p = 0; p < nk; p++, vp += stride) {
+            const __m256 x = _mm256_maskload_ps(vp, mask);
+            K_UNROLL
+            for (int g = 0; g < c; g++) a[g] = _mm256_add_ps(a[g], _mm256_mul_ps(_mm256_broadcast_ss(w + (size_t)g * ws + (size_t)p), x));
+        }
+        K_UNROLL
+        for (int g = 0; g < c; g++) _mm256_maskstore_ps(y + (size_t)g * ys + (size_t)i, mask, a[g]);
+    }
+}
+
+K_AVX2 static void k_axpy_rows_avx2(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v, size_t stride,
+                                    int64_t nk, int64_t n) {
+    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
+    for (int g0 = 0; g0 < nq; g0 += per) {
+        const int c = PSV_MIN(per, nq - g0);
+        float *yg = y + (size_t)g0 * ys;
+        const float *wg = w + (size_t)g0 * ws;
+        switch (c) {
+        case 1: k_axpy_q_avx2(1, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 2: k_axpy_q_avx2(2, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 3: k_axpy_q_avx2(3, yg, ys, wg, ws, v, stride, nk, n); break;
+        default: k_axpy_q_avx2(4, yg, ys, wg, ws, v, stride, nk, n); break;
+        }
     }
 }
 
@@ -11869,17 +11922,53 @@ static void k_dot_f16_f16_neon(int64_t n, float *s, const void *x, const void *y
 static void k_dot_bf16_bf16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_BF16, n, x, y); }
 
 // dot_keys (k_vec_ops): each key row's F32 dot product with each query.
+// k_dot_keys_avx2's scheme with two keys a register, a quarter block at a time.
+static inline void k_dot_keys_q_neon(const int c, float *s, size_t s_stride, const double *qd, const float *k,
+                                     size_t bstride, int64_t nk, int64_t n) {
+    for (int64_t p = 0; p < nk; p += 2) {
+        const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+        float64x2_t tot[4];
+        for (int l = 0; l < K_LANES; l++) {
+            float64x2_t lane[4];
+            for (int g = 0; g < c; g++) lane[g] = vdupq_n_f64(0.0);
+            for (int64_t i = l; i < n; i += K_LANES) {
+                const float64x2_t kv = vcvt_f64_f32(vld1_f32(kb + (size_t)i * K_KEY_BLOCK));
+                for (int g = 0; g < c; g++) lane[g] = vfmaq_f64(lane[g], kv, vdupq_n_f64(qd[(size_t)g * K_KEYS_MAX_N + (size_t)i]));
+            }
+            for (int g = 0; g < c; g++) tot[g] = l == 0 ? lane[g] : vaddq_f64(tot[g], lane[g]);
+        }
+        for (int g = 0; g < c; g++) {
+            float32x2_t o = vcvt_f32_f64(tot[g]);
+            s[(size_t)g * s_stride + (size_t)p] = vget_lane_f32(o, 0);
+            if (p + 1 < nk) s[(size_t)g * s_stride + (size_t)p + 1] = vget_lane_f32(o, 1);
+        }
+    }
+}
+
 static void k_dot_keys_neon(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
-                            size_t stride, int64_t nk, int64_t n) {
-    for (int64_t p = 0; p < nk; p++)
-        for (int g = 0; g < nq; g++)
-            s[(size_t)g * s_stride + (size_t)p] = k_dot_float_neon(T_F32, n, (const uint8_t *)(k + (size_t)p * stride),
-                                                                   (const uint8_t *)(q + (size_t)g * q_stride));
+                            size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) {
+        k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+        return;
+    }
+    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks;
+    double qd[4 * K_KEYS_MAX_N];
+    for (int g0 = 0; g0 < nq; g0 += per) {
+        const int c = PSV_MIN(per, nq - g0);
+        float *sg = s + (size_t)g0 * s_stride;
+        k_keys_queries_pd(qd, q, q_stride, g0, c, n);
+        switch (c) {
+        case 1: k_dot_keys_q_neon(1, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 2: k_dot_keys_q_neon(2, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 3: k_dot_keys_q_neon(3, sg, s_stride, qd, k, bstride, nk, n); break;
+        default: k_dot_keys_q_neon(4, sg, s_stride, qd, k, bstride, nk, n); break;
+        }
+    }
 }
 
 // axpy_rows (k_vec_ops): y += w[p] * v[p] for p in order, each product rounded before its sum
 // (the file has contraction off: no FMA); 32 values of y in registers over all the rows.
-static void k_axpy_rows_neon(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
+static void k_axpy_row_neon(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         float32x4_t a[8];
@@ -11900,6 +11989,11 @@ static void k_axpy_rows_neon(float *y, const float *w, const float *v, size_t st
             float t = w[p] * v[(size_t)p * stride + (size_t)i];
             y[i] += t;
         }
+}
+
+static void k_axpy_rows_neon(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v,
+                             size_t stride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++) k_axpy_row_neon(y + (size_t)g * y_stride, w + (size_t)g * w_stride, v, stride, nk, n);
 }
 
 // F16 (the hardware conversion: round to nearest even, infinity past 65504, NaN quieted with its
@@ -12104,24 +12198,35 @@ static void k_swiglu_ref(float *y, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + psv_expf_poly(0.0f - g[i])) * u[i];
 }
 
-// Attention's two products, over the rows of a KV cache (row p at p * stride floats):
-// dot_keys: s[g * s_stride + p] = the F32 vec_dot of key row p with query g (at q + g * q_stride;
+// Attention's two products over a KV cache. The keys are stored in blocks of K_KEY_BLOCK
+// positions, value by value (block b at k + b * bstride; value i of key 8b + j at [8i + j]), so
+// that the vector kernels have one value of several keys in a vector; the values are rows (row p
+// at v + p * stride).
+// dot_keys: s[g * s_stride + p] = the F32 vec_dot of key p with query g (at q + g * q_stride;
 // n values each), for p < nk and g < nq (the query heads that share a KV head).
 static void k_dot_keys_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
-                           size_t stride, int64_t nk, int64_t n) {
+                           size_t bstride, int64_t nk, int64_t n) {
     for (int g = 0; g < nq; g++)
-        for (int64_t p = 0; p < nk; p++)
-            k_dot_f32_f32_ref(n, &s[(size_t)g * s_stride + (size_t)p], k + (size_t)p * stride, q + (size_t)g * q_stride);
+        for (int64_t p = 0; p < nk; p++) {
+            const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+            double acc[K_LANES] = {0};
+            const float *qg = q + (size_t)g * q_stride;
+            for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)kb[(size_t)i * K_KEY_BLOCK] * (double)qg[i];
+            s[(size_t)g * s_stride + (size_t)p] = k_lanes_sum(acc, K_LANES);
+        }
 }
 
-// axpy_rows: y[i] += w[p] * v[p][i] for p = 0, 1, ..., nk - 1 in turn, each product rounded
-// before its sum (the weighted sum of the value rows).
-static void k_axpy_rows_ref(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
-    for (int64_t p = 0; p < nk; p++)
-        for (int64_t i = 0; i < n; i++) {
-            float t = w[p] * v[(size_t)p * stride + (size_t)i];
-            y[i] += t;
-        }
+// axpy_rows: for each query g < nq, with y_g = y + g * y_stride and w_g = w + g * w_stride:
+// y_g[i] += w_g[p] * v[p][i] for p = 0, 1, ..., nk - 1 in turn, each product rounded before its
+// sum (the weighted sum of the value rows, for the query heads that share a KV head).
+static void k_axpy_rows_ref(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v,
+                            size_t stride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < nk; p++)
+            for (int64_t i = 0; i < n; i++) {
+                float t = w[(size_t)g * w_stride + (size_t)p] * v[(size_t)p * stride + (size_t)i];
+                y[(size_t)g * y_stride + (size_t)i] += t;
+            }
 }
 
 // softmax: attention's weights from n scores in place, each step rounded as written: w[p] * scale;
@@ -12153,9 +12258,10 @@ static void k_exp_shift_ref(double *y, const float *x, double shift, double div,
 typedef struct {
     void (*expf)(float *y, const float *x, int64_t n);
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
-    void (*dot_keys)(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k, size_t stride,
+    void (*dot_keys)(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k, size_t bstride,
                      int64_t nk, int64_t n);
-    void (*axpy_rows)(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n);
+    void (*axpy_rows)(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v, size_t stride,
+                      int64_t nk, int64_t n);
     void (*exp_shift)(double *y, const float *x, double shift, double div, int64_t n);
     void (*softmax)(float *w, int64_t n, float scale);
 } k_vec_ops;
@@ -12251,7 +12357,7 @@ static void k_sets_init(void) {
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
     k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2,
                                         k_softmax_avx2};
-    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx2, k_exp_shift_avx2,
+    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx512, k_exp_shift_avx2,
                                           k_softmax_avx2};
 #endif
 #if defined(PSV_ARM64)
@@ -12846,12 +12952,15 @@ static psv_status model_weights(psv_model *m, vec_list *vl, psv_error *err) {
     return PSV_OK;
 }
 
-// The KV cache of one sequence: for each layer, n_ctx rows of n_head_kv*head_dim keys and the
-// same for values, in F32 or F16.
+// The KV cache of one sequence, in F32 or F16: for each layer, the keys of n_ctx positions in
+// blocks of K_KEY_BLOCK positions, each block value by value (kv_dim values of K_KEY_BLOCK keys:
+// the attention kernels' layout, see k_dot_keys_ref), and n_ctx rows of kv_dim values.
 typedef struct {
     psv_kv_type type;
     int64_t n_ctx, kv_dim, n_layer;
-    void *k, *v; // (n_layer, n_ctx, kv_dim) each
+    int64_t k_ctx; // n_ctx rounded up to whole blocks of keys
+    void *k;       // (n_layer, k_ctx / K_KEY_BLOCK, kv_dim, K_KEY_BLOCK)
+    void *v;       // (n_layer, n_ctx, kv_dim)
     int64_t n_past;
 } kv_seq;
 
@@ -12870,26 +12979,48 @@ static psv_status kv_init(kv_seq *kv, const psv_model *m, int64_t n_ctx, psv_kv_
     kv->n_ctx = n_ctx;
     kv->kv_dim = m->n_head_kv * m->head_dim;
     kv->n_layer = m->n_layer;
-    size_t n;
-    if (!ck_mul((size_t)m->n_layer, (size_t)n_ctx, &n) || !ck_mul(n, (size_t)kv->kv_dim, &n) ||
-        !ck_mul(n, kv_elem_size(type), &n))
+    kv->k_ctx = (n_ctx + K_KEY_BLOCK - 1) / K_KEY_BLOCK * K_KEY_BLOCK;
+    size_t n, nk;
+    if (n_ctx > INT64_MAX - K_KEY_BLOCK || !ck_mul((size_t)m->n_layer, (size_t)n_ctx, &n) ||
+        !ck_mul(n, (size_t)kv->kv_dim, &n) || !ck_mul(n, kv_elem_size(type), &n) ||
+        !ck_mul((size_t)m->n_layer, (size_t)kv->k_ctx, &nk) || !ck_mul(nk, (size_t)kv->kv_dim, &nk) ||
+        !ck_mul(nk, kv_elem_size(type), &nk))
         return err_set(err, PSV_ERR_RANGE, "kv: cache size overflows");
-    kv->k = malloc(n);
+    kv->k = calloc(nk, 1); // (a block's unwritten positions are read, never used: zero, not garbage)
     kv->v = malloc(n);
     if (!kv->k || !kv->v) {
         kv_free(kv);
-        return err_set(err, PSV_ERR_NOMEM, "kv: out of memory for a %zu-byte cache (n_ctx %" PRId64 ")", 2 * n, n_ctx);
+        return err_set(err, PSV_ERR_NOMEM, "kv: out of memory for a %zu-byte cache (n_ctx %" PRId64 ")", nk + n, n_ctx);
     }
     return PSV_OK;
 }
 
-static inline void kv_store(const kv_seq *kv, void *base, int64_t il, int64_t pos, const float *src) {
+// Key block of position pos of layer il, and value i of that key within it (F32 or F16 elements).
+static inline size_t kv_k_block(const kv_seq *kv, int64_t il, int64_t pos) {
+    return ((size_t)il * (size_t)(kv->k_ctx / K_KEY_BLOCK) + (size_t)(pos / K_KEY_BLOCK)) * (size_t)kv->kv_dim * K_KEY_BLOCK;
+}
+static inline size_t kv_k_at(const kv_seq *kv, int64_t il, int64_t pos, int64_t i) {
+    return kv_k_block(kv, il, pos) + (size_t)i * K_KEY_BLOCK + (size_t)(pos % K_KEY_BLOCK);
+}
+
+static inline void kv_store_k(const kv_seq *kv, int64_t il, int64_t pos, const float *src) {
+    const size_t off = kv_k_at(kv, il, pos, 0);
+    if (kv->type == PSV_KV_F16) {
+        uint16_t *d = (uint16_t *)kv->k + off;
+        for (int64_t i = 0; i < kv->kv_dim; i++) d[(size_t)i * K_KEY_BLOCK] = psv_f32_to_fp16(src[i]);
+    } else {
+        float *d = (float *)kv->k + off;
+        for (int64_t i = 0; i < kv->kv_dim; i++) d[(size_t)i * K_KEY_BLOCK] = src[i];
+    }
+}
+
+static inline void kv_store_v(const kv_seq *kv, int64_t il, int64_t pos, const float *src) {
     size_t off = ((size_t)il * (size_t)kv->n_ctx + (size_t)pos) * (size_t)kv->kv_dim;
     if (kv->type == PSV_KV_F16) {
-        uint16_t *d = (uint16_t *)base + off;
+        uint16_t *d = (uint16_t *)kv->v + off;
         for (int64_t i = 0; i < kv->kv_dim; i++) d[i] = psv_f32_to_fp16(src[i]);
     } else {
-        memcpy((float *)base + off, src, (size_t)kv->kv_dim * sizeof(float));
+        memcpy((float *)kv->v + off, src, (size_t)kv->kv_dim * sizeof(float));
     }
 }
 
@@ -13266,26 +13397,29 @@ static void att_task(void *arg, int ith, int nth) {
                     for (int64_t p = 0; p < n_kv; p++) {
                         float d = 0;
                         const float *q = q0 + g * hd;
-                        const uint16_t *kr = (const uint16_t *)kv->k + base + (size_t)p * (size_t)kv->kv_dim;
-                        for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[i]);
+                        const uint16_t *kr = (const uint16_t *)kv->k + kv_k_at(kv, j->il, p, kvh * hd);
+                        for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[(size_t)i * K_KEY_BLOCK]);
                         scores[(size_t)g * sc_stride + (size_t)p] = d;
                     }
             } else {
-                vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, (const float *)kv->k + base, (size_t)kv->kv_dim, n_kv, hd);
+                const float *k0 = (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK;
+                vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, k0, (size_t)kv->kv_dim * K_KEY_BLOCK, n_kv, hd);
             }
+            float *out0 = j->s->att + t * m->n_head * hd + h0 * hd;
             for (int64_t g = 0; g < nh; g++) {
-                float *sc = scores + (size_t)g * sc_stride;
-                vec->softmax(sc, n_kv, scale); // the weights
-                float *out = j->s->att + t * m->n_head * hd + (h0 + g) * hd;
-                for (int64_t i = 0; i < hd; i++) out[i] = 0;
-                if (kv->type == PSV_KV_F16) {
+                vec->softmax(scores + (size_t)g * sc_stride, n_kv, scale); // the weights
+                for (int64_t i = 0; i < hd; i++) out0[g * hd + i] = 0;
+            }
+            if (kv->type == PSV_KV_F16) {
+                for (int64_t g = 0; g < nh; g++)
                     for (int64_t p = 0; p < n_kv; p++) {
                         const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
-                        for (int64_t i = 0; i < hd; i++) out[i] += sc[p] * psv_fp16_to_f32(vr[i]);
+                        const float wp = scores[(size_t)g * sc_stride + (size_t)p];
+                        for (int64_t i = 0; i < hd; i++) out0[g * hd + i] += wp * psv_fp16_to_f32(vr[i]);
                     }
-                } else {
-                    vec->axpy_rows(out, sc, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
-                }
+            } else {
+                vec->axpy_rows(out0, (size_t)hd, scores, sc_stride, (int)nh, (const float *)kv->v + base, (size_t)kv->kv_dim,
+                               n_kv, hd);
             }
         }
     }
@@ -13334,8 +13468,8 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
             }
             op_rope(m, q, m->n_head, s->rope_cs + t * half * 2);
             op_rope(m, k, m->n_head_kv, s->rope_cs + t * half * 2);
-            kv_store(items[t].kv, items[t].kv->k, il, items[t].pos, k);
-            kv_store(items[t].kv, items[t].kv->v, il, items[t].pos, v);
+            kv_store_k(items[t].kv, il, items[t].pos, k);
+            kv_store_v(items[t].kv, il, items[t].pos, v);
         }
         att_job aj = {.m = m, .s = s, .items = items, .n = n, .il = il, .q = s->q, .q_stride = qkv_w};
         pool_run(m->pool, att_task, &aj);

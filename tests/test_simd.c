@@ -561,8 +561,8 @@ static void st_check_vec(k_set set) {
     const k_vec_ops *ref = k_vec_of_set(K_SET_REF), *sk = k_vec_of_set(set);
     enum { CAP = 1 << 20 };
     float *x = malloc(CAP * sizeof *x), *u = malloc(CAP * sizeof *u), *a = malloc(CAP * sizeof *a),
-          *b = malloc(CAP * sizeof *b);
-    PSV_ASSERT(x && u && a && b);
+          *b = malloc(CAP * sizeof *b), *kb = malloc(CAP * sizeof *kb);
+    PSV_ASSERT(x && u && a && b && kb);
     int64_t checked = 0, bad_exp = 0, bad_glu = 0;
     for (int pass = 0; pass < 52; pass++) {
         int64_t n = 0;
@@ -685,25 +685,47 @@ static void st_check_vec(k_set set) {
                     }
                 }
             }
+            // the keys as the KV cache holds them: blocks of K_KEY_BLOCK positions, value by value,
+            // bstride apart; the unused positions of the last block are NaN (read, never used)
+            const size_t bstride = (size_t)n * K_KEY_BLOCK + 8 * (ci % 3);
+            const int64_t nblk = (nk + K_KEY_BLOCK - 1) / K_KEY_BLOCK;
+            PSV_ASSERT((size_t)nblk * bstride <= CAP);
+            for (size_t i = 0; i < (size_t)nblk * bstride; i++) kb[i] = f32_from_bits(0x7fc00000u);
+            for (int64_t p = 0; p < nk; p++)
+                for (int64_t i = 0; i < n; i++)
+                    kb[(size_t)(p / K_KEY_BLOCK) * bstride + (size_t)i * K_KEY_BLOCK + (size_t)(p % K_KEY_BLOCK)] = x[(size_t)p * stride + (size_t)i];
             for (size_t i = 0; i < (size_t)nq * s_stride; i++) a[i] = b[i] = -7.0f; // nothing else written
-            ref->dot_keys(a, s_stride, u, q_stride, nq, x, stride, nk, n);
-            sk->dot_keys(b, s_stride, u, q_stride, nq, x, stride, nk, n);
+            ref->dot_keys(a, s_stride, u, q_stride, nq, kb, bstride, nk, n);
+            sk->dot_keys(b, s_stride, u, q_stride, nq, kb, bstride, nk, n);
+            // the reference against the vec_dot of each key row (the layout changes nothing)
+            for (int g = 0; g < nq; g++)
+                for (int64_t p = 0; p < nk; p++) {
+                    float want;
+                    k_traits_ref(T_F32)->vec_dot(n, &want, x + (size_t)p * stride, u + (size_t)g * q_stride);
+                    bad_keys += !st_same(want, a[(size_t)g * s_stride + (size_t)p]);
+                }
             for (size_t i = 0; i < (size_t)nq * s_stride; i++) bad_keys += !st_same(a[i], b[i]);
             // weights: softmax-like in [0, 1], and some of any size
             float *w = a + 2048;
             for (int64_t p = 0; p < nk; p++) w[p] = (p % 5 == 4) ? st_sym() * 1e10f : st_unit();
-            float *ya = b + 2048, *yb = b + 2048 + 1024;
-            for (int64_t i = 0; i < n; i++) ya[i] = yb[i] = st_sym();
-            ref->axpy_rows(ya, w, x, stride, nk, n);
-            sk->axpy_rows(yb, w, x, stride, nk, n);
-            for (int64_t i = 0; i < n; i++) bad_axpy += !st_same(ya[i], yb[i]);
+            // the same nq queries' weights (rows s_stride apart, in a), outputs y_stride apart
+            for (int g = 1; g < nq; g++)
+                for (int64_t p = 0; p < nk; p++) a[(size_t)g * s_stride + (size_t)p] = (p + g) % 5 == 4 ? st_sym() * 1e10f : st_unit();
+            for (int64_t p = 0; p < nk; p++) a[p] = w[p];
+            const size_t y_stride = (size_t)n + (size_t)(ci % 3);
+            PSV_ASSERT((size_t)nq * y_stride <= 16384);
+            float *ya = b + 4096, *yb = b + 4096 + 16384;
+            for (size_t i = 0; i < (size_t)nq * y_stride; i++) ya[i] = yb[i] = st_sym();
+            ref->axpy_rows(ya, y_stride, a, s_stride, nq, x, stride, nk, n);
+            sk->axpy_rows(yb, y_stride, a, s_stride, nq, x, stride, nk, n);
+            for (size_t i = 0; i < (size_t)nq * y_stride; i++) bad_axpy += !st_same(ya[i], yb[i]);
             checked_att += nq * nk + n;
         }
     { // nothing written beyond the n values of y
         for (int i = 0; i < 16; i++) a[i] = -7.0f;
         x[0] = 1.0f;
         float w1 = 1.0f;
-        sk->axpy_rows(a, &w1, x, 5, 1, 5);
+        sk->axpy_rows(a, 16, &w1, 1, 1, x, 5, 1, 5);
         for (int i = 5; i < 16; i++) CHECK(a[i] == -7.0f);
     }
     CHECKF(bad_keys == 0 && bad_axpy == 0, "%s attention products: %lld dot_keys and %lld axpy_rows of %lld differ",
@@ -750,6 +772,7 @@ static void st_check_vec(k_set set) {
     free(u);
     free(a);
     free(b);
+    free(kb);
 }
 
 // ---- dispatch ----------------------------------------------------------------------------------
