@@ -13432,6 +13432,81 @@ static inline float op_gelu(float x) {
     return 0.5f * x * (1.0f + psv_tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// The per-token work between a layer's products, on the thread pool (tokens split over the
+// threads; each token's steps are the same as one after the other, so the results are too).
+enum {
+    TS_RESID = 1,    // x += tmp (the previous layer's feed-forward output)
+    TS_NORM_ATT = 2, // xn = attention norm of x
+    TS_QKV = 4,      // biases, q/k norms, RoPE, then k and v into the KV cache
+    TS_ATT_OUT = 8,  // tmp += bo, x += tmp, xn = feed-forward norm of x
+    TS_GLU = 16,     // ffa = SwiGLU of the gate and up products
+};
+typedef struct {
+    const psv_model *m;
+    fwd_scratch *s;
+    const fwd_item *items;
+    int64_t n, il;
+    unsigned steps;
+} tok_job;
+
+static void tok_steps(const tok_job *j, int64_t t) {
+    const psv_model *m = j->m;
+    fwd_scratch *s = j->s;
+    const layer_w *L = &m->layers[j->il];
+    const int64_t E = m->n_embd, hd = m->head_dim, nq = m->n_head * hd, nkv = m->n_head_kv * hd, F = m->n_ff;
+    const int64_t qkv_w = nq + 2 * nkv;
+    float *x = s->x + t * E, *xn = s->xn + t * E, *tmp = s->tmp + t * E;
+    if (j->steps & TS_RESID)
+        for (int64_t i = 0; i < E; i++) x[i] += tmp[i];
+    if (j->steps & TS_NORM_ATT) op_norm(m, xn, x, L->attn_norm, L->attn_norm_b);
+    if (j->steps & TS_QKV) {
+        float *q = s->q + t * qkv_w, *k = q + nq, *v = k + nkv;
+        if (m->fused_qkv) {
+            op_add_bias(q, L->bqkv, 1, qkv_w, qkv_w);
+        } else {
+            op_add_bias(q, L->bq, 1, nq, qkv_w);
+            op_add_bias(k, L->bk, 1, nkv, qkv_w);
+            op_add_bias(v, L->bv, 1, nkv, qkv_w);
+        }
+        if (L->q_norm) {
+            for (int64_t h = 0; h < m->n_head; h++) op_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->norm_eps);
+            for (int64_t h = 0; h < m->n_head_kv; h++) op_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->norm_eps);
+        }
+        const int64_t half = m->n_rot / 2;
+        op_rope(m, q, m->n_head, s->rope_cs + t * half * 2);
+        op_rope(m, k, m->n_head_kv, s->rope_cs + t * half * 2);
+        kv_store_k(j->items[t].kv, j->il, j->items[t].pos, k);
+        kv_store_v(j->items[t].kv, j->il, j->items[t].pos, v);
+    }
+    if (j->steps & TS_ATT_OUT) {
+        op_add_bias(tmp, L->bo, 1, E, E);
+        for (int64_t i = 0; i < E; i++) x[i] += tmp[i];
+        op_norm(m, xn, x, L->ffn_norm, NULL);
+    }
+    if (j->steps & TS_GLU) {
+        if (m->fused_gate_up) { // one product gave [gate | up] per token
+            const float *g = s->ffb + t * 2 * F, *u = g + F;
+            k_vec_get()->swiglu(s->ffa + t * F, g, u, F);
+        } else {
+            k_vec_get()->swiglu(s->ffa + t * F, s->ffa + t * F, s->ffb + t * F, F);
+        }
+    }
+}
+
+static void tok_task(void *arg, int ith, int nth) {
+    const tok_job *j = arg;
+    int64_t lo, hi;
+    pool_share(j->n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) tok_steps(j, t);
+}
+
+// One token (generation) stays on the calling thread: waking the pool would cost more.
+static void run_tok_steps(psv_model *m, fwd_scratch *s, const fwd_item *items, int64_t n, int64_t il, unsigned steps) {
+    tok_job j = {.m = m, .s = s, .items = items, .n = n, .il = il, .steps = steps};
+    if (n == 1) tok_steps(&j, 0);
+    else pool_run(m->pool, tok_task, &j);
+}
+
 // The forward pass over n items (n <= s->n_batch). Writes K/V into each item's cache at its
 // position and logits where an item asks for them. Caller validated tokens and positions.
 static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, int64_t n) {
@@ -13443,66 +13518,48 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
     for (int64_t t = 0; t < n; t++)
         et->to_float(m->tok_embd.data + (size_t)items[t].token * m->tok_embd.row_size, s->x + t * E, E);
     op_rope_table(m, items, n, s->rope_cs, items[0].kv->n_ctx);
-    const int64_t half = m->n_rot / 2;
 
+    bool resid = false; // the previous layer's feed-forward output is still in tmp
     for (int64_t il = 0; il < m->n_layer; il++) {
         const layer_w *L = &m->layers[il];
-        for (int64_t t = 0; t < n; t++) op_norm(m, s->xn + t * E, s->x + t * E, L->attn_norm, L->attn_norm_b);
+        run_tok_steps(m, s, items, n, il, (resid ? TS_RESID : 0u) | TS_NORM_ATT);
         // q, k, v as rows of width qkv_w in s->q: [q | k | v]
         if (m->fused_qkv) {
             op_matmul(m, s, &L->wqkv, s->xn, n, s->q, qkv_w);
-            op_add_bias(s->q, L->bqkv, n, qkv_w, qkv_w);
         } else {
             op_matmul(m, s, &L->wq, s->xn, n, s->q, qkv_w);
             op_matmul(m, s, &L->wk, s->xn, n, s->q + nq, qkv_w);
             op_matmul(m, s, &L->wv, s->xn, n, s->q + nq + nkv, qkv_w);
-            op_add_bias(s->q, L->bq, n, nq, qkv_w);
-            op_add_bias(s->q + nq, L->bk, n, nkv, qkv_w);
-            op_add_bias(s->q + nq + nkv, L->bv, n, nkv, qkv_w);
         }
-        for (int64_t t = 0; t < n; t++) {
-            float *q = s->q + t * qkv_w, *k = q + nq, *v = k + nkv;
-            if (L->q_norm) {
-                for (int64_t h = 0; h < m->n_head; h++) op_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->norm_eps);
-                for (int64_t h = 0; h < m->n_head_kv; h++) op_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->norm_eps);
-            }
-            op_rope(m, q, m->n_head, s->rope_cs + t * half * 2);
-            op_rope(m, k, m->n_head_kv, s->rope_cs + t * half * 2);
-            kv_store_k(items[t].kv, il, items[t].pos, k);
-            kv_store_v(items[t].kv, il, items[t].pos, v);
-        }
+        run_tok_steps(m, s, items, n, il, TS_QKV);
         att_job aj = {.m = m, .s = s, .items = items, .n = n, .il = il, .q = s->q, .q_stride = qkv_w};
         pool_run(m->pool, att_task, &aj);
         // attention output projection into tmp
         op_matmul(m, s, &L->wo, s->att, n, s->tmp, E);
-        op_add_bias(s->tmp, L->bo, n, E, E);
         if (m->parallel) {
             // phi2: x += attn(xn) + ffn(xn), both from the same normed input
+            op_add_bias(s->tmp, L->bo, n, E, E);
             op_matmul(m, s, &L->w_up, s->xn, n, s->ffa, F);
             op_add_bias(s->ffa, L->b_up, n, F, F);
             for (int64_t i = 0; i < n * F; i++) s->ffa[i] = op_gelu(s->ffa[i]);
             op_matmul(m, s, &L->w_down, s->ffa, n, s->ffb, E);
             op_add_bias(s->ffb, L->b_down, n, E, E);
             for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i] + s->ffb[i];
+            resid = false;
             continue;
         }
-        for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i];
-        for (int64_t t = 0; t < n; t++) op_norm(m, s->xn + t * E, s->x + t * E, L->ffn_norm, NULL);
+        run_tok_steps(m, s, items, n, il, TS_ATT_OUT);
         if (m->fused_gate_up) {
-            // one product gives [gate | up] per token (SwiGLU over the two halves)
             op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, 2 * F);
-            for (int64_t t = 0; t < n; t++) {
-                const float *g = s->ffb + t * 2 * F, *u = g + F;
-                k_vec_get()->swiglu(s->ffa + t * F, g, u, F);
-            }
         } else {
             op_matmul(m, s, &L->w_gate, s->xn, n, s->ffa, F);
             op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, F);
-            k_vec_get()->swiglu(s->ffa, s->ffa, s->ffb, n * F);
         }
+        run_tok_steps(m, s, items, n, il, TS_GLU);
         op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
-        for (int64_t i = 0; i < n * E; i++) s->x[i] += s->tmp[i];
+        resid = true;
     }
+    if (resid) run_tok_steps(m, s, items, n, m->n_layer - 1, TS_RESID);
     // final norm and logits, only for the items that want them (compacted into xn); one product
     // over the output matrix writes each row straight into its item's buffer
     int64_t n_out = 0;
