@@ -10733,16 +10733,39 @@ K_AVX2 K_INLINE __m256 k_expf_poly_avx2(__m256 x, bool *slow) {
     __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
     __m256 n = _mm256_sub_ps(z, shift), nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
     __m256 b = _mm256_fmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), x));
-    __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23), _mm256_set1_epi32(0x3f800000)));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f800000)));
     __m256 u = _mm256_mul_ps(b, b);
     __m256 j = _mm256_fmadd_ps(
         _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
                         _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
         u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
-    // not (|n| <= 125): true for NaN too
-    __m256 in = _mm256_cmp_ps(k_abs_ps_avx2(n), _mm256_set1_ps(125.0f), _CMP_LE_OQ);
-    *slow = _mm256_movemask_ps(in) != 0xff;
-    return _mm256_fmadd_ps(k, j, k);
+    // Slow: not (|n| <= 125), true for NaN too, except where psv_expf_poly splits 2^n into the
+    // normal factors s1 = 2^-125 and s2 = 2^(n + 125) (n < 0) or s1 = 2^127 and s2 = 2^(n - 127):
+    // for 127 <= |n| <= 192 (|x| from about 87.7 to 133) its fma(s2, j, s2) * s1 has every
+    // value normal but the last product (an ordinary multiply: subnormal, or infinite); for
+    // |n| > 192 (infinities too) its s1 * s1 is +0 or +inf.
+    const __m256 an = k_abs_ps_avx2(n);
+    __m256 r = _mm256_fmadd_ps(k, j, k);
+    const __m256 in = _mm256_cmp_ps(an, _mm256_set1_ps(125.0f), _CMP_LE_OQ);
+    *slow = false;
+    if (_mm256_movemask_ps(in) == 0xff) return r;
+    const __m256 neg = _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 big = _mm256_cmp_ps(an, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256 split = _mm256_and_ps(_mm256_cmp_ps(an, _mm256_set1_ps(127.0f), _CMP_GE_OQ),
+                                       _mm256_cmp_ps(an, _mm256_set1_ps(192.0f), _CMP_LE_OQ));
+    *slow = _mm256_movemask_ps(_mm256_or_ps(_mm256_or_ps(in, big), split)) != 0xff;
+    if (*slow) return r;
+    if (_mm256_movemask_ps(split)) { // the other lanes' factors are 1, which keeps subnormals out
+        const __m256i d = _mm256_and_si256(_mm256_castps_si256(neg), _mm256_set1_epi32((int)0x82000000u));
+        const __m256 one = _mm256_set1_ps(1.0f);
+        const __m256 s1n = _mm256_blendv_ps(_mm256_set1_ps(0x1p127f), _mm256_set1_ps(0x1p-125f), neg);
+        const __m256 s1 = _mm256_blendv_ps(one, s1n, split);
+        const __m256 s2 = _mm256_blendv_ps(one, _mm256_castsi256_ps(_mm256_sub_epi32(e, d)), split);
+        r = _mm256_blendv_ps(r, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1), split);
+    }
+    const __m256 inf = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    return _mm256_blendv_ps(r, _mm256_andnot_ps(neg, inf), big);
 }
 
 K_AVX2 static void k_expf_avx2(float *y, const float *x, int64_t n) {
@@ -10843,13 +10866,24 @@ K_AVX2 static void k_softmax_avx2(float *w, int64_t n, float scale) {
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
+    if (p < n) { // the last n % 8 in lanes 0.. of one more vector, the rest -inf (exp: +0)
+        const int r = (int)(n - p);
+        float t[8];
+        for (int l = 0; l < 8; l++) t[l] = l < r ? w[p + l] - mx : f32_from_bits(0xff800000u);
+        bool slow;
+        __m256 e = k_expf_poly_avx2(_mm256_loadu_ps(t), &slow);
+        if (slow) {
+            for (int l = 0; l < 8; l++) t[l] = l < r ? psv_expf_poly(t[l]) : 0.0f;
+            e = _mm256_loadu_ps(t);
+        }
+        _mm256_storeu_ps(t, e);
+        memcpy(w + p, t, (size_t)r * sizeof(float));
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e))); // + 0 in the lanes past n
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
     double lane[K_SOFTMAX_LANES];
     _mm256_storeu_pd(lane, s0);
     _mm256_storeu_pd(lane + 4, s1);
-    for (; p < n; p++) { // p % 8 counts from 0 here
-        w[p] = psv_expf_poly(w[p] - mx);
-        lane[p % K_SOFTMAX_LANES] += (double)w[p];
-    }
     double sum = lane[0];
     for (int l = 1; l < K_SOFTMAX_LANES; l++) sum += lane[l];
     const float inv = (float)(1.0 / sum);
@@ -12027,15 +12061,28 @@ static inline float32x4_t k_expf_poly_neon(float32x4_t x, bool *slow) {
     const float32x4_t z = vfmaq_f32(shift, x, vdupq_n_f32(0x1.715476p+0f));
     const float32x4_t n = vsubq_f32(z, shift), nn = vsubq_f32(vdupq_n_f32(0), n);
     const float32x4_t b = vfmaq_f32(vfmaq_f32(x, nn, vdupq_n_f32(0x1.62e4p-1f)), nn, vdupq_n_f32(0x1.7f7d1cp-20f));
-    const float32x4_t k =
-        vreinterpretq_f32_u32(vaddq_u32(vshlq_n_u32(vreinterpretq_u32_f32(z), 23), vdupq_n_u32(0x3f800000)));
+    const uint32x4_t e = vshlq_n_u32(vreinterpretq_u32_f32(z), 23);
+    const float32x4_t k = vreinterpretq_f32_u32(vaddq_u32(e, vdupq_n_u32(0x3f800000)));
     const float32x4_t u = vmulq_f32(b, b);
     const float32x4_t j = vfmaq_f32(vmulq_f32(vdupq_n_f32(0x1.ffffecp-1f), b),
                                     vfmaq_f32(vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), b), u,
                                               vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), b)),
                                     u);
-    *slow = vminvq_u32(vcleq_f32(vabsq_f32(n), vdupq_n_f32(125.0f))) == 0; // false for NaN too
-    return vfmaq_f32(k, k, j);
+    // as in k_expf_poly_avx2: 127 <= |n| <= 192 through psv_expf_poly's split of 2^n, |n| > 192
+    // +0 or +inf
+    const float32x4_t an = vabsq_f32(n);
+    const uint32x4_t in = vcleq_f32(an, vdupq_n_f32(125.0f));
+    *slow = false;
+    if (vminvq_u32(in)) return vfmaq_f32(k, k, j);
+    const uint32x4_t neg = vcltq_f32(n, vdupq_n_f32(0.0f)), big = vcgtq_f32(an, vdupq_n_f32(192.0f));
+    const uint32x4_t split = vandq_u32(vcgeq_f32(an, vdupq_n_f32(127.0f)), vcleq_f32(an, vdupq_n_f32(192.0f)));
+    const uint32x4_t fast = vorrq_u32(vorrq_u32(in, big), split);
+    *slow = vminvq_u32(fast) == 0; // false for NaN too
+    const float32x4_t s1 = vbslq_f32(neg, vdupq_n_f32(0x1p-125f), vdupq_n_f32(0x1p127f));
+    const float32x4_t s2 = vreinterpretq_f32_u32(vsubq_u32(e, vandq_u32(neg, vdupq_n_u32(0x82000000u))));
+    const float32x4_t r = vbslq_f32(split, vmulq_f32(vfmaq_f32(s2, s2, j), s1), vfmaq_f32(k, k, j));
+    const uint32x4_t inf = vbicq_u32(vdupq_n_u32(0x7f800000u), neg);
+    return vbslq_f32(big, vreinterpretq_f32_u32(inf), r);
 }
 
 static void k_expf_neon(float *y, const float *x, int64_t n) {

@@ -564,7 +564,7 @@ static void st_check_vec(k_set set) {
           *b = malloc(CAP * sizeof *b), *kb = malloc(CAP * sizeof *kb);
     PSV_ASSERT(x && u && a && b && kb);
     int64_t checked = 0, bad_exp = 0, bad_glu = 0;
-    for (int pass = 0; pass < 52; pass++) {
+    for (int pass = 0; pass < 53; pass++) {
         int64_t n = 0;
         if (pass < 49) { // binade 2^(pass - 41)
             uint32_t e = (uint32_t)(127 + pass - 41) << 23;
@@ -575,6 +575,9 @@ static void st_check_vec(k_set set) {
         } else if (pass < 51) { // [85, 90] or [-90, -85]
             for (uint32_t bits = f32_bits(85.0f); bits <= f32_bits(90.0f) && n < CAP; bits++)
                 x[n++] = f32_from_bits(bits | (pass == 50 ? 0x80000000u : 0));
+        } else if (pass == 51) { // [-136, -130]: whole vectors around the flush to +0 (about -133)
+            for (uint32_t bits = f32_bits(130.0f); bits <= f32_bits(136.0f) && n < CAP; bits++)
+                x[n++] = f32_from_bits(bits | 0x80000000u);
         } else {
             static const uint32_t sp[] = {0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
                                           0x7f800001u, 1, 0x80000001u, 0x007fffffu, 0x7f7fffffu, 0xff7fffffu,
