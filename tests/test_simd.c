@@ -496,7 +496,7 @@ static void st_check_quantizers(k_set set) {
         CHECK(sk && sk->from_float);
         if (!sk || !sk->from_float) continue;
         int64_t bs = type_get(at)->blck_size == 1 ? 32 : type_get(at)->blck_size;
-        static const int64_t nblk[] = {1, 2, 3, 17};
+        static const int64_t nblk[] = {1, 2, 3, 8, 17};
         int mismatches = 0, checked = 0;
         for (size_t ni = 0; ni < PSV_ARRAY_LEN(nblk); ni++)
             for (int extra = 0; extra < (type_get(at)->blck_size == 1 ? 3 : 1); extra++) {
