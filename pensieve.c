@@ -12734,6 +12734,21 @@ static bool pool_next_chunk(_Atomic int64_t *next, int64_t n, int nth, int per_t
     return true;
 }
 
+// Guided: the next [lo, hi) of n units, a share of what is left (at least one unit), so that
+// chunks shrink toward the end and threads finish together. *next counts units taken.
+static bool pool_next_guided(_Atomic int64_t *next, int64_t n, int nth, int64_t *lo, int64_t *hi) {
+    int64_t c = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (c >= n) return false;
+        const int64_t size = PSV_MAX((int64_t)1, (n - c) / (2 * (int64_t)nth));
+        if (atomic_compare_exchange_weak_explicit(next, &c, c + size, memory_order_relaxed, memory_order_relaxed)) {
+            *lo = c;
+            *hi = c + size;
+            return true;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // 14. Model
 // Loads hyper-parameters and weights from a GGUF file (weights stay in the mapping, used in
@@ -13241,7 +13256,7 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
     const mtensor *w = j->w;
     int64_t lo, hi;
     uint8_t *panel = j->panels + (size_t)ith * j->panel_size;
-    while (mm_next_chunk(j, (w->n_out + K_PANEL - 1) / K_PANEL, nth, &lo, &hi)) {
+    while (pool_next_guided(&j->next_chunk, (w->n_out + K_PANEL - 1) / K_PANEL, nth, &lo, &hi)) {
         for (int64_t p = lo; p < hi; p++) {
             int64_t o = p * K_PANEL;
             int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
@@ -13453,7 +13468,7 @@ typedef struct {
     int64_t n, il;
     const float *q; // (n, n_head*hd)
     int64_t q_stride;
-    _Atomic int64_t next_chunk; // tasks are taken in chunks (a token's cost grows with its position)
+    _Atomic int64_t next_chunk; // tasks taken in guided chunks (a token's cost grows with its position)
 } att_job;
 
 static void att_task(void *arg, int ith, int nth) {
@@ -13470,9 +13485,11 @@ static void att_task(void *arg, int ith, int nth) {
     const int64_t groups = j->n * m->n_head_kv;
     const int64_t parts = PSV_MIN(group, (nth + groups - 1) / groups), per = (group + parts - 1) / parts;
     int64_t lo, hi;
-    while (pool_next_chunk(&j->next_chunk, groups * parts, nth, 8, &lo, &hi)) {
+    // the last tokens first (in a prompt they attend to the most positions), in guided chunks
+    while (pool_next_guided(&j->next_chunk, groups * parts, nth, &lo, &hi)) {
         for (int64_t task = lo; task < hi; task++) {
-            const int64_t t = task / (m->n_head_kv * parts), kvh = task / parts % m->n_head_kv, part = task % parts;
+            const int64_t t = j->n - 1 - task / (m->n_head_kv * parts);
+            const int64_t kvh = task / parts % m->n_head_kv, part = task % parts;
             const int64_t h0 = kvh * group + part * per, nh = PSV_MIN(per, (kvh + 1) * group - h0);
             if (nh <= 0) continue;
             const fwd_item *it = &j->items[t];
