@@ -8463,11 +8463,11 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          is then a transpose, and the kernels split the nibbles. Q4_0 is unpacked like the
 //          others: splitting its nibbles in the kernels, once per panel vector and activation
 //          rows' call, measured 2-3 % slower Q4_0 prompts with AVX-512, 8 % with AVX2.
-//          The AVX-512 set groups the unpacked 32-value types' quants by eight instead
-//          (k_panel_g8: Q4_0, Q5_0, Q5_1, Q8_0): 64-byte vector j has quants 8j..8j+7 of each
-//          row, row r in bytes 8r..8r+7, so that one vpdpbusd takes eight values of each row
-//          against one broadcast of eight activation bytes (k_panel_regroup8 turns the
-//          four-value layout into it).
+//          The AVX-512 set groups the quants by eight instead (k_panel_g8: every panel type
+//          but Q4_1): 64-byte vector j has quants 8j..8j+7 of each row (Q4_K: quant bytes
+//          8j..8j+7 of its chunk), row r in bytes 8r..8r+7, so that one vpdpbusd takes eight
+//          values of each row against one broadcast of eight activation bytes
+//          (k_panel_regroup8 turns the four-value layout into it).
 //   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
 //          Q5_K: each of their 8 scales of 32 values twice)
 //   cor    k-quants with an offset (Q3_K, Q6_K): 8 vectors of int16 pairs, the coefficients of
@@ -8605,18 +8605,20 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 
 // Whether set `set` packs `type` in groups of eight quants (see "GEMM panels").
 PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
-    return set == K_SET_AVX512 && type_table[type].blck_size == 32 && !k_panel_nibbles(type);
+    return set == K_SET_AVX512 && (type_table[type].blck_size == QK_K || !k_panel_nibbles(type));
 }
 
 // A panel of k_panel_pack's layout, of a k_panel_g8 type, rearranged in place into groups of
-// eight quants: per block, the 32-byte vectors 2j and 2j + 1 (four quants of each row) become
-// the 64-byte vector j (eight of each row).
+// eight quants: per block, the quant vectors' 32-byte vectors 2j and 2j + 1 (four quants, or
+// Q4_K's quant bytes, of each row) become the 64-byte vector j (eight of each row).
 PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t *panel) {
     const int64_t nb = n / type_table[type].blck_size;
+    const size_t nq = k_panel_sc(type); // the quant vectors' bytes
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *pb = panel + (size_t)b * k_panel_blk(type), t[256];
-        memcpy(t, pb, sizeof t);
-        for (int j = 0; j < 4; j++)
+        uint8_t *pb = panel + (size_t)b * k_panel_blk(type), t[2048];
+        PSV_ASSERT(nq <= sizeof t);
+        memcpy(t, pb, nq);
+        for (size_t j = 0; j < nq / 64; j++)
             for (int r = 0; r < K_PANEL; r++) {
                 memcpy(pb + 64 * j + 8 * r, t + 32 * (2 * j) + 4 * r, 4);
                 memcpy(pb + 64 * j + 8 * r + 4, t + 32 * (2 * j + 1) + 4 * r, 4);
@@ -9338,14 +9340,16 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                     __m256i v[8];
                     K_UNROLL
                     for (int r = 0; r < 8; r++) v[r] = r < nw ? k_load256(xb + (size_t)r * ws + 16 + 32 * c) : _mm256_setzero_si256();
-                    k_transpose8_store_avx2(v, pb + 256 * c);
+                    if (g8) k_group8_store_avx2(v, pb + 256 * c);
+                    else k_transpose8_store_avx2(v, pb + 256 * c);
                 }
             } else {
                 for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
                     __m256i v[8];
                     K_UNROLL
                     for (int r = 0; r < 8; r++) v[r] = u[r].q[c];
-                    k_transpose8_store_avx2(v, pb + 256 * c);
+                    if (g8) k_group8_store_avx2(v, pb + 256 * c);
+                    else k_transpose8_store_avx2(v, pb + 256 * c);
                 }
             }
             __m256i lo[8], hi[8], co[8];
@@ -9385,6 +9389,11 @@ K_DEF_PACK8(q4_0, T_Q4_0)
 K_DEF_PACK8(q5_0, T_Q5_0)
 K_DEF_PACK8(q5_1, T_Q5_1)
 K_DEF_PACK8(q8_0, T_Q8_0)
+K_DEF_PACK8(q2_k, T_Q2_K)
+K_DEF_PACK8(q3_k, T_Q3_K)
+K_DEF_PACK8(q4_k, T_Q4_K)
+K_DEF_PACK8(q5_k, T_Q5_K)
+K_DEF_PACK8(q6_k, T_Q6_K)
 
 // ---- AVX2: GEMM on panels ----------------------------------------------------------------------
 // The AVX-512 kernel's scheme with AVX2's instructions: vpmaddubsw multiplies the unsigned panel
@@ -10411,14 +10420,27 @@ K_DEF_KQUANTS(avx512, K_AVX512)
 
 // ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
 // K_GEMM_ROWS activation rows against one panel (see "GEMM panels"): per block, every quant
-// vector of the panel is loaded once and multiplied with each row's four broadcast activation
-// bytes (vpdpbusd: unsigned packed quants times signed activations), giving each row's eight
-// integer block sums in one vector; the k-quants weight them by their sub-block scales (vpmulld)
-// and add the offset and minimum terms from the activation's sums of 16 (vpdpwssd on int16
-// pairs). The block's double term is then formed for the eight weight rows at once, exactly as
+// vector of the panel is loaded once and multiplied with each row's broadcast activation bytes
+// (vpdpbusd: unsigned packed quants times signed activations). Every panel type but Q4_1 comes
+// in groups of eight quants (k_panel_g8), 64-byte vectors against eight broadcast bytes, so each
+// row's 64-bit lane gathers two int32 sums (whole 512-bit vectors: on a CPU with full-width
+// AVX-512 units, such as Zen 5, a 256-bit vpdpbusd does half the work in the same slot; the
+// k-quants went from 130-145 to 190-225 GMAC/s in the cache there); the k-quants weight them by
+// their sub-block scales (k_scale_acc_avx512) and add the offset and minimum terms from the
+// activation's sums of 16 (vpdpwssd on int16 pairs). The block's double term is then formed for the eight weight rows at once, exactly as
 // the reference forms it, and added to lane b % 4 of each row's four accumulators. Bounds: the
 // dot of 32 values is at most 32 * 255 * 128 < 2^21, the k-quants' isum and msum are the
 // reference's (section 11), far inside int32.
+
+// acc + d * sc, lane by lane, for a k-quant's sums d of a sub-block's quants and its scales sc
+// (int32). Where every sum fits in int16 and the scales are not negative (Q4_K: 16 products of
+// at most 15 * 128 a lane, 30720; Q2_K: 8 of 3 * 128), vpdpwssd does it in one multiply-add:
+// the sum's high half is then its sign and the scale's is zero. The other types' sums can reach
+// 2^16 (Q5_K, Q6_K) or their scales are signed (Q3_K, Q6_K): vpmulld.
+K_AVX512 K_INLINE __m512i k_scale_acc_avx512(uint32_t type, __m512i acc, __m512i d, __m512i sc) {
+    if (type == T_Q4_K || type == T_Q2_K) return _mm512_dpwssd_epi32(acc, d, sc);
+    return _mm512_add_epi32(acc, _mm512_mullo_epi32(d, sc));
+}
 
 // Block b of the panel against R activation rows: the term of each, added to acc[r] (32-value
 // blocks) or to term[r] (k-quants). Q4_0, Q5_0 and Q8_0 add with one FMA: their term dx * dy *
@@ -10499,53 +10521,62 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         }
         return;
     }
-    // Q4_K/Q5_K: sub-blocks of 32 (the panel has each scale twice, as for 16-value sub-blocks)
-    const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 4;
+    // k-quants, in groups of eight (k_panel_g8): each row's 64-bit lane gathers two int32 sums
+    // of a sub-block, which its scale (both int32 lanes of the row: a permutation of the panel's
+    // eight) multiplies; the two are added once per block. Q4_K/Q5_K: sub-blocks of 32 (the
+    // panel has each scale twice, as for 16-value sub-blocks).
+    const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 8;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512i iz[K_GEMM_ROWS];
     if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
+        const __m512i m4 = _mm512_set1_epi8(15);
         for (int c = 0; c < 4; c++) {
-            __m256i d0[K_GEMM_ROWS], d1[K_GEMM_ROWS];
+            __m512i d0[K_GEMM_ROWS], d1[K_GEMM_ROWS];
             K_UNROLL
-            for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm512_setzero_si512();
             K_UNROLL
-            for (int s = 0; s < 8; s++) {
-                __m256i v = k_load256(pb + 32 * (8 * c + s)), m4 = _mm256_set1_epi8(15);
-                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(pb + 256 * c + 64 * j));
+                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 K_UNROLL
                 for (int r = 0; r < R; r++) {
-                    const uint8_t *a = yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c + 4 * s;
-                    d0[r] = _mm256_dpbusd_epi32(d0[r], lo, k_bcast4_avx2(a));
-                    d1[r] = _mm256_dpbusd_epi32(d1[r], hi, k_bcast4_avx2(a + 32));
+                    const uint8_t *a = yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c + 8 * j;
+                    int64_t a0, a1;
+                    memcpy(&a0, a, 8);
+                    memcpy(&a1, a + 32, 8);
+                    d0[r] = _mm512_dpbusd_epi32(d0[r], lo, _mm512_set1_epi64(a0));
+                    d1[r] = _mm512_dpbusd_epi32(d1[r], hi, _mm512_set1_epi64(a1));
                 }
             }
-            __m256i sc0 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c));
-            __m256i sc1 = k_load256(pb + k_panel_sc(type) + 32 * (4 * c + 2));
+            const __m512i sc0 = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(k_load256(pb + k_panel_sc(type) + 32 * (4 * c))));
+            const __m512i sc1 = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(k_load256(pb + k_panel_sc(type) + 32 * (4 * c + 2))));
             K_UNROLL
-            for (int r = 0; r < R; r++) {
-                __m256i p = _mm256_add_epi32(_mm256_mullo_epi32(d0[r], sc0), _mm256_mullo_epi32(d1[r], sc1));
-                is[r] = c == 0 ? p : _mm256_add_epi32(is[r], p);
-            }
+            for (int r = 0; r < R; r++) iz[r] = k_scale_acc_avx512(type, k_scale_acc_avx512(type, c ? iz[r] : _mm512_setzero_si512(), d0[r], sc0), d1[r], sc1);
         }
     } else {
         for (int k = 0; k < QK_K / sub; k++) {
-            __m256i d[K_GEMM_ROWS];
+            __m512i d[K_GEMM_ROWS];
             K_UNROLL
-            for (int r = 0; r < R; r++) d[r] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) d[r] = _mm512_setzero_si512();
             K_UNROLL
-            for (int s = 0; s < steps; s++) {
-                __m256i w = k_load256(pb + 32 * (k * steps + s));
+            for (int j = 0; j < steps; j++) {
+                const __m512i w = _mm512_loadu_si512((const void *)(pb + 64 * (k * steps + j)));
                 K_UNROLL
-                for (int r = 0; r < R; r++)
-                    d[r] = _mm256_dpbusd_epi32(d[r], w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 4 * s));
+                for (int r = 0; r < R; r++) {
+                    int64_t a8;
+                    memcpy(&a8, yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 8 * j, 8);
+                    d[r] = _mm512_dpbusd_epi32(d[r], w, _mm512_set1_epi64(a8));
+                }
             }
-            __m256i sc = k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16));
+            const __m512i sc = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16))));
             K_UNROLL
-            for (int r = 0; r < R; r++) {
-                __m256i p = _mm256_mullo_epi32(d[r], sc);
-                is[r] = k == 0 ? p : _mm256_add_epi32(is[r], p);
-            }
+            for (int r = 0; r < R; r++) iz[r] = k_scale_acc_avx512(type, k ? iz[r] : _mm512_setzero_si512(), d[r], sc);
         }
     }
+    K_UNROLL
+    for (int r = 0; r < R; r++) // row r's two int32 lanes added, into lane r
+        is[r] = _mm512_cvtepi64_epi32(_mm512_add_epi32(iz[r], _mm512_srli_epi64(iz[r], 32)));
     K_UNROLL
     for (int r = 0; r < R; r++) ms[r] = _mm256_setzero_si256();
     K_UNROLL
@@ -12414,9 +12445,9 @@ static void k_fill_avx512(k_traits *t) {
     static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
         {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx512, k_pack_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
-        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack_q2_k_avx2},
-        {T_Q3_K, k_gemm_q3_k_avx512, k_pack_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack_q4_k_avx2},
-        {T_Q5_K, k_gemm_q5_k_avx512, k_pack_q5_k_avx2}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack_q6_k_avx2},
+        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
+        {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx2},
+        {T_Q5_K, k_gemm_q5_k_avx512, k_pack8_q5_k_avx2}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack8_q6_k_avx2},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
         t[gemms[i].type].gemm = gemms[i].gemm;
