@@ -3,8 +3,9 @@
 # compiled. Compilers fuse a * b + c into one FMA unless told not to (GCC in its default GNU mode
 # at -O2, clang within expressions), which changes last bits, and the reference models turn last
 # bits into visible logit changes. Builds pensieve.c with gcc and clang at -O2 in their default
-# (GNU) language mode and checks that `pensieve logits` prints exactly what $PSV_BIN prints, for
-# the first case of every reference model. Needs $PSV_BIN and ../shared ($PSV_SHARED).
+# (GNU) language mode, and with gcc without flags, and checks that `pensieve logits` prints exactly
+# what $PSV_BIN prints, for the first case of every reference model; and that builds without
+# flags say whether they are optimised (`info --cpu`). Needs $PSV_BIN and ../shared ($PSV_SHARED).
 # Ends with `N passed, N failed, N skipped`.
 
 pass=0 fail=0 skip=0
@@ -17,19 +18,41 @@ if [ -z "$PSV_BIN" ] || [ ! -x "$PSV_BIN" ]; then
 fi
 src=$(cd "$(dirname "$0")/.." && pwd)/pensieve.c
 ref=${PSV_SHARED:-../shared}/reference
-if [ ! -d "$ref/expected" ]; then
-    skip=$((skip + 1)); echo "skipped: $ref/expected is absent: no reference models to compute"
-    finish
-fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psv_cli_buildflags.XXXXXX") || { bad "mktemp -d failed"; finish; }
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' INT TERM HUP
 
+# Built with no flags, gcc optimises the file itself (a pragma: -O0 is its default), so that
+# `cc pensieve.c -o pensieve` is fast; clang cannot be told to, and such a build says so.
 for cc in gcc clang; do
     if ! command -v $cc >/dev/null 2>&1; then
         skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue
     fi
-    if ! $cc -O2 "$src" -o "$tmp/pensieve-$cc" -lpthread 2>"$tmp/cc.err"; then
+    if ! $cc "$src" -o "$tmp/flagless-$cc" -lpthread 2>"$tmp/cc.err"; then
+        bad "$cc pensieve.c (no flags) failed"; cat "$tmp/cc.err"; continue
+    fi
+    "$tmp/flagless-$cc" info --cpu >"$tmp/cpu.out" 2>"$tmp/cpu.err"
+    want="build: optimised"; [ $cc = clang ] && want="build: not optimised"
+    if grep -qx "$want" "$tmp/cpu.out"; then ok; else bad "$cc without flags: info --cpu does not say '$want'"; cat "$tmp/cpu.out"; fi
+    if [ $cc = clang ]; then
+        if grep -q "rebuild with: cc -O2" "$tmp/cpu.err"; then ok; else bad "clang without flags: no warning to rebuild with -O2"; fi
+    elif [ -s "$tmp/cpu.err" ]; then bad "gcc without flags: info --cpu warns: $(cat "$tmp/cpu.err")"
+    else ok
+    fi
+done
+if [ ! -d "$ref/expected" ]; then
+    skip=$((skip + 1)); echo "skipped: $ref/expected is absent: no reference models to compute"
+    finish
+fi
+# The optimised gcc build without flags computes what the test build computes (below, with -O2).
+builds="gcc clang"
+command -v gcc >/dev/null 2>&1 && [ -x "$tmp/flagless-gcc" ] && builds="$builds flagless-gcc"
+
+for cc in $builds; do
+    if [ $cc = flagless-gcc ]; then cp "$tmp/flagless-gcc" "$tmp/pensieve-$cc"
+    elif ! command -v $cc >/dev/null 2>&1; then
+        skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue
+    elif ! $cc -O2 "$src" -o "$tmp/pensieve-$cc" -lpthread 2>"$tmp/cc.err"; then
         bad "$cc -O2 pensieve.c failed"; cat "$tmp/cc.err"; continue
     fi
     for exp in "$ref"/expected/*.json; do
@@ -41,7 +64,7 @@ for cc in gcc clang; do
             "$b" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 >"$tmp/$(basename "$b").out" 2>&1
         done
         if cmp -s "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out"; then ok
-        else bad "$name: '$cc -O2' build computes other logits than $PSV_BIN"; diff "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out" | head -n 4
+        else bad "$name: the '$cc' build (-O2 unless flagless) computes other logits than $PSV_BIN"; diff "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out" | head -n 4
         fi
     done
 done
