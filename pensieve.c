@@ -60,7 +60,7 @@
 // `cc pensieve.c -o pensieve` with no flags is an unoptimised build, 15-25x slower (-O0 is the
 // compilers' default), so GCC is told to optimise every function as -O2 would when the command
 // line asks for nothing (define PSV_O0 for a truly unoptimised debug build). The pragma does not
-// make all of -O2 (measured: prompts at 65-75 %, generation at 75-80 % of a -O2 build's speed,
+// make all of -O2 (measured: prompts at 55-70 %, generation at 75-80 % of a -O2 build's speed,
 // against 4-7 % without it), so the README still says `cc -O2`. clang has no such pragma: its
 // builds without flags say they are unoptimised (psv_build_note).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE__) && !defined(PSV_O0)
