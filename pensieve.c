@@ -9287,6 +9287,13 @@ K_AVX2 K_INLINE void k_group8_store_avx2(const __m256i v[8], uint8_t *dst) {
     }
 }
 
+// Eight rows' 32 bytes of quants (v[r]: row r) into a panel's quant vectors: in groups of eight
+// quants (k_panel_g8) or of four.
+K_AVX2 K_INLINE void k_quants_store_avx2(__m256i v[8], uint8_t *dst, bool g8) {
+    if (g8) k_group8_store_avx2(v, dst);
+    else k_transpose8_store_avx2(v, dst);
+}
+
 // g8: the layout in groups of eight quants (k_panel_g8 types only)
 K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel,
                                       bool g8) {
@@ -9335,10 +9342,8 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 32), _mm256_unpackhi_epi64(t[0], t[2]));
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 64), _mm256_unpacklo_epi64(t[1], t[3]));
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 96), _mm256_unpackhi_epi64(t[1], t[3]));
-            } else if (g8) {
-                k_group8_store_avx2(v, pb);
             } else {
-                k_transpose8_store_avx2(v, pb);
+                k_quants_store_avx2(v, pb, g8);
             }
         } else {
             __m256i s16[8], mn[8];
@@ -9362,16 +9367,14 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                     __m256i v[8];
                     K_UNROLL
                     for (int r = 0; r < 8; r++) v[r] = r < nw ? k_load256(xb + (size_t)r * ws + 16 + 32 * c) : _mm256_setzero_si256();
-                    if (g8) k_group8_store_avx2(v, pb + 256 * c);
-                    else k_transpose8_store_avx2(v, pb + 256 * c);
+                    k_quants_store_avx2(v, pb + 256 * c, g8);
                 }
             } else {
                 for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
                     __m256i v[8];
                     K_UNROLL
                     for (int r = 0; r < 8; r++) v[r] = u[r].q[c];
-                    if (g8) k_group8_store_avx2(v, pb + 256 * c);
-                    else k_transpose8_store_avx2(v, pb + 256 * c);
+                    k_quants_store_avx2(v, pb + 256 * c, g8);
                 }
             }
             __m256i lo[8], hi[8], co[8];
@@ -10455,10 +10458,10 @@ K_DEF_KQUANTS(avx512, K_AVX512)
 // AVX-512 units, such as Zen 5, a 256-bit vpdpbusd does half the work in the same slot; the
 // k-quants went from 130-145 to 190-225 GMAC/s in the cache there); the k-quants weight them by
 // their sub-block scales (k_scale_acc_avx512) and add the offset and minimum terms from the
-// activation's sums of 16 (vpdpwssd on int16 pairs). The block's double term is then formed for the eight weight rows at once, exactly as
-// the reference forms it, and added to lane b % 4 of each row's four accumulators. Bounds: the
-// dot of 32 values is at most 32 * 255 * 128 < 2^21, the k-quants' isum and msum are the
-// reference's (section 11), far inside int32.
+// activation's sums of 16 (vpdpwssd on int16 pairs). The block's double term is then formed for
+// the eight weight rows at once, exactly as the reference forms it, and added to lane b % 4 of
+// each row's four accumulators. Bounds: the dot of 32 values is at most 32 * 255 * 128 < 2^21,
+// the k-quants' isum and msum are the reference's (section 11), far inside int32.
 
 // acc + d * sc, lane by lane, for a k-quant's sums d of a sub-block's quants and its scales sc
 // (int32). Where every sum fits in int16 and the scales are not negative (Q4_K: 16 products of
@@ -12582,7 +12585,6 @@ PSV_MAYBE_UNUSED static const char *psv_build_note(void) {
 // `pensieve info --cpu`: the features detected, the kernel set in use and whether the build is
 // optimised (stdout); the reason a PSV_KERNELS request was not honoured, and an unoptimised
 // build's warning, go to stderr. Returns the exit status.
-
 PSV_MAYBE_UNUSED static int cli_cpu(void) {
     const plat_cpu *c = plat_cpu_get();
     printf("cpu features:");
