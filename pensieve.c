@@ -8651,7 +8651,10 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 // whole group of four blocks, 256 bytes laid out for the one-row kernels of 32-value blocks
 // (k_gemv1_avx512), filled only for products of one row: the four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks'
 // -off * sum in lanes 0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four
-// times.
+// times. For Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q4_k_avx512:
+// its quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
+// 96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times over
+// and bsums 8-15 four times over (16 bytes each).
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
@@ -8662,7 +8665,7 @@ static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
 // The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
 // apart, without it).
 static size_t k_act_side_one(uint32_t atype, int64_t n) {
-    return k_act_side_size(atype, n) + (atype == T_Q8_0 ? (size_t)(n / 128) * 256 : 0);
+    return k_act_side_size(atype, n) + (atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * 384 : 0);
 }
 
 // The side data of activation row y of type atype, for weights whose quant offset is off; the
@@ -8695,6 +8698,18 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                 memcpy(g + 64 + 16 * j, a + 16, 16);
                 memcpy(g + 128 + 16 * j, lanes, 16);
                 for (int l = 0; l < 4; l++) memcpy(g + 192 + 16 * j + 4 * l, &dy, 4);
+            }
+        }
+        if (atype == T_Q8_K && one_row) { // the Q4_K one-row kernel's 384 bytes
+            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + 384 * (size_t)b;
+            for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+                const int k0 = v < 2 ? v : v + 2;
+                memcpy(g + 64 * v, a + 32 * k0, 32);
+                memcpy(g + 64 * v + 32, a + 32 * (k0 + 2), 32);
+            }
+            for (int l = 0; l < 4; l++) { // the stored bsums, as the reference takes them
+                memcpy(g + 256 + 16 * l, yb + 260, 16);
+                memcpy(g + 320 + 16 * l, yb + 276, 16);
             }
         }
     }
@@ -10266,20 +10281,25 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
 
 // k_gemv1_fn for Q4_K: four weight rows a block (256 values), the activation's parts shared by
 // them. A row's 128 bytes of quants are two 512-bit vectors whose low and high nibbles are
-// sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) (k_unpack_q45_k's order); the activation's four
-// matching vectors are built once per block. vpdpbusd makes the int32 sums of four products
+// sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) (k_unpack_q45_k's order), against the activation's
+// quants in that order (side data, k_act_side). vpdpbusd makes the int32 sums of four products
 // (|sum| <= 4 * 15 * 128, so two vectors of them pack into int16 exactly: vpackssdw) and
 // vpdpwssd weights the packed sums by the sub-block scales (a vector for each two packed
-// vectors, shuffled from the eight scale bytes), so each row's lanes add up to its isum (two
-// multiplies fewer per row and block than vpmaddubsw pairs weighted one vector at a time:
-// 36 -> 39 GB/s in the cache, Zen 5); msum comes from the
-// activation's bsums, each minimum twice. The rows' sums are reduced together and their
-// terms formed side by side, exactly the reference's dy * (d * isum - dmin * msum).
+// vectors, shuffled from the eight scale bytes), so each row's lanes add up to its isum. The
+// block headers of the four rows (scale, minimum's scale, twelve bytes of six-bit scales and
+// minimums) are one vector, unpacked for all four at once (k_scale_min_k4 in each 128-bit lane);
+// msum is the minimums, each twice, against the activation's stored bsums (sums of 16). The
+// rows' sums are reduced together and their terms formed side by side, exactly the reference's
+// dy * (d * isum - dmin * msum). Per row and block this is about 35 instructions where scalar
+// unpacking of the scales and a reduction per row took 70: 43 -> 52 GB/s in the cache, 32 -> 37
+// GB/s from memory (one thread, Zen 5; its read bandwidth 39).
 K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                          const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    (void)y;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const uint8_t *ax = side + k_act_side_size(T_Q8_K, n); // 384 bytes a block (k_act_side)
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     // scale vector v for the packed sums of sub-blocks (4v, 4v + 1) in 128-bit lanes 0-1 and
     // (4v + 2, 4v + 3) in lanes 2-3 (vpackssdw: the first vector's four int32 lanes of a 128-bit
@@ -10290,48 +10310,65 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
         for (int i = 0; i < 64; i++) b[i] = i % 2 ? 0x80 : (uint8_t)(4 * v + 2 * (i / 32) + (i % 16) / 8);
         pick[v] = _mm512_loadu_si512(b);
     }
+    // the header of row r in 128-bit lane r: dwords [d dmin, u0, u1, u2]; the scales are
+    // [u0 & 0x3f.., (u2 & 0x0f..) | (u0 >> 2 & 0x30..)], the minimums the same of u1 and u2 >> 4
+    const __m512i shv = _mm512_set4_epi32(4, 0, 0, 0), ma = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
+    const __m512i mb = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
+    // minimums 0-3 (4-7) of a row, each twice as int16, against bsums 0-7 (8-15)
+    const __m512i mlo = _mm512_set4_epi32((int)0x800b800b, (int)0x800a800a, (int)0x80098009, (int)0x80088008);
+    const __m512i mhi = _mm512_set4_epi32((int)0x800f800f, (int)0x800e800e, (int)0x800d800d, (int)0x800c800c);
+    const __m512i fp16 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                          25, 17, 9, 1, 24, 16, 8, 0); // d of rows 0-3, then dmin
+    __m512i lane[4]; // row r's 128-bit lane to all four
+    for (int r = 0; r < 4; r++) lane[r] = _mm512_set4_epi32(4 * r + 3, 4 * r + 2, 4 * r + 1, 4 * r);
     for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
-            __m512i av[4];
-            K_UNROLL // (or av lives in memory: 21 -> 24 GB/s in the cache unrolled)
-            for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
-                int k0 = v < 2 ? v : v + 2;
-                av[v] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(a + 32 * k0)), k_load256(a + 32 * (k0 + 2)), 1);
-            }
-            const __m256i bs = k_load256(a + 256); // the bsums, as the reference takes them
-            __m256i iv[4], mv[4];
+            const uint8_t *a = ax + 384 * (size_t)b;
+            const uint8_t *xb[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) xb[r] = xr[r] + (size_t)b * K_Q4_K_SIZE;
+            __m512i h = _mm512_castsi128_si512(k_load128(xb[0]));
+            h = _mm512_inserti32x4(h, k_load128(xb[1]), 1);
+            h = _mm512_inserti32x4(h, k_load128(xb[2]), 2);
+            h = _mm512_inserti32x4(h, k_load128(xb[3]), 3);
+            const __m512i hu = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xED), shv), ma); // [u0, u2, u1, u2 >> 4]
+            const __m512i hv = _mm512_srli_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xA5), 2);                     // [u0, u0, u1, u1] >> 2
+            const __m512i sm = _mm512_ternarylogic_epi32(hu, hv, mb, 0xF8); // hu | (hv & mb): scales 0-7, minimums 0-7
+            __m512i t[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
-                __m128i sc8, m8;
-                k_scale_min_k4_avx2(xb, &sc8, &m8);
-                const __m512i sw = _mm512_broadcast_i32x4(sc8);
-                mv[r] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), bs); // each minimum twice
-                const __m512i z0 = _mm512_loadu_si512(xb + 16), z1 = _mm512_loadu_si512(xb + 80);
+                const __m512i z0 = _mm512_loadu_si512(xb[r] + 16), z1 = _mm512_loadu_si512(xb[r] + 80);
                 const __m512i q[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
                                       _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
                 __m512i d[4]; // |lane| <= 4 * 15 * 128: int16, so packing two vectors into one is exact
                 K_UNROLL
-                for (int v = 0; v < 4; v++) d[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], av[v]);
-                __m512i t = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(d[0], d[1]),
-                                                _mm512_shuffle_epi8(sw, pick[0]));
-                t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(d[2], d[3]), _mm512_shuffle_epi8(sw, pick[1]));
-                iv[r] = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+                for (int v = 0; v < 4; v++) d[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], _mm512_loadu_si512(a + 64 * v));
+                const __m512i sw = _mm512_permutexvar_epi32(lane[r], sm);
+                t[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(d[0], d[1]), _mm512_shuffle_epi8(sw, pick[0]));
+                t[r] = _mm512_dpwssd_epi32(t[r], _mm512_packs_epi32(d[2], d[3]), _mm512_shuffle_epi8(sw, pick[1]));
             }
-            __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
-            __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
-            const uint8_t *x0 = xr[0] + (size_t)b * K_Q4_K_SIZE, *x1 = xr[1] + (size_t)b * K_Q4_K_SIZE;
-            const uint8_t *x2 = xr[2] + (size_t)b * K_Q4_K_SIZE, *x3 = xr[3] + (size_t)b * K_Q4_K_SIZE;
-            __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(x0, x1, x2, x3));
-            __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(x0 + 2, x1 + 2, x2 + 2, x3 + 2));
+            // the four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes added
+            const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(t[0], t[1]), _mm512_unpackhi_epi32(t[0], t[1]));
+            const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(t[2], t[3]), _mm512_unpackhi_epi32(t[2], t[3]));
+            const __m512i tt = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+            const __m256i t8 = _mm256_add_epi32(_mm512_castsi512_si256(tt), _mm512_extracti64x4_epi64(tt, 1));
+            const __m256d is = _mm256_cvtepi32_pd(_mm_add_epi32(_mm256_castsi256_si128(t8), _mm256_extracti128_si256(t8, 1)));
+            // msum of row r in 128-bit lane r: the minimums as int16 against the bsums (stored
+            // data, any int16: |msum| <= 16 * 63 * 2^15)
+            __m512i m = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm, mlo), _mm512_loadu_si512(a + 256)),
+                                         _mm512_madd_epi16(_mm512_shuffle_epi8(sm, mhi), _mm512_loadu_si512(a + 320)));
+            m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E));
+            m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1));
+            const __m256d ms = _mm256_cvtepi32_pd(_mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), m)));
+            const __m512d dd = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(fp16, h))));
+            const __m256d dx = _mm512_castpd512_pd256(dd), dm = _mm512_extractf64x4_pd(dd, 1);
             // the reference: dy * (d * isum - dmin * msum)
-            __m256d t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
-            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+            __m256d tm = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(tm));
         }
         k_gemv1_store(acc, s, w, nw);
     }
@@ -13264,7 +13301,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
     // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 12.5 bytes per value
-    ok = ok && (s->sides = malloc(PSV_MAX(B * k_act_side_size(T_Q8_1, widest_in), k_act_side_one(T_Q8_0, widest_in))));
+    ok = ok && (s->sides = malloc(PSV_MAX(B * k_act_side_size(T_Q8_1, widest_in), PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)))));
     if (n_batch >= MM_GEMM_MIN) {
         s->panel_size = (size_t)widest_in * 13 + 64;
         ok = ok && (s->panels = malloc((size_t)s->n_threads * s->panel_size));
