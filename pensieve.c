@@ -8665,7 +8665,8 @@ static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
 // The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
 // apart, without it).
 static size_t k_act_side_one(uint32_t atype, int64_t n) {
-    return k_act_side_size(atype, n) + (atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * 384 : 0);
+    const size_t x = atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * 384 : 0;
+    return k_act_side_size(atype, n) + x;
 }
 
 // The side data of activation row y of type atype, for weights whose quant offset is off; the
@@ -10326,6 +10327,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
     const __m512i mhi = _mm512_set4_epi32((int)0x800f800f, (int)0x800e800e, (int)0x800d800d, (int)0x800c800c);
     const __m512i fp16 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                           25, 17, 9, 1, 24, 16, 8, 0); // d of rows 0-3, then dmin
+    const __m512i first4 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0); // lane r's first int32
     __m512i lane[4]; // row r's 128-bit lane to all four
     for (int r = 0; r < 4; r++) lane[r] = _mm512_set4_epi32(4 * r + 3, 4 * r + 2, 4 * r + 1, 4 * r);
     for (int w = 0; w < k_gemv1_groups(nw); w++) {
@@ -10342,9 +10344,11 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
             h = _mm512_inserti32x4(h, k_load128(xb[1]), 1);
             h = _mm512_inserti32x4(h, k_load128(xb[2]), 2);
             h = _mm512_inserti32x4(h, k_load128(xb[3]), 3);
-            const __m512i hu = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xED), shv), ma); // [u0, u2, u1, u2 >> 4]
-            const __m512i hv = _mm512_srli_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xA5), 2);                     // [u0, u0, u1, u1] >> 2
-            const __m512i sm = _mm512_ternarylogic_epi32(hu, hv, mb, 0xF8); // hu | (hv & mb): scales 0-7, minimums 0-7
+            // hu = [u0, u2, u1, u2 >> 4] masked, hv = [u0, u0, u1, u1] >> 2; sm = hu | (hv & mb):
+            // scales 0-7 in bytes 0-7 of each row's lane, minimums 0-7 in bytes 8-15
+            const __m512i hu = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xED), shv), ma);
+            const __m512i hv = _mm512_srli_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xA5), 2);
+            const __m512i sm = _mm512_ternarylogic_epi32(hu, hv, mb, 0xF8);
             __m512i t[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
@@ -10370,7 +10374,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
                                          _mm512_madd_epi16(_mm512_shuffle_epi8(sm, mhi), _mm512_loadu_si512(a + 320)));
             m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E));
             m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1));
-            const __m256d ms = _mm256_cvtepi32_pd(_mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), m)));
+            const __m256d ms = _mm256_cvtepi32_pd(_mm512_castsi512_si128(_mm512_permutexvar_epi32(first4, m)));
             const __m512d dd = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(fp16, h))));
             const __m256d dx = _mm512_castpd512_pd256(dd), dm = _mm512_extractf64x4_pd(dd, 1);
             // the reference: dy * (d * isum - dmin * msum)
@@ -13316,7 +13320,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
     // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 12.5 bytes per value
-    ok = ok && (s->sides = malloc(PSV_MAX(B * k_act_side_size(T_Q8_1, widest_in), PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)))));
+    const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
+    ok = ok && (s->sides = malloc(PSV_MAX(B * k_act_side_size(T_Q8_1, widest_in), one)));
     if (n_batch >= MM_GEMM_MIN) {
         s->panel_size = (size_t)widest_in * 13 + 64;
         ok = ok && (s->panels = malloc((size_t)s->n_threads * s->panel_size));
