@@ -8642,24 +8642,34 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 }
 
 // What the GEMM kernels need of a quantized activation row of n values (Q8_0, Q8_1 or Q8_K)
-// besides the row ("side data", k_act_side_size bytes, 8-aligned when `side` is): at 0, the
-// int16 sums of each 16 consecutive quants (|sum| <= 16 * 128), computed from the quants; at
-// k_act_side_d, each block's scale as a double (exactly the stored fp16 or float), and for Q8_1
-// after those its s; for Q8_0, at k_act_side_o, each block's -off * (sum of its 32 quants) as
-// int32, off being the weights' quant offset (k_panel_off: the integer term that takes it off,
-// which the GEMM kernels start each block's sums from); and then, at k_act_side_x, for each
-// whole group of four blocks, 256 bytes laid out for the one-row kernels of 32-value blocks
-// (k_gemv1_avx512), filled only for products of one row: the four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks'
-// -off * sum in lanes 0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four
-// times. For Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q4_k_avx512:
-// its quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
-// 96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times over
-// and bsums 8-15 four times over (16 bytes each).
+// besides the row ("side data", k_act_side_size bytes, 8-aligned when `side` is):
+// - at 0, the int16 sums of each 16 consecutive quants (|sum| <= 16 * 128), computed from the
+//   quants;
+// - at k_act_side_d, each block's scale as a double (exactly the stored fp16 or float), and for
+//   Q8_1 after those its s;
+// - for Q8_0, at k_act_side_o, each block's -off * (sum of its 32 quants) as int32, off being
+//   the weights' quant offset (k_panel_off: the integer term that takes it off, which the GEMM
+//   kernels start each block's sums from);
+// - for Q8_0, at k_act_side_g, K_ACT_G_BLK = 48 bytes a block for the AVX-512 GEMM, filled only
+//   for products of several rows: its 32 quants, its scale as a double and the double
+//   2^52 + 2^31 - o, o being that offset term (k_gemm_blk_avx512: 8-byte loads there never
+//   straddle two cache lines, and one pointer a row finds all three);
+// - for Q8_0, at k_act_side_x, filled only for products of one row: for each whole group of four
+//   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512): the
+//   four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks' -off * sum in lanes
+//   0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four times;
+// - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q4_k_avx512: its
+//   quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
+//   96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times
+//   over and bsums 8-15 four times over (16 bytes each).
+#define K_ACT_G_BLK 48 // bytes a block of the AVX-512 GEMM's part of a Q8_0 row's side data
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
+static size_t k_act_side_g(int64_t n) { return (k_act_side_o(n) + (size_t)(n / 32) * 4 + 7) & ~(size_t)7; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
+    if (atype == T_Q8_0) return k_act_side_g(n) + (size_t)(n / 32) * K_ACT_G_BLK;
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
-    return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : atype == T_Q8_0 ? 12 : 8) + 7) & ~(size_t)7;
+    return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : 8) + 7) & ~(size_t)7;
 }
 static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
 // The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
@@ -8690,6 +8700,13 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
         if (atype == T_Q8_0) {
             int32_t o = -off * (sums[2 * b] + sums[2 * b + 1]);
             memcpy(side + k_act_side_o(n) + 4 * (size_t)b, &o, 4);
+            if (!one_row) { // the AVX-512 GEMM's block: quants, scale, 2^52 + 2^31 - o
+                uint8_t *g = side + k_act_side_g(n) + K_ACT_G_BLK * (size_t)b;
+                const double bias = 4503601774854144.0 - (double)o;
+                memcpy(g, a, 32);
+                memcpy(g + 32, &d[b], 8);
+                memcpy(g + 40, &bias, 8);
+            }
             if (one_row && b < nb / 4 * 4) { // its part of its group's 256 bytes
                 uint8_t *g = side + k_act_side_x(n) + 256 * (size_t)(b / 4);
                 const int j = (int)(b % 4);
@@ -10568,32 +10585,43 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
             return;
         }
         // groups of eight (k_panel_g8): each row's 64-bit lane gathers two int32 sums, of the
-        // even and the odd groups of four; the offset term starts the even one
+        // even and the odd groups of four. Q8_1 rows (Q5_1): the offset term starts the even
+        // one. Q8_0 rows: yr[r] is the row's K_ACT_G_BLK-byte blocks (k_act_side), whose bias
+        // for the conversion below takes the offset term as well.
         __m512i z[K_GEMM_ROWS];
         K_UNROLL
         for (int r = 0; r < R; r++)
-            z[r] = k_panel_off(type) ? _mm512_maskz_set1_epi32(0x5555, ao[r][b]) : _mm512_setzero_si512();
+            z[r] = k_panel_off(type) && q81 ? _mm512_maskz_set1_epi32(0x5555, ao[r][b]) : _mm512_setzero_si512();
         K_UNROLL
         for (int j = 0; j < 4; j++) {
             const __m512i w = _mm512_loadu_si512((const void *)(pb + 64 * j));
             K_UNROLL
             for (int r = 0; r < R; r++) {
                 int64_t a8;
-                memcpy(&a8, yr[r] + (size_t)b * as + qo + 8 * j, 8);
+                memcpy(&a8, q81 ? yr[r] + (size_t)b * as + qo + 8 * j : yr[r] + (size_t)b * K_ACT_G_BLK + 8 * j, 8);
                 z[r] = _mm512_dpbusd_epi32(z[r], w, _mm512_set1_epi64(a8));
             }
         }
         // The two halves added in int32, then the sum made a double without vcvtdq2pd (slow
         // here): its 32 bits, sign bit flipped, as the low mantissa bits of 2^52 + 2^31 (one
-        // ternary logic op: (s & 0xffffffff) ^ 0x4330000080000000), less 2^52 + 2^31, exact.
+        // ternary logic op: (s & 0xffffffff) ^ 0x4330000080000000), less 2^52 + 2^31, exact;
+        // Q8_0 rows: less 2^52 + 2^31 - o, which adds the offset term o (|o| <= 128 * 32 * 127) exactly.
         const __m512i lo32 = _mm512_set1_epi64(0xffffffffLL), magic = _mm512_set1_epi64(0x4330000080000000LL);
         const __m512d bias = _mm512_set1_pd(4503601774854144.0); // 2^52 + 2^31
         K_UNROLL
         for (int r = 0; r < R; r++) {
+            double dy = 0, gb = 0;
+            if (q81)
+                dy = dr[r][b];
+            else { // the row's block (Q8_0: k_act_side)
+                memcpy(&dy, yr[r] + (size_t)b * K_ACT_G_BLK + 32, 8);
+                memcpy(&gb, yr[r] + (size_t)b * K_ACT_G_BLK + 40, 8);
+            }
             const __m512i sum = _mm512_add_epi32(z[r], _mm512_srli_epi64(z[r], 32));
-            const __m512d isum = _mm512_sub_pd(_mm512_castsi512_pd(_mm512_ternarylogic_epi64(sum, lo32, magic, 0x6a)), bias);
+            const __m512d isum = _mm512_sub_pd(_mm512_castsi512_pd(_mm512_ternarylogic_epi64(sum, lo32, magic, 0x6a)),
+                                               q81 ? bias : _mm512_set1_pd(gb));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
-            __m512d dxy = _mm512_mul_pd(dx, _mm512_set1_pd(dr[r][b]));
+            __m512d dxy = _mm512_mul_pd(dx, _mm512_set1_pd(dy));
             if (!q81) {
                 acc[r] = _mm512_fmadd_pd(dxy, isum, acc[r]);
                 continue;
@@ -10703,6 +10731,7 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
     K_UNROLL
     for (int r = 0; r < R; r++) {
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
+        if (k_traits_ref(type)->vec_dot_type == T_Q8_0) yr[r] = side + (size_t)r * side_stride + k_act_side_g(n);
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][r] = _mm512_setzero_pd();
     }
     // Block b's terms go to lane b % 4. The k-quants' large block body is inlined once and only
@@ -13325,10 +13354,13 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
     // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 12.5 bytes per value
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
-    ok = ok && (s->sides = malloc(PSV_MAX(B * k_act_side_size(T_Q8_1, widest_in), one)));
+    const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in), k_act_side_size(T_Q8_1, widest_in));
+    ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
-        s->panel_size = (size_t)widest_in * 13 + 64;
-        ok = ok && (s->panels = malloc((size_t)s->n_threads * s->panel_size));
+        s->panel_size = ((size_t)widest_in * 13 + 127) & ~(size_t)63; // whole cache lines
+        // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
+        // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
+        ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));
     }
     if (!ok) {
         scratch_free(s);
