@@ -13313,6 +13313,10 @@ typedef struct {
     float *scores;                                      // (n_threads, n_head / n_head_kv, n_ctx_max)
     uint8_t *qbuf;                                      // quantized activations
     size_t qbuf_size;
+    // what qbuf and sides hold: the rows of qbuf_x for weights of qbuf_type and width qbuf_n
+    const float *qbuf_x;
+    int64_t qbuf_tok, qbuf_n;
+    uint32_t qbuf_type;
     uint8_t *sides;       // (n_batch) k_act_side of the quantized activations, side_size bytes each
     uint8_t *panels;      // (n_threads) GEMM panel buffers of panel_size bytes
     size_t panel_size;
@@ -13519,8 +13523,10 @@ static void test_note_ties(const fwd_scratch *s, const float *x, int64_t n_tok, 
 }
 #endif
 
+// same_x: x is unchanged since the previous product, whose quantized rows (and side data) are
+// then reused where that product's weights had the same type and width (q, k and v; gate, up).
 static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
-                           float *y, int64_t y_stride, float *const *y_rows) {
+                           float *y, int64_t y_stride, float *const *y_rows, bool same_x) {
     mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .y_rows = y_rows, .tr = eng_traits(w->type), .x = x};
     uint64_t rs;
     PSV_ASSERT(type_row_size(j.tr->vec_dot_type, (uint64_t)w->n_in, &rs));
@@ -13540,15 +13546,24 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
 #ifdef PSV_TESTING
     test_note_ties(s, x, n_tok, w->n_in, j.tr->vec_dot_type);
 #endif
-    // a few rows quantize faster on this thread than a hand-off to the pool costs
-    if (n_tok <= 4) mm_quant_task(&j, 0, 1);
-    else pool_run(m->pool, mm_quant_task, &j);
+    if (!(same_x && s->qbuf_x == x && s->qbuf_tok == n_tok && s->qbuf_n == w->n_in && s->qbuf_type == w->type)) {
+        // a few rows quantize faster on this thread than a hand-off to the pool costs
+        if (n_tok <= 4) mm_quant_task(&j, 0, 1);
+        else pool_run(m->pool, mm_quant_task, &j);
+        s->qbuf_x = x, s->qbuf_tok = n_tok, s->qbuf_n = w->n_in, s->qbuf_type = w->type;
+    }
     pool_run(m->pool, mm_dot_task, &j);
 }
 
 static void op_matmul(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
                       float *y, int64_t y_stride) {
-    op_matmul_rows(m, s, w, x, n_tok, y, y_stride, NULL);
+    op_matmul_rows(m, s, w, x, n_tok, y, y_stride, NULL, false);
+}
+
+// op_matmul of the same x as the previous product (op_matmul_rows' same_x)
+static void op_matmul_again(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
+                            float *y, int64_t y_stride) {
+    op_matmul_rows(m, s, w, x, n_tok, y, y_stride, NULL, true);
 }
 
 static void op_add_bias(float *y, const float *b, int64_t n_tok, int64_t n, int64_t stride) {
@@ -13561,15 +13576,39 @@ static void op_add_bias(float *y, const float *b, int64_t n_tok, int64_t n, int6
 // ecosystem's reference runtime step by step (squares in float, summed in double, the scale in
 // float): these models amplify last-bit differences, so matching the rounding keeps pensieve
 // within the reference contract.
+static void op_rmsnorm_scale(float *y, const float *x, const float *w, int64_t n, double ss, float eps) {
+    float mean = (float)(ss / (double)n);
+    float scale = 1.0f / psv_sqrtf(mean + eps);
+    if (w)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
+}
+
 static void op_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
-    float mean = (float)(ss / (double)n);
-    float scale = 1.0f / psv_sqrtf(mean + eps);
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i] * scale;
-        y[i] = w ? v * w[i] : v;
+    op_rmsnorm_scale(y, x, w, n, ss, eps);
+}
+
+// op_rmsnorm of rows rows (1..4) of x and y, stride apart. Each row's sum is a chain of
+// dependent additions, in the reference's order; four rows' chains side by side run about
+// four times as fast as one after the other.
+static void op_rmsnorm_rows(float *y, const float *x, const float *w, int64_t n, float eps, int rows, int64_t stride) {
+    if (rows != 4) {
+        for (int r = 0; r < rows; r++) op_rmsnorm(y + r * stride, x + r * stride, w, n, eps);
+        return;
     }
+    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s0 += (double)(x0[i] * x0[i]);
+        s1 += (double)(x1[i] * x1[i]);
+        s2 += (double)(x2[i] * x2[i]);
+        s3 += (double)(x3[i] * x3[i]);
+    }
+    const double ss[4] = {s0, s1, s2, s3};
+    for (int r = 0; r < 4; r++) op_rmsnorm_scale(y + r * stride, x + r * stride, w, n, ss[r], eps);
 }
 
 // Layer norm: y = (x - mean) / sqrt(var + eps) * w + b.
@@ -13586,6 +13625,15 @@ static void op_layernorm(float *y, const float *x, const float *w, const float *
 static void op_norm(const psv_model *m, float *y, const float *x, const float *w, const float *b) {
     if (m->layer_norm) op_layernorm(y, x, w, b, m->n_embd, m->norm_eps);
     else op_rmsnorm(y, x, w, m->n_embd, m->norm_eps);
+}
+
+// op_norm of rows (1..4) consecutive rows of n_embd values
+static void op_norm_rows(const psv_model *m, float *y, const float *x, const float *w, const float *b, int rows) {
+    const int64_t E = m->n_embd;
+    if (m->layer_norm)
+        for (int r = 0; r < rows; r++) op_layernorm(y + r * E, x + r * E, w, b, E, m->norm_eps);
+    else
+        op_rmsnorm_rows(y, x, w, E, m->norm_eps, rows, E);
 }
 
 // cos/sin for each token's position: theta_i = freq_scale * pos * base^(-2i/n_rot) / factor_i,
@@ -13720,7 +13768,8 @@ typedef struct {
     unsigned steps;
 } tok_job;
 
-static void tok_steps(const tok_job *j, int64_t t) {
+// The steps of tokens t .. t + c - 1 (c <= 4: their norms side by side, op_norm_rows).
+static void tok_steps(const tok_job *j, int64_t t, int c) {
     const psv_model *m = j->m;
     fwd_scratch *s = j->s;
     const layer_w *L = &m->layers[j->il];
@@ -13728,10 +13777,10 @@ static void tok_steps(const tok_job *j, int64_t t) {
     const int64_t qkv_w = nq + 2 * nkv;
     float *x = s->x + t * E, *xn = s->xn + t * E, *tmp = s->tmp + t * E;
     if (j->steps & TS_RESID)
-        for (int64_t i = 0; i < E; i++) x[i] += tmp[i];
-    if (j->steps & TS_NORM_ATT) op_norm(m, xn, x, L->attn_norm, L->attn_norm_b);
-    if (j->steps & TS_QKV) {
-        float *q = s->q + t * qkv_w, *k = q + nq, *v = k + nkv;
+        for (int64_t i = 0; i < c * E; i++) x[i] += tmp[i];
+    if (j->steps & TS_NORM_ATT) op_norm_rows(m, xn, x, L->attn_norm, L->attn_norm_b, c);
+    for (int64_t u = t; u < t + c && (j->steps & TS_QKV); u++) {
+        float *q = s->q + u * qkv_w, *k = q + nq, *v = k + nkv;
         if (m->fused_qkv) {
             op_add_bias(q, L->bqkv, 1, qkv_w, qkv_w);
         } else {
@@ -13744,22 +13793,22 @@ static void tok_steps(const tok_job *j, int64_t t) {
             for (int64_t h = 0; h < m->n_head_kv; h++) op_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->norm_eps);
         }
         const int64_t half = m->n_rot / 2;
-        op_rope(m, q, m->n_head, s->rope_cs + t * half * 2);
-        op_rope(m, k, m->n_head_kv, s->rope_cs + t * half * 2);
-        kv_store_k(j->items[t].kv, j->il, j->items[t].pos, k);
-        kv_store_v(j->items[t].kv, j->il, j->items[t].pos, v);
+        op_rope(m, q, m->n_head, s->rope_cs + u * half * 2);
+        op_rope(m, k, m->n_head_kv, s->rope_cs + u * half * 2);
+        kv_store_k(j->items[u].kv, j->il, j->items[u].pos, k);
+        kv_store_v(j->items[u].kv, j->il, j->items[u].pos, v);
     }
     if (j->steps & TS_ATT_OUT) {
-        op_add_bias(tmp, L->bo, 1, E, E);
-        for (int64_t i = 0; i < E; i++) x[i] += tmp[i];
-        op_norm(m, xn, x, L->ffn_norm, NULL);
+        op_add_bias(tmp, L->bo, c, E, E);
+        for (int64_t i = 0; i < c * E; i++) x[i] += tmp[i];
+        op_norm_rows(m, xn, x, L->ffn_norm, NULL, c);
     }
-    if (j->steps & TS_GLU) {
+    for (int64_t u = t; u < t + c && (j->steps & TS_GLU); u++) {
         if (m->fused_gate_up) { // one product gave [gate | up] per token
-            const float *g = s->ffb + t * 2 * F, *u = g + F;
-            k_vec_get()->swiglu(s->ffa + t * F, g, u, F);
+            const float *g = s->ffb + u * 2 * F, *up = g + F;
+            k_vec_get()->swiglu(s->ffa + u * F, g, up, F);
         } else {
-            k_vec_get()->swiglu(s->ffa + t * F, s->ffa + t * F, s->ffb + t * F, F);
+            k_vec_get()->swiglu(s->ffa + u * F, s->ffa + u * F, s->ffb + u * F, F);
         }
     }
 }
@@ -13768,13 +13817,13 @@ static void tok_task(void *arg, int ith, int nth) {
     const tok_job *j = arg;
     int64_t lo, hi;
     pool_share(j->n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) tok_steps(j, t);
+    for (int64_t t = lo; t < hi; t += 4) tok_steps(j, t, (int)PSV_MIN((int64_t)4, hi - t));
 }
 
 // One token (generation) stays on the calling thread: waking the pool would cost more.
 static void run_tok_steps(psv_model *m, fwd_scratch *s, const fwd_item *items, int64_t n, int64_t il, unsigned steps) {
     tok_job j = {.m = m, .s = s, .items = items, .n = n, .il = il, .steps = steps};
-    if (n == 1) tok_steps(&j, 0);
+    if (n == 1) tok_steps(&j, 0, 1);
     else pool_run(m->pool, tok_task, &j);
 }
 
@@ -13799,8 +13848,8 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
             op_matmul(m, s, &L->wqkv, s->xn, n, s->q, qkv_w);
         } else {
             op_matmul(m, s, &L->wq, s->xn, n, s->q, qkv_w);
-            op_matmul(m, s, &L->wk, s->xn, n, s->q + nq, qkv_w);
-            op_matmul(m, s, &L->wv, s->xn, n, s->q + nq + nkv, qkv_w);
+            op_matmul_again(m, s, &L->wk, s->xn, n, s->q + nq, qkv_w);
+            op_matmul_again(m, s, &L->wv, s->xn, n, s->q + nq + nkv, qkv_w);
         }
         run_tok_steps(m, s, items, n, il, TS_QKV);
         att_job aj = {.m = m, .s = s, .items = items, .n = n, .il = il, .q = s->q, .q_stride = qkv_w};
@@ -13824,7 +13873,7 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
             op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, 2 * F);
         } else {
             op_matmul(m, s, &L->w_gate, s->xn, n, s->ffa, F);
-            op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, F);
+            op_matmul_again(m, s, &L->w_up, s->xn, n, s->ffb, F);
         }
         run_tok_steps(m, s, items, n, il, TS_GLU);
         op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
@@ -13842,7 +13891,7 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
         }
     if (n_out == 0) return;
     s->row_item = s->out_item_of;
-    op_matmul_rows(m, s, &m->output, s->xn, n_out, NULL, 0, s->out_rows);
+    op_matmul_rows(m, s, &m->output, s->xn, n_out, NULL, 0, s->out_rows, false);
     s->row_item = NULL;
     for (int64_t k = 0; k < n_out && m->out_b; k++) op_add_bias(s->out_rows[k], m->out_b, 1, m->n_vocab, m->n_vocab);
 }
