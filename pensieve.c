@@ -10518,6 +10518,90 @@ K_DEF_ROWSK(avx512, K_AVX512)
 
 K_DEF_KQUANTS(avx512, K_AVX512)
 
+// ---- AVX-512: a Q8_0 activation row and its side data in one pass ---------------------------------
+// k_quant_q8_0_avx2 and then k_act_side (several rows' products, not one_row), byte for byte:
+// eight blocks' maxima reduced together as there, the values scaled and rounded (ties away
+// from zero, k_round_away_avx2's steps) sixteen at a time, and each block's sums of 16, offset
+// term and GEMM block (k_act_side_g) made from its quants while they are in registers.
+K_AVX512 K_INLINE __m512i k_round_away_avx512(__m512 v) {
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); // NaN -> 0
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+    const __m512 a = _mm512_abs_ps(v);
+    __m512 t = _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(a, t), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    t = _mm512_mask_add_ps(t, up, t, _mm512_set1_ps(1.0f));
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN));
+    return _mm512_cvttps_epi32(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign)));
+}
+
+K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side) {
+    PSV_ASSERT(n % 32 == 0);
+    const int64_t nb = n / 32;
+    int16_t *sums = (int16_t *)(void *)side;
+    double *dd = (double *)(void *)(side + k_act_side_d(n));
+    uint8_t *os = side + k_act_side_o(n), *gs = side + k_act_side_g(n);
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int nk = (int)PSV_MIN((int64_t)8, nb - b0);
+        const float *xb = x + 32 * b0;
+        // the maxima of up to eight blocks (missing ones: 0), into lanes 0-7 of m as in k_quant_q8_0_x8_avx2
+        __m256 mx[8];
+        K_UNROLL
+        for (int b = 0; b < 8; b++) {
+            if (b >= nk) {
+                mx[b] = _mm256_setzero_ps();
+                continue;
+            }
+            // (vmaxps gives its second operand where either is NaN: NaNs are passed over, as there)
+            __m512 v = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * b)), _mm512_setzero_ps());
+            v = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * b + 16)), v);
+            mx[b] = _mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        }
+        __m256 t[4], u[2];
+        K_UNROLL
+        for (int b = 0; b < 4; b++)
+            t[b] = _mm256_max_ps(_mm256_unpacklo_ps(mx[2 * b], mx[2 * b + 1]), _mm256_unpackhi_ps(mx[2 * b], mx[2 * b + 1]));
+        K_UNROLL
+        for (int b = 0; b < 2; b++)
+            u[b] = _mm256_max_ps(_mm256_shuffle_ps(t[2 * b], t[2 * b + 1], 0x44), _mm256_shuffle_ps(t[2 * b], t[2 * b + 1], 0xee));
+        const __m256 m = _mm256_max_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+        const __m256 d = _mm256_div_ps(m, _mm256_set1_ps(127.0f));
+        const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+        const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+        float ids[8];
+        uint16_t dhs[8];
+        double dy[8];
+        _mm256_storeu_ps(ids, id);
+        _mm_storeu_si128((__m128i *)(void *)dhs, dh);
+        _mm512_storeu_pd(dy, _mm512_cvtps_pd(_mm256_cvtph_ps(dh))); // the scales as stored, as doubles
+        for (int b = 0; b < nk; b++) {
+            const int64_t bi = b0 + b;
+            const __m512 idv = _mm512_set1_ps(ids[b]);
+            const __m128i q0 = _mm512_cvtsepi32_epi8(k_round_away_avx512(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * b), idv)));
+            const __m128i q1 = _mm512_cvtsepi32_epi8(k_round_away_avx512(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * b + 16), idv)));
+            uint8_t *yb = y + (size_t)bi * K_Q8_0_SIZE, *g = gs + (size_t)bi * K_ACT_G_BLK;
+            wr_u16(yb, dhs[b]);
+            _mm_storeu_si128((__m128i *)(void *)(yb + 2), q0);
+            _mm_storeu_si128((__m128i *)(void *)(yb + 18), q1);
+            _mm_storeu_si128((__m128i *)(void *)g, q0);
+            _mm_storeu_si128((__m128i *)(void *)(g + 16), q1);
+            // sums of 16: the biased bytes' sums of 8 (vpsadbw), less 8 * 128 each
+            const __m128i f = _mm_set1_epi8((char)0x80);
+            const __m128i s0 = _mm_sad_epu8(_mm_xor_si128(q0, f), _mm_setzero_si128());
+            const __m128i s1 = _mm_sad_epu8(_mm_xor_si128(q1, f), _mm_setzero_si128());
+            const int t0 = _mm_cvtsi128_si32(s0) + _mm_extract_epi16(s0, 4) - 2048;
+            const int t1 = _mm_cvtsi128_si32(s1) + _mm_extract_epi16(s1, 4) - 2048;
+            sums[2 * bi] = (int16_t)t0;
+            sums[2 * bi + 1] = (int16_t)t1;
+            dd[bi] = dy[b];
+            const int32_t o = -off * (t0 + t1);
+            memcpy(os + 4 * (size_t)bi, &o, 4);
+            const double bias = 4503601774854144.0 - (double)o;
+            memcpy(g + 32, &dy[b], 8);
+            memcpy(g + 40, &bias, 8);
+        }
+    }
+}
+
 // ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
 // K_GEMM_ROWS activation rows against one panel (see "GEMM panels"): per block, every quant
 // vector of the panel is loaded once and multiplied with each row's broadcast activation bytes
@@ -12493,6 +12577,9 @@ typedef struct {
                       int64_t nk, int64_t n);
     void (*exp_shift)(double *y, const float *x, double shift, double div, int64_t n);
     void (*softmax)(float *w, int64_t n, float scale);
+    // optional (NULL: from_float, then k_act_side): a Q8_0 row and its side data of several
+    // rows' products, for weights of quant offset off
+    void (*quant_side_q8_0)(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -12579,15 +12666,15 @@ static void k_fill_avx512(k_traits *t) {
 static void k_sets_init(void) {
     for (int s = 0; s < K_SET_COUNT; s++) {
         memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
-        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref, k_exp_shift_ref, k_softmax_ref};
+        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref, k_exp_shift_ref, k_softmax_ref, NULL};
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
     k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2,
-                                        k_softmax_avx2};
+                                        k_softmax_avx2, NULL};
     k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx512, k_exp_shift_avx2,
-                                          k_softmax_avx2};
+                                          k_softmax_avx2, k_quant_side_q8_0_avx512};
 #endif
 #if defined(PSV_ARM64)
     k_fill_neon(k_set_tables[K_SET_NEON], false, false);
@@ -13403,12 +13490,19 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     int64_t lo, hi;
     pool_share(j->n_tok, ith, nth, &lo, &hi);
     const k_traits *at = eng_traits(j->tr->vec_dot_type);
+    const bool one_row = j->n_tok == 1 && j->tr->gemv1;
+    void (*fused)(const float *, uint8_t *, int64_t, int, uint8_t *) =
+        j->sides && !one_row && j->tr->vec_dot_type == T_Q8_0 ? k_vec_get()->quant_side_q8_0 : NULL;
     for (int64_t t = lo; t < hi; t++) {
         uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
+        if (fused) {
+            fused(j->x + t * j->w->n_in, row, j->w->n_in, k_panel_off(j->w->type), j->sides + (size_t)t * j->side_stride);
+            continue;
+        }
         at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
         if (j->sides)
             k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, j->sides + (size_t)t * j->side_stride,
-                       j->n_tok == 1 && j->tr->gemv1);
+                       one_row);
     }
 }
 

@@ -527,6 +527,38 @@ static void st_check_quantizers(k_set set) {
         CHECKF(mismatches == 0, "%s quantize %s: %d of %d rows differ", k_set_names[set], type_get(at)->name, mismatches,
                checked);
     }
+    // the fused Q8_0 quantizer with side data (k_vec_ops.quant_side_q8_0), where the set has one:
+    // the row and every part of the side data that k_act_side writes, byte for byte, for the
+    // three offsets of the Q8_0-row panel types, whole groups of eight blocks and tails
+    const k_vec_ops *vs = k_vec_of_set(set);
+    if (vs->quant_side_q8_0) {
+        static const int64_t nblk[] = {1, 2, 7, 8, 9, 16, 28, 152};
+        static const int offs[] = {8, 16, 128};
+        int bad = 0, checked = 0;
+        for (size_t ni = 0; ni < PSV_ARRAY_LEN(nblk); ni++) {
+            const int64_t n = nblk[ni] * 32;
+            const size_t rb = st_row_bytes(T_Q8_0, n), sb = k_act_side_size(T_Q8_0, n);
+            float *x = malloc((size_t)n * sizeof *x);
+            uint8_t *ra = malloc(rb), *rbuf = malloc(rb), *sa = malloc(sb), *sbuf = malloc(sb);
+            PSV_ASSERT(x && ra && rbuf && sa && sbuf);
+            for (int kind = 0; kind < 8; kind++)
+                for (size_t oi = 0; oi < PSV_ARRAY_LEN(offs); oi++)
+                    for (int rep = 0; rep < 6; rep++) {
+                        st_quant_input(x, n, kind, 32);
+                        memset(ra, 0xa5, rb), memset(rbuf, 0xa5, rb), memset(sa, 0x5a, sb), memset(sbuf, 0x5a, sb);
+                        k_traits_ref(T_Q8_0)->from_float(x, ra, n);
+                        k_act_side(T_Q8_0, offs[oi], ra, n, sa, false);
+                        vs->quant_side_q8_0(x, rbuf, n, offs[oi], sbuf);
+                        checked++;
+                        if ((memcmp(ra, rbuf, rb) != 0 || memcmp(sa, sbuf, sb) != 0) && bad++ < 5)
+                            fprintf(stderr, "%s quant_side_q8_0 n=%lld kind %d off %d: row %s, side %s\n", k_set_names[set],
+                                    (long long)n, kind, offs[oi], memcmp(ra, rbuf, rb) ? "differs" : "same",
+                                    memcmp(sa, sbuf, sb) ? "differs" : "same");
+                    }
+            free(x), free(ra), free(rbuf), free(sa), free(sbuf);
+        }
+        CHECKF(bad == 0, "%s quant_side_q8_0: %d of %d rows differ", k_set_names[set], bad, checked);
+    }
     // every float bit pattern class through F16 and BF16 (exhaustive over the top 16 bits, random low)
     const k_traits *r16 = k_traits_ref(T_F16), *s16 = k_traits_of_set(set, T_F16);
     const k_traits *rbf = k_traits_ref(T_BF16), *sbf = k_traits_of_set(set, T_BF16);
