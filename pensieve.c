@@ -7395,7 +7395,7 @@ typedef struct {
     size_t stride, blk;
     int rows;
 } k_prefetch;
-// A panel of nw (1..K_PANEL) weight rows packed by k_panel_pack against nr (1..K_GEMM_ROWS)
+// A panel of nw (1..K_PANEL) weight rows packed by k_panel_pack against nr (1..k_traits.gemm_rows)
 // activation rows y + r*ys with their k_act_side at side + r*side_stride (bytes):
 // out[r][i] = weight row i . activation row r, bit-identical to vec_dot (section 12). pf: weights
 // to prefetch meanwhile (k_prefetch), or NULL.
@@ -7423,6 +7423,7 @@ typedef struct {
     k_pack_fn pack;                 // the panel packer gemm's set uses (set with gemm)
     k_gemv_fn gemv;                 // optional (NULL in the reference set): see k_gemv_fn
     k_gemv1_fn gemv1;               // optional (NULL in the reference set): see k_gemv1_fn
+    int gemm_rows;                  // the activation rows gemm takes at once (set with gemm)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8339,21 +8340,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -8496,7 +8497,12 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 // what the reference uses for the minimums, and are used for those alone; and the block scales
 // as doubles).
 #define K_PANEL 8
-#define K_GEMM_ROWS 4                      // activation rows per kernel call
+#define K_GEMM_ROWS 4 // activation rows per kernel call (k_traits.gemm_rows), AVX2 and NEON
+// AVX-512 (32 vector registers): five. Zen 5, in the cache, rows of 1024 / 4608-4864 values:
+// Q4_0 264-270 / 250-254 GMAC/s with four -> 270-277 / 275-281 with five, Q4_K 256 / 259 ->
+// 272 / 278; no type slower (Q4_1 156-160 either way).
+#define K_GEMM_ROWS_AVX512 5
+#define K_GEMM_ROWS_MAX 5
 
 static bool k_panel_has(uint32_t type) {
     switch (type) {
@@ -10603,7 +10609,7 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
 }
 
 // ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
-// K_GEMM_ROWS activation rows against one panel (see "GEMM panels"): per block, every quant
+// K_GEMM_ROWS_AVX512 activation rows against one panel (see "GEMM panels"): per block, every quant
 // vector of the panel is loaded once and multiplied with each row's broadcast activation bytes
 // (vpdpbusd: unsigned packed quants times signed activations). Every panel type but Q4_1 comes
 // in groups of eight quants (k_panel_g8), 64-byte vectors against eight broadcast bytes, so each
@@ -10636,12 +10642,12 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     const bool min = k_panel_min(type);
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
-    __m256i is[K_GEMM_ROWS], ms[K_GEMM_ROWS];
+    __m256i is[K_GEMM_ROWS_MAX], ms[K_GEMM_ROWS_MAX];
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
         if (k_panel_nibbles(type)) { // the high nibbles in a second chain of sums (shorter latency)
-            __m256i ih[K_GEMM_ROWS];
+            __m256i ih[K_GEMM_ROWS_MAX];
             K_UNROLL
             for (int r = 0; r < R; r++) {
                 is[r] = k_panel_off(type) ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // (k_act_side)
@@ -10672,7 +10678,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         // even and the odd groups of four. Q8_1 rows (Q5_1): the offset term starts the even
         // one. Q8_0 rows: yr[r] is the row's K_ACT_G_BLK-byte blocks (k_act_side), whose bias
         // for the conversion below takes the offset term as well.
-        __m512i z[K_GEMM_ROWS];
+        __m512i z[K_GEMM_ROWS_MAX];
         K_UNROLL
         for (int r = 0; r < R; r++)
             z[r] = k_panel_off(type) && q81 ? _mm512_maskz_set1_epi32(0x5555, ao[r][b]) : _mm512_setzero_si512();
@@ -10723,11 +10729,11 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 8;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
     const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    __m512i iz[K_GEMM_ROWS];
+    __m512i iz[K_GEMM_ROWS_MAX];
     if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
         const __m512i m4 = _mm512_set1_epi8(15);
         for (int c = 0; c < 4; c++) {
-            __m512i d0[K_GEMM_ROWS], d1[K_GEMM_ROWS];
+            __m512i d0[K_GEMM_ROWS_MAX], d1[K_GEMM_ROWS_MAX];
             K_UNROLL
             for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm512_setzero_si512();
             K_UNROLL
@@ -10751,7 +10757,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         }
     } else {
         for (int k = 0; k < QK_K / sub; k++) {
-            __m512i d[K_GEMM_ROWS];
+            __m512i d[K_GEMM_ROWS_MAX];
             K_UNROLL
             for (int r = 0; r < R; r++) d[r] = _mm512_setzero_si512();
             K_UNROLL
@@ -10800,18 +10806,18 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     }
 }
 
-// R (1..K_GEMM_ROWS) activation rows y + r * ys, with their k_act_side at side + r * side_stride,
+// R (1..K_GEMM_ROWS_AVX512) activation rows y + r * ys, with their k_act_side at side + r * side_stride,
 // against a panel of nw weight rows: results to out[r][0..nw-1].
 K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y,
                                           size_t ys, const uint8_t *side, size_t side_stride, float *const *out, int nw,
                                           const k_prefetch *pf) {
     const int64_t nb = n / type_table[type].blck_size;
     const size_t bb = k_panel_blk(type);
-    const uint8_t *yr[K_GEMM_ROWS];
-    const int16_t *ar[K_GEMM_ROWS];
-    const double *dr[K_GEMM_ROWS];
-    const int32_t *ao[K_GEMM_ROWS];
-    __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS];
+    const uint8_t *yr[K_GEMM_ROWS_MAX];
+    const int16_t *ar[K_GEMM_ROWS_MAX];
+    const double *dr[K_GEMM_ROWS_MAX];
+    const int32_t *ao[K_GEMM_ROWS_MAX];
+    __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS_MAX];
     K_UNROLL
     for (int r = 0; r < R; r++) {
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
@@ -10831,7 +10837,7 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
                 k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, ao, nb, acc[l], NULL);
         }
     for (; b < nb; b++) {
-        __m512d t[K_GEMM_ROWS];
+        __m512d t[K_GEMM_ROWS_MAX];
         if (pf) k_prefetch_blks(pf, b, 1);
         if (type_table[type].blck_size == 32) { // the last blocks of a row of 32-value blocks
             const uint8_t *pb = panel + (size_t)b * bb;
@@ -10863,8 +10869,9 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
     K_AVX512 static void k_gemm_##name##_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, \
                                                 const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
                                                 const k_prefetch *pf) {                                    \
-        PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);                              \
-        if (nr == K_GEMM_ROWS) k_gemm_core_avx512(type, K_GEMM_ROWS, n, panel, y, ys, side, side_stride, out, nw, pf); \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_AVX512 && nw >= 1 && nw <= K_PANEL);                       \
+        if (nr == K_GEMM_ROWS_AVX512)                                                                      \
+            k_gemm_core_avx512(type, K_GEMM_ROWS_AVX512, n, panel, y, ys, side, side_stride, out, nw, pf); \
         else                                                                                               \
             for (int r = 0; r < nr; r++, pf = NULL)                                                        \
                 k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
@@ -12478,7 +12485,7 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         k_traits *k = &t[dots[i].type];
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
-        if (dp) k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack;
+        if (dp) k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS;
     }
     if (dp) {
         t[T_Q4_0].gemv1 = k_gemv1_q4_0_dotprod;
@@ -12616,6 +12623,7 @@ static void k_fill_avx2(k_traits *t) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
+        t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
@@ -12649,6 +12657,7 @@ static void k_fill_avx512(k_traits *t) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
+        t[gemms[i].type].gemm_rows = K_GEMM_ROWS_AVX512;
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
@@ -13526,9 +13535,9 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
             k_prefetch next = {.p = w->data + (size_t)(o + K_PANEL) * w->row_size, .stride = w->row_size,
                                .blk = type_table[w->type].type_size,
                                .rows = p + 1 < hi ? (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL) : 0};
-            for (int64_t t = 0; t < j->n_tok; t += K_GEMM_ROWS) {
-                int nr = (int)PSV_MIN((int64_t)K_GEMM_ROWS, j->n_tok - t);
-                float *out[K_GEMM_ROWS];
+            for (int64_t t = 0; t < j->n_tok; t += j->tr->gemm_rows) {
+                int nr = (int)PSV_MIN((int64_t)j->tr->gemm_rows, j->n_tok - t);
+                float *out[K_GEMM_ROWS_MAX];
                 for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
                 j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row,
                             j->sides + (size_t)t * j->side_stride, j->side_stride, nr, out, nw,

@@ -292,7 +292,7 @@ static void st_check_gemm(k_set set) {
         for (int li = 0; li < nl; li++) {
             int64_t n = lens[li];
             size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n);
-            const int nrow = K_GEMM_ROWS + 1;
+            const int nrow = K_GEMM_ROWS_MAX + 1;
             uint8_t *x = malloc(xs * K_PANEL), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
                     *panel2 = malloc(k_panel_size(wt, n));
             const size_t ss = k_act_side_size(at, n);
@@ -318,9 +318,10 @@ static void st_check_gemm(k_set set) {
                 // prefetching (the weights themselves, as if they were the next panel's) must
                 // change nothing: odd row counts ask for it
                 k_prefetch pf = {.p = x, .stride = xs, .blk = type_get(wt)->type_size, .rows = nw};
-                for (int nr = 1; nr <= K_GEMM_ROWS; nr++) {
-                    float res[K_GEMM_ROWS][K_PANEL + 1], *out[K_GEMM_ROWS];
-                    for (int r = 0; r < K_GEMM_ROWS; r++) {
+                CHECK(sk->gemm_rows >= 1 && sk->gemm_rows <= K_GEMM_ROWS_MAX);
+                for (int nr = 1; nr <= sk->gemm_rows; nr++) {
+                    float res[K_GEMM_ROWS_MAX][K_PANEL + 1], *out[K_GEMM_ROWS_MAX];
+                    for (int r = 0; r < K_GEMM_ROWS_MAX; r++) {
                         out[r] = res[r];
                         for (int i = 0; i <= K_PANEL; i++) res[r][i] = -1.0f;
                     }
