@@ -10872,6 +10872,8 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
         PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_AVX512 && nw >= 1 && nw <= K_PANEL);                       \
         if (nr == K_GEMM_ROWS_AVX512)                                                                      \
             k_gemm_core_avx512(type, K_GEMM_ROWS_AVX512, n, panel, y, ys, side, side_stride, out, nw, pf); \
+        else if (nr == K_GEMM_ROWS_AVX512 - 1) /* (mm_gemm_rows: the calls that make up the rest) */       \
+            k_gemm_core_avx512(type, K_GEMM_ROWS_AVX512 - 1, n, panel, y, ys, side, side_stride, out, nw, pf); \
         else                                                                                               \
             for (int r = 0; r < nr; r++, pf = NULL)                                                        \
                 k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
@@ -13521,6 +13523,15 @@ static bool mm_next_chunk(mm_job *j, int64_t n, int nth, int64_t *lo, int64_t *h
     return pool_next_chunk(&j->next_chunk, n, nth, MM_CHUNKS, lo, hi);
 }
 
+// The rows of the next gemm call with m rows left, for a set that takes g at once: g, or g - 1
+// where calls of g - 1 rows make up the rest (m % g) so that none is left to take one by one
+// (kernels of five rows also have four: 128 rows in 24 calls of five and two of four).
+static int mm_gemm_rows(int g, int64_t m) {
+    if (m <= g) return (int)m;
+    const int64_t short_calls = (g - m % g) % g; // m = g * a + (g - 1) * short_calls
+    return g == K_GEMM_ROWS_AVX512 && short_calls > 0 && (g - 1) * short_calls <= m ? g - 1 : g;
+}
+
 // The GEMM path of mm_dot_task: panels, a chunk at a time.
 static void mm_gemm_task(mm_job *j, int ith, int nth) {
     const mtensor *w = j->w;
@@ -13535,8 +13546,9 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
             k_prefetch next = {.p = w->data + (size_t)(o + K_PANEL) * w->row_size, .stride = w->row_size,
                                .blk = type_table[w->type].type_size,
                                .rows = p + 1 < hi ? (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL) : 0};
-            for (int64_t t = 0; t < j->n_tok; t += j->tr->gemm_rows) {
-                int nr = (int)PSV_MIN((int64_t)j->tr->gemm_rows, j->n_tok - t);
+            int nr;
+            for (int64_t t = 0; t < j->n_tok; t += nr) {
+                nr = mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
                 float *out[K_GEMM_ROWS_MAX];
                 for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
                 j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row,

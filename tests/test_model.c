@@ -394,6 +394,31 @@ static void test_pool_chunks(void) {
     }
 }
 
+// mm_gemm_rows splits any number of rows into calls the kernels take, every row once: for five
+// at a time, calls of five and four only wherever that is possible (from 12 rows on, and where m
+// is a multiple of 4 or 5), the rest in one last call.
+static void test_gemm_rows(void) {
+    for (int g = 1; g <= K_GEMM_ROWS_MAX; g++)
+        for (int64_t m = 1; m <= 600; m++) {
+            int64_t left = m, calls = 0, small = 0;
+            bool ok = true;
+            while (left > 0 && calls <= m) {
+                int nr = mm_gemm_rows(g, left);
+                ok = ok && nr >= 1 && nr <= g && nr <= left;
+                if (nr < (g == K_GEMM_ROWS_AVX512 ? g - 1 : g)) small++;
+                left -= nr, calls++;
+            }
+            ok = ok && left == 0 && small <= 1;
+            if (g == K_GEMM_ROWS_AVX512 && (m >= 12 || m % 4 == 0 || m % 5 == 0)) ok = ok && small == 0;
+            if (!ok) {
+                CHECKF(ok, "mm_gemm_rows(%d, %lld): %lld rows left, %lld short calls", g, (long long)m, (long long)left,
+                       (long long)small);
+                return;
+            }
+        }
+    CHECK(mm_gemm_rows(K_GEMM_ROWS_AVX512, 128) == 4 && mm_gemm_rows(K_GEMM_ROWS_AVX512, 120) == 5);
+}
+
 // The page-table helper psv_model_open starts: it runs over the data section, a stop request
 // ends it (the join returns), and stopping twice or a helper that never started is harmless.
 static void test_prefault(void) {
@@ -430,6 +455,7 @@ int main(void) {
     test_ctx_limits();
     test_prefault();
     test_pool_chunks();
+    test_gemm_rows();
     test_bad_models();
     free_weights();
     unlink(tmp_path);
