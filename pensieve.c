@@ -9872,15 +9872,9 @@ K_AVX2 K_INLINE __m256i k_pack_i8_avx2(__m256i a, __m256i b, __m256i c, __m256i 
 // inverses divided and (Q8_0) converted to fp16 (F16C: round to nearest even, as psv_f32_to_fp16
 // for every value the maximum / 127 can take, infinity included: the maxima are never NaN) for
 // all eight at once; then the blocks one by one as below.
-K_AVX2 K_INLINE void k_quant_q8_0_x8_avx2(const float *x, uint8_t *y) {
-    __m256 mx[8];
-    K_UNROLL
-    for (int b = 0; b < 8; b++) {
-        mx[b] = _mm256_setzero_ps();
-        K_UNROLL
-        for (int i = 0; i < 4; i++) mx[b] = _mm256_max_ps(k_abs_ps_avx2(_mm256_loadu_ps(x + 32 * b + 8 * i)), mx[b]);
-    }
-    // lane b of m: the maximum of mx[b]'s lanes (none is NaN, so any order gives it)
+// The maxima of eight blocks (lane b of the result: the maximum of mx[b]'s lanes; none is NaN,
+// so any order gives it), their Q8_0 scales d = max / 127 and the inverses id (0 where d is).
+K_AVX2 K_INLINE void k_q8_0_scales8_avx2(const __m256 mx[8], __m256 *d, __m256 *id) {
     __m256 t[4], u[2];
     K_UNROLL
     for (int b = 0; b < 4; b++)
@@ -9889,8 +9883,20 @@ K_AVX2 K_INLINE void k_quant_q8_0_x8_avx2(const float *x, uint8_t *y) {
     for (int b = 0; b < 2; b++)
         u[b] = _mm256_max_ps(_mm256_shuffle_ps(t[2 * b], t[2 * b + 1], 0x44), _mm256_shuffle_ps(t[2 * b], t[2 * b + 1], 0xee));
     const __m256 m = _mm256_max_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
-    const __m256 d = _mm256_div_ps(m, _mm256_set1_ps(127.0f));
-    const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+    *d = _mm256_div_ps(m, _mm256_set1_ps(127.0f));
+    *id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), *d), _mm256_cmp_ps(*d, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+}
+
+K_AVX2 K_INLINE void k_quant_q8_0_x8_avx2(const float *x, uint8_t *y) {
+    __m256 mx[8];
+    K_UNROLL
+    for (int b = 0; b < 8; b++) {
+        mx[b] = _mm256_setzero_ps();
+        K_UNROLL
+        for (int i = 0; i < 4; i++) mx[b] = _mm256_max_ps(k_abs_ps_avx2(_mm256_loadu_ps(x + 32 * b + 8 * i)), mx[b]);
+    }
+    __m256 d, id;
+    k_q8_0_scales8_avx2(mx, &d, &id);
     float ids[8];
     uint16_t dh[8];
     _mm256_storeu_ps(ids, id);
@@ -10562,16 +10568,8 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
             v = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * b + 16)), v);
             mx[b] = _mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
         }
-        __m256 t[4], u[2];
-        K_UNROLL
-        for (int b = 0; b < 4; b++)
-            t[b] = _mm256_max_ps(_mm256_unpacklo_ps(mx[2 * b], mx[2 * b + 1]), _mm256_unpackhi_ps(mx[2 * b], mx[2 * b + 1]));
-        K_UNROLL
-        for (int b = 0; b < 2; b++)
-            u[b] = _mm256_max_ps(_mm256_shuffle_ps(t[2 * b], t[2 * b + 1], 0x44), _mm256_shuffle_ps(t[2 * b], t[2 * b + 1], 0xee));
-        const __m256 m = _mm256_max_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
-        const __m256 d = _mm256_div_ps(m, _mm256_set1_ps(127.0f));
-        const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+        __m256 d, id;
+        k_q8_0_scales8_avx2(mx, &d, &id);
         const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
         float ids[8];
         uint16_t dhs[8];
