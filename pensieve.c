@@ -10673,13 +10673,12 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
             return;
         }
         // groups of eight (k_panel_g8): each row's 64-bit lane gathers two int32 sums, of the
-        // even and the odd groups of four. Q8_1 rows (Q5_1): the offset term starts the even
-        // one. Q8_0 rows: yr[r] is the row's K_ACT_G_BLK-byte blocks (k_act_side), whose bias
-        // for the conversion below takes the offset term as well.
+        // even and the odd groups of four. Q8_0 rows (Q4_0, Q5_0, Q8_0): yr[r] is the row's
+        // K_ACT_G_BLK-byte blocks (k_act_side), whose bias for the conversion below takes the
+        // offset term; Q8_1 rows (Q5_1) have none (its weights carry a minimum instead).
         __m512i z[K_GEMM_ROWS_MAX];
         K_UNROLL
-        for (int r = 0; r < R; r++)
-            z[r] = k_panel_off(type) && q81 ? _mm512_maskz_set1_epi32(0x5555, ao[r][b]) : _mm512_setzero_si512();
+        for (int r = 0; r < R; r++) z[r] = _mm512_setzero_si512();
         K_UNROLL
         for (int j = 0; j < 4; j++) {
             const __m512i w = _mm512_loadu_si512((const void *)(pb + 64 * j));
