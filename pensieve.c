@@ -13539,18 +13539,25 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
             int64_t o = p * K_PANEL;
             int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
             j->tr->pack(w->n_in, w->data + (size_t)o * w->row_size, w->row_size, nw, panel);
-            // the next panel's weights come from memory while this one computes (its first call)
-            k_prefetch next = {.p = w->data + (size_t)(o + K_PANEL) * w->row_size, .stride = w->row_size,
-                               .blk = type_table[w->type].type_size,
-                               .rows = p + 1 < hi ? (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL) : 0};
-            int nr;
-            for (int64_t t = 0; t < j->n_tok; t += nr) {
+            // The next panel's weights come from memory while this one computes: call c asks
+            // for its row c (the last call for all rows left), spread over the calls rather than
+            // all in the first, whose burst of requests found them still in flight at the pack
+            // (qwen2-0.5b Q4_0 pp128, one thread: pack 9.3 -> 6.8 % of the GEMM's time, gemm
+            // and pack together 2-3 % fewer samples)
+            k_prefetch next = {.p = w->data, .stride = w->row_size, .blk = type_table[w->type].type_size};
+            if (p + 1 < hi)
+                next.p += (size_t)(o + K_PANEL) * w->row_size, next.rows = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL);
+            int nr, c = 0;
+            for (int64_t t = 0; t < j->n_tok; t += nr, c++) {
                 nr = mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
                 float *out[K_GEMM_ROWS_MAX];
                 for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
+                const bool last = t + nr >= j->n_tok;
+                k_prefetch one = next;
+                if (c < next.rows) one.p += (size_t)c * next.stride, one.rows = last ? next.rows - c : 1;
                 j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row,
                             j->sides + (size_t)t * j->side_stride, j->side_stride, nr, out, nw,
-                            t == 0 && next.rows ? &next : NULL);
+                            c < next.rows ? &one : NULL);
             }
         }
     }
