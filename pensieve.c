@@ -13403,7 +13403,8 @@ typedef struct {
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
 typedef struct {
     int64_t n_batch, n_ctx_max;
-    float *x, *xn, *q, *k, *v, *att, *ffa, *ffb, *tmp; // (n_batch, dim) activations
+    float *x, *xn, *q, *att, *ffa, *tmp;                // (n_batch, dim) activations
+    float *ffb;                                         // (n_batch, n_embd) phi2's feed-forward output
     float *rope_cs;                                     // (n_batch, n_rot/2, 2) cos, sin
     float *scores;                                      // (n_threads, n_head / n_head_kv, n_ctx_max)
     uint8_t *qbuf;                                      // quantized activations
@@ -13424,7 +13425,7 @@ typedef struct {
 
 static void scratch_free(fwd_scratch *s) {
     if (!s) return;
-    free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att);
+    free(s->x); free(s->xn); free(s->q); free(s->att);
     free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
     free(s->sides); free(s->panels);
     memset(s, 0, sizeof *s);
@@ -13436,13 +13437,15 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     s->n_ctx_max = n_ctx_max;
     s->n_threads = m->pool->n_threads;
     const int64_t nq = m->n_head * m->head_dim, nkv = m->n_head_kv * m->head_dim;
-    int64_t ff = m->fused_gate_up ? 2 * m->n_ff : m->n_ff;
-    int64_t widest = PSV_MAX(PSV_MAX(m->n_embd, nq + 2 * nkv), ff);
+    // tmp takes the products that are used up before the next one: attention output (n_embd),
+    // up or [gate | up] (n_ff or 2 n_ff), feed-forward output (n_embd)
+    const int64_t ff = m->fused_gate_up ? 2 * m->n_ff : m->n_ff;
+    const int64_t widest = PSV_MAX(PSV_MAX(m->n_embd, nq + 2 * nkv), ff);
     size_t B = (size_t)n_batch;
 #define ALLOC(field, count) (s->field = malloc((size_t)(count) * sizeof(float)))
     bool ok = ALLOC(x, B * m->n_embd) && ALLOC(xn, B * m->n_embd) && ALLOC(q, B * (nq + 2 * nkv)) &&
-              ALLOC(k, B * nkv) && ALLOC(v, B * nkv) && ALLOC(att, B * nq) && ALLOC(ffa, B * ff) &&
-              ALLOC(ffb, B * ff) && ALLOC(tmp, B * widest) && ALLOC(rope_cs, B * m->n_rot) &&
+              ALLOC(att, B * nq) && ALLOC(ffa, B * m->n_ff) && ALLOC(ffb, B * m->n_embd) && ALLOC(tmp, B * widest) &&
+              ALLOC(rope_cs, B * m->n_rot) &&
               ALLOC(scores, (size_t)s->n_threads * (size_t)(m->n_head / m->n_head_kv) * n_ctx_max) && (s->out_rows = calloc(B, sizeof *s->out_rows)) &&
               (s->out_item_of = calloc(B, sizeof *s->out_item_of));
 #undef ALLOC
@@ -13924,10 +13927,10 @@ static void tok_steps(const tok_job *j, int64_t t, int c) {
     }
     for (int64_t u = t; u < t + c && (j->steps & TS_GLU); u++) {
         if (m->fused_gate_up) { // one product gave [gate | up] per token
-            const float *g = s->ffb + u * 2 * F, *up = g + F;
+            const float *g = s->tmp + u * 2 * F, *up = g + F;
             k_vec_get()->swiglu(s->ffa + u * F, g, up, F);
         } else {
-            k_vec_get()->swiglu(s->ffa + u * F, s->ffa + u * F, s->ffb + u * F, F);
+            k_vec_get()->swiglu(s->ffa + u * F, s->ffa + u * F, s->tmp + u * F, F);
         }
     }
 }
@@ -13988,11 +13991,12 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
             continue;
         }
         run_tok_steps(m, s, items, n, il, TS_ATT_OUT);
+        // gate into ffa and up into tmp (free again: x has taken the attention's output)
         if (m->fused_gate_up) {
-            op_matmul(m, s, &L->w_up, s->xn, n, s->ffb, 2 * F);
+            op_matmul(m, s, &L->w_up, s->xn, n, s->tmp, 2 * F);
         } else {
             op_matmul(m, s, &L->w_gate, s->xn, n, s->ffa, F);
-            op_matmul_again(m, s, &L->w_up, s->xn, n, s->ffb, F);
+            op_matmul_again(m, s, &L->w_up, s->xn, n, s->tmp, F);
         }
         run_tok_steps(m, s, items, n, il, TS_GLU);
         op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
