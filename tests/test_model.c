@@ -18,6 +18,7 @@ typedef struct {
     bool bad_type;     // ffn_down as IQ2_XXS
     bool no_blocks;    // leave out {arch}.block_count
     int kv_heads;      // head_count_kv
+    size_t pad;        // a metadata string of this many bytes (test.padding)
 } model_spec;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -62,6 +63,12 @@ static bool write_model(const char *path, const model_spec *sp) {
     char key[128];
     int nkv = sp->kv_heads ? sp->kv_heads : NKV;
     gguf_w_str(w, "general.architecture", sp->arch);
+    if (sp->pad) {
+        char *pad = malloc(sp->pad);
+        for (size_t i = 0; i < sp->pad; i++) pad[i] = (char)('a' + i % 26);
+        gguf_w_strn(w, "test.padding", pad, sp->pad);
+        free(pad);
+    }
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, sp->arch), key)
     gguf_w_u32(w, KEY("context_length"), 64);
     gguf_w_u32(w, KEY("embedding_length"), E);
@@ -444,6 +451,79 @@ static void test_prefault(void) {
     psv_model_close(m); // joins the helper; ASan and TSan builds see it end before the unmap
 }
 
+// Pages of [p, p + n) mapped in this process (Linux's /proc/self/pagemap: bit 63 of each page's
+// entry), or -1 where that cannot be read.
+static long pages_present(const void *p, size_t n) {
+    const long pg = sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/proc/self/pagemap", "rb");
+    if (!f || pg <= 0) {
+        if (f) fclose(f);
+        return -1;
+    }
+    long present = 0;
+    for (uintptr_t a = (uintptr_t)p / (uintptr_t)pg; a < ((uintptr_t)p + n + (uintptr_t)pg - 1) / (uintptr_t)pg; a++) {
+        uint64_t e = 0;
+        if (fseeko(f, (off_t)(a * 8), SEEK_SET) != 0 || fread(&e, 8, 1, f) != 1) {
+            present = -1;
+            break;
+        }
+        present += (long)(e >> 63);
+    }
+    fclose(f);
+    return present;
+}
+
+// A model's metadata leaves the resident set once it is opened (plat_map_release), and reads of
+// it after that still give the file's bytes.
+static void test_metadata_release(void) {
+    const size_t pad = 300000;
+    model_spec sp = {.arch = "llama", .n_rot = HD, .pad = pad};
+    if (!write_model(tmp_path, &sp)) return;
+    psv_error err = {0};
+    psv_model *m = NULL;
+    CHECKF(psv_model_open(tmp_path, NULL, &m, &err) == PSV_OK, "%s", err.message);
+    if (!m) return;
+    const gguf_file *f = m->gguf;
+    const long pg = sysconf(_SC_PAGESIZE);
+    const size_t meta = (size_t)f->data_offset / (size_t)pg * (size_t)pg;
+    // (the prefault helper's first touches of the weights may map back the metadata's last 64 KiB:
+    // Linux maps the pages around a fault that are in the page cache)
+    const size_t around = (size_t)64 << 10;
+    CHECK(f->data_offset > pad && meta > around + (size_t)pg);
+    long before = pages_present(f->base, meta - around);
+    if (before < 0) {
+        SKIP("test_metadata_release: /proc/self/pagemap cannot be read here; only the contents are checked");
+    } else {
+        CHECKF(before == 0, "%ld of %zu metadata pages still mapped after open", before, (meta - around) / (size_t)pg);
+    }
+    const gguf_kv *kv = gguf_find_kv(f, "test.padding");
+    CHECK(kv && kv->type == GGUF_T_STRING && kv->v.s.n == pad);
+    bool same = kv != NULL;
+    for (size_t i = 0; same && i < pad; i++) same = kv->v.s.p[i] == (char)('a' + i % 26);
+    CHECK(same); // read back from the page cache
+    if (before >= 0) CHECK(pages_present(kv->v.s.p, pad) > 0);
+    psv_model_close(m);
+
+    // the release itself: the whole pages of the first len bytes, nothing of the rest
+    plat_map mp;
+    CHECK(plat_map_file(tmp_path, &mp, &err) == PSV_OK);
+    if (!mp.map) return;
+    volatile uint8_t sum = 0;
+    for (size_t i = 0; i < mp.size; i++) sum ^= ((const uint8_t *)mp.data)[i];
+    const size_t len = 3 * (size_t)pg + 100;
+    plat_map_release(&mp, len);
+    if (pages_present(mp.data, mp.size) >= 0) {
+        CHECK(pages_present(mp.data, 3 * (size_t)pg) == 0);
+        CHECK(pages_present((const uint8_t *)mp.data + 3 * pg, mp.size - 3 * (size_t)pg) ==
+              (long)((mp.size - 3 * (size_t)pg + (size_t)pg - 1) / (size_t)pg));
+    }
+    uint8_t again = 0;
+    for (size_t i = 0; i < mp.size; i++) again ^= ((const uint8_t *)mp.data)[i];
+    CHECK(again == sum);
+    plat_unmap(&mp);
+    free_weights();
+}
+
 int main(void) {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/psv-test-model-%d.gguf", (int)getpid());
     model_spec specs[] = {
@@ -454,6 +534,7 @@ int main(void) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(specs); i++) test_forward_matches_naive(&specs[i]);
     test_ctx_limits();
     test_prefault();
+    test_metadata_release();
     test_pool_chunks();
     test_gemm_rows();
     test_bad_models();
