@@ -15719,51 +15719,84 @@ done:
     return st;
 }
 
-// Measures bandwidth in a child process, so the buffer never counts toward this process's peak
-// memory (VmHWM only grows). Falls back to measuring in place where fork fails. Call it while the
-// process has one thread: the child allocates and starts threads, which is safe after fork only
-// when no other thread could have held a lock.
-static psv_status bench_membw_isolated(int n_threads, double *out, psv_error *err) {
-    int fd[2];
-    fflush(NULL);
-    if (pipe(fd) == 0) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(fd[0]);
-            double v = 0;
-            psv_error e = {0};
-            uint8_t msg[8 + sizeof e.message];
-            psv_status st = bench_membw(n_threads, &v, &e);
-            wr_u64(msg, st ? 0 : f64_bits(v));
-            memcpy(msg + 8, e.message, sizeof e.message);
-            ssize_t wn = write(fd[1], msg, sizeof msg);
-            PSV_UNUSED(wn);
-            _exit(st ? 1 : 0); // the child must not run the parent's atexit handlers or flush its stdio
-        }
-        close(fd[1]);
-        if (pid > 0) {
-            uint8_t msg[8 + sizeof err->message];
-            size_t got = 0;
-            ssize_t k;
-            while (got < sizeof msg && (k = read(fd[0], msg + got, sizeof msg - got)) > 0) got += (size_t)k;
-            close(fd[0]);
-            int status = 0;
-            waitpid(pid, &status, 0);
-            if (got == sizeof msg && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-                uint64_t bits = 0;
-                for (int i = 7; i >= 0; i--) bits = bits << 8 | msg[i];
-                *out = f64_from_bits(bits);
-                return PSV_OK;
-            }
-            if (got == sizeof msg) {
-                msg[sizeof msg - 1] = 0;
-                return err_set(err, PSV_ERR_IO, "%s", (const char *)msg + 8);
-            }
-            return err_set(err, PSV_ERR_IO, "bench: the bandwidth probe process failed");
-        }
-        close(fd[0]);
+// Bandwidth measured in a child process, so the buffer never counts toward this process's peak
+// memory (VmHWM only grows) and can be measured again between tests: bench_prober_start forks it
+// while the process has one thread (the child allocates and starts threads, which is safe after
+// fork only when no other thread could have held a lock); it then waits for requests (a thread
+// count) and answers each with a measurement. Where fork fails, bench_prober_measure measures in
+// place (its buffer then counts in the peak).
+typedef struct {
+    pid_t pid; // 0: no child
+    int req, resp; // pipe ends: requests to the child, answers from it
+} bench_prober;
+
+static void bench_prober_child(int req, int resp) {
+    int32_t n;
+    while (read(req, &n, sizeof n) == (ssize_t)sizeof n) {
+        double v = 0;
+        psv_error e = {0};
+        uint8_t msg[8 + sizeof e.message];
+        psv_status st = bench_membw(n, &v, &e);
+        wr_u64(msg, st ? 0 : f64_bits(v));
+        memcpy(msg + 8, e.message, sizeof e.message);
+        size_t put = 0;
+        ssize_t k;
+        while (put < sizeof msg && (k = write(resp, msg + put, sizeof msg - put)) > 0) put += (size_t)k;
+        if (put < sizeof msg) break;
     }
-    return bench_membw(n_threads, out, err);
+    _exit(0); // the child must not run the parent's atexit handlers or flush its stdio
+}
+
+static void bench_prober_start(bench_prober *p) {
+    int a[2], b[2];
+    p->pid = 0;
+    fflush(NULL);
+    if (pipe(a) != 0) return;
+    if (pipe(b) != 0) {
+        close(a[0]), close(a[1]);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(a[1]), close(b[0]);
+        bench_prober_child(a[0], b[1]);
+    }
+    close(a[0]), close(b[1]);
+    if (pid < 0) {
+        close(a[1]), close(b[0]);
+        return;
+    }
+    *p = (bench_prober){.pid = pid, .req = a[1], .resp = b[0]};
+}
+
+static void bench_prober_stop(bench_prober *p) {
+    if (p->pid <= 0) return;
+    close(p->req), close(p->resp); // the child sees the end of its requests and exits
+    int status = 0;
+    waitpid(p->pid, &status, 0);
+    p->pid = 0;
+}
+
+static psv_status bench_prober_measure(bench_prober *p, int n_threads, double *out, psv_error *err) {
+    if (p->pid <= 0) return bench_membw(n_threads, out, err);
+    const int32_t n = n_threads;
+    uint8_t msg[8 + sizeof err->message];
+    size_t got = 0;
+    ssize_t k;
+    if (write(p->req, &n, sizeof n) == (ssize_t)sizeof n)
+        while (got < sizeof msg && (k = read(p->resp, msg + got, sizeof msg - got)) > 0) got += (size_t)k;
+    if (got < sizeof msg) {
+        bench_prober_stop(p);
+        return err_set(err, PSV_ERR_IO, "bench: the bandwidth probe process failed");
+    }
+    uint64_t bits = 0;
+    for (int i = 7; i >= 0; i--) bits = bits << 8 | msg[i];
+    if (bits == 0) {
+        msg[sizeof msg - 1] = 0;
+        return err_set(err, PSV_ERR_IO, "%s", (const char *)msg + 8);
+    }
+    *out = f64_from_bits(bits);
+    return PSV_OK;
 }
 
 // ---- the benchmark ----
@@ -15776,6 +15809,7 @@ typedef struct {
     double *secs;          // reps
     double tps_mean, tps_sd;
     double bytes_per_token; // tg: weights + mean KV read per generated token
+    double bw;              // tg with --membw: the better of the bandwidths read just before and after
 } bench_test;
 
 typedef struct {
@@ -15831,9 +15865,9 @@ static int32_t bench_argmax(const float *l, int64_t n) {
     return (int32_t)best;
 }
 
-static void bench_print_row(const bench_model *bm, const bench_test *t, const char *kernels, double bw) {
+static void bench_print_row(const bench_model *bm, const bench_test *t, const char *kernels) {
     char b1[32], b2[32], r[24] = "", tps[48];
-    if (t->gen && bw > 0) snprintf(r, sizeof r, "%.1f %%", 100.0 * t->tps_mean * t->bytes_per_token / bw);
+    if (t->gen && t->bw > 0) snprintf(r, sizeof r, "%.1f %%", 100.0 * t->tps_mean * t->bytes_per_token / t->bw);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", t->tps_mean, t->tps_sd);
     printf("| %-6s | %10s | %9s | %-7s | %7" PRId64 " | %6s | %19s | %8s |\n", bm->arch,
            tools_bytes(b1, (double)bm->model_bytes), tools_count(b2, (double)bm->params), kernels, t->threads, t->name,
@@ -15915,8 +15949,11 @@ static void bench_json(const bench_opts *o, const bench_model *bm, const bench_t
         json_w_key(&w, "tps_stddev"), json_w_double(&w, t->tps_sd);
         if (t->gen) {
             json_w_key(&w, "bytes_per_token"), json_w_double(&w, t->bytes_per_token);
+            json_w_key(&w, "bandwidth");
+            if (t->bw > 0) json_w_double(&w, t->bw);
+            else json_w_null(&w);
             json_w_key(&w, "roofline");
-            if (bw > 0) json_w_double(&w, t->tps_mean * t->bytes_per_token / bw);
+            if (t->bw > 0) json_w_double(&w, t->tps_mean * t->bytes_per_token / t->bw);
             else json_w_null(&w);
         }
         json_w_obj_end(&w);
@@ -15940,9 +15977,10 @@ static const char bench_usage[] =
     "prompt, file in the page cache), peak resident memory against model + KV cache.\n"
     "  -s SEQS   tg also with SEQS sequences generated together, one batched pass per step (as\n"
     "            the server's continuous batching does): tgNxSEQS, tokens/s of all of them\n"
-    "  --membw   measure memory read bandwidth (all -t threads streaming a 512 MiB buffer, best\n"
-    "            of 5) and report tg as a share of the roofline: tokens/s x bytes read per token\n"
-    "            (weights + KV cache) / bandwidth\n"
+    "  --membw   measure memory read bandwidth (the most -t threads streaming a 512 MiB buffer,\n"
+    "            best of 40 passes, in a child process) at the start and again just before and\n"
+    "            after each tg test, and report tg as a share of the roofline: tokens/s x bytes\n"
+    "            read per token (weights + KV cache) / the better of the two reads around it\n"
     "  --json    one JSON object instead of the table\n";
 
 PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
@@ -15999,16 +16037,21 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
     bench_model bm;
     memset(&bm, 0, sizeof bm);
     bench_test *tests = NULL;
-    double *secs = NULL, bw = 0;
+    double *secs = NULL, bw = 0, bw_lo = 0, bw_hi = 0; // bw_lo, bw_hi: around the tg tests
+    bench_prober prober = {0};
     int32_t *toks = NULL;
     int n_tests = 0;
     psv_model *m = NULL;
     psv_ctx *c = NULL, *cs[BENCH_MAX_SEQS] = {NULL}; // cs: the other sequences of -s
     batch_seq seqs[BENCH_MAX_SEQS];
     // Bandwidth first, in a child process, so its buffer neither competes with the model for
-    // memory nor counts in the peak.
-    if (o.membw && bench_membw_isolated((int)max_t, &bw, &err)) goto fail;
+    // memory nor counts in the peak; again around each tg test (bench_prober).
+    if (o.membw) {
+        bench_prober_start(&prober);
+        if (bench_prober_measure(&prober, (int)max_t, &bw, &err)) goto fail;
+    }
     if (!o.path) {
+        bench_prober_stop(&prober);
         if (o.json) bench_json(&o, &bm, NULL, 0, kernels, bw, (int)max_t, -1);
         else printf("memory bandwidth: %.2f GB/s read (%" PRId64 " threads, %zu MiB buffer, best of %d)\n", bw * 1e-9,
                     max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
@@ -16074,6 +16117,11 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
             t->threads = o.t[ti];
             t->reps = o.reps;
             t->secs = secs + (size_t)n_tests * (size_t)o.reps;
+            // tg's roofline: the bandwidth of the same minutes (on a shared machine it moves by
+            // more than a tenth between runs), the better of the reads just before and after;
+            // measured in place (no child process) the buffer would count in the peak: then the first
+            double bw_before = bw, bw_after = bw;
+            if (gen && o.membw && prober.pid > 0 && bench_prober_measure(&prober, (int)max_t, &bw_before, &err)) goto fail;
             for (int r = -1; r < o.reps; r++) {
                 if (r < 0 && !o.warmup) continue;
                 for (int64_t q = 0; q < S; q++)
@@ -16095,12 +16143,18 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
                 }
                 if (r >= 0) t->secs[r] = PSV_MAX(plat_now() - s0, 1e-9);
             }
+            if (gen && o.membw && prober.pid > 0 && bench_prober_measure(&prober, (int)max_t, &bw_after, &err)) goto fail;
+            if (gen && o.membw) {
+                t->bw = PSV_MAX(bw_before, bw_after);
+                bw_lo = bw_lo > 0 ? PSV_MIN(bw_lo, PSV_MIN(bw_before, bw_after)) : PSV_MIN(bw_before, bw_after);
+                bw_hi = PSV_MAX(bw_hi, t->bw);
+            }
             bench_stats(t);
             // mean KV read per step: positions 1..n are attended over, (n + 1) / 2 on average
             // (with S sequences, each step reads the weights once for S tokens)
             t->bytes_per_token = (double)bm.weight_bytes_per_token / (double)S + (double)bm.kv_bytes_per_pos * (double)(n + 1) / 2.0;
             n_tests++;
-            if (!o.json) bench_print_row(&bm, t, kernels, bw);
+            if (!o.json) bench_print_row(&bm, t, kernels);
         }
         for (int64_t q = 1; q < max_s; q++) psv_ctx_free(cs[q]), cs[q] = NULL;
         psv_ctx_free(c);
@@ -16126,15 +16180,19 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         }
         printf("bytes read per generated token: %s of weights + KV cache\n",
                tools_bytes(b1, (double)bm.weight_bytes_per_token));
-        if (o.membw)
-            printf("memory bandwidth: %.2f GB/s read (%" PRId64 " threads, %zu MiB buffer, best of %d); roofline = "
-                   "tg t/s x bytes per token / bandwidth\n", bw * 1e-9, max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
+        if (o.membw) {
+            printf("memory bandwidth: %.2f GB/s read (%" PRId64 " threads, %zu MiB buffer, best of %d) at the start", bw * 1e-9,
+                   max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
+            if (bw_hi > 0) printf(", %.2f to %.2f GB/s around the tg tests", bw_lo * 1e-9, bw_hi * 1e-9);
+            printf("; roofline = tg t/s x bytes per token / the better of the bandwidths read just before and after the test\n");
+        }
     }
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "pensieve bench: %s\n", err.message);
 done:
+    bench_prober_stop(&prober);
     for (int q = 1; q < BENCH_MAX_SEQS; q++) psv_ctx_free(cs[q]);
     psv_ctx_free(c);
     psv_model_close(m);

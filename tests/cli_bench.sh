@@ -47,7 +47,7 @@ for x in t:
     check(x['tps_mean'] > 0 and x['tps_stddev'] >= 0, x['name'] + ' tokens/s')
 check(t[0]['kind'] == 'pp' and t[0]['n_prompt'] == 8 and t[0]['n_gen'] == 0, 'pp fields')
 check(t[1]['kind'] == 'tg' and t[1]['n_gen'] == 4 and t[1]['bytes_per_token'] >= a['weight_bytes_per_token']
-      and t[1]['roofline'] is None, 'tg fields')
+      and t[1]['roofline'] is None and t[1]['bandwidth'] is None, 'tg fields')
 check([(x['name'], x['threads'], x['seqs']) for x in b['tests']] ==
       [('pp8', 1, 1), ('pp4', 1, 1), ('tg4', 1, 1), ('tg4x3', 1, 3), ('pp8', 2, 1), ('pp4', 2, 1), ('tg4', 2, 1),
        ('tg4x3', 2, 3)], 'thread, size and sequence lists')
@@ -58,6 +58,12 @@ check(abs((one['bytes_per_token'] - three['bytes_per_token']) - b['weight_bytes_
 check(three['n_gen'] == 4 and len(three['samples_s']) == 2 and three['tps_mean'] > 0, 'tg4x3 fields')
 check(b['membw'] is not None and b['membw']['bytes_per_second'] > 0 and b['membw']['threads'] == 2, 'membw')
 check(all(x['roofline'] > 0 for x in b['tests'] if x['kind'] == 'tg'), 'roofline with --membw')
+# each tg test's roofline comes from the bandwidth read around it (bench_prober), not the first read
+tg = [x for x in b['tests'] if x['kind'] == 'tg']
+check(all(x['bandwidth'] > 0 and abs(x['roofline'] - x['tps_mean'] * x['bytes_per_token'] / x['bandwidth']) <= 1e-9 * x['roofline']
+          for x in tg), 'roofline = tg t/s x bytes per token / its bandwidth')
+check(len(set(x['bandwidth'] for x in tg)) > 1, 'tg tests have their own bandwidth reads: %s' % [x['bandwidth'] for x in tg])
+check(all('bandwidth' not in x for x in b['tests'] if x['kind'] == 'pp'), 'no bandwidth for pp')
 check(b['warm_start']['threads'] == 2, 'warm start uses the most threads')
 check(c['model'] is None and c['membw']['bytes_per_second'] > 0 and c['tests'] == [], 'membw alone')
 PY
@@ -82,6 +88,8 @@ grep -qE "^\| llama .* tg4 \| .*[0-9] ± [0-9].* % \|" "$tmp/t" && ok || bad "tg
 for l in "warm start:" "peak memory:" "bytes read per generated token:" "memory bandwidth:"; do
     grep -q "^$l" "$tmp/t" && ok || bad "text line '$l'"
 done
+grep -qE "^memory bandwidth: [0-9.]+ GB/s .* at the start, [0-9.]+ to [0-9.]+ GB/s around the tg tests" "$tmp/t" && ok ||
+    bad "bandwidth around the tg tests: $(grep '^memory bandwidth' "$tmp/t")"
 "$bin" bench -m "$m" -p 0 -n 2 -r 1 --no-warmup --kv-type f16 --json >"$tmp/j" 2>"$tmp/e" && grep -q '"kv_type":"f16"' "$tmp/j" &&
     ! grep -q '"name":"pp' "$tmp/j" && ok || bad "-p 0 --kv-type f16: $(cat "$tmp/e")"
 
