@@ -575,7 +575,7 @@ static void plat_map_release(const plat_map *m, size_t len) {
 #ifdef MADV_DONTNEED
     const long pg = sysconf(_SC_PAGESIZE);
     if (!m->map || pg <= 0) return;
-    len = (len < m->size ? len : m->size) / (size_t)pg * (size_t)pg;
+    len = PSV_MIN(len, m->size) / (size_t)pg * (size_t)pg;
     if (len > 0) (void)madvise(m->map, len, MADV_DONTNEED);
 #else
     PSV_UNUSED(m), PSV_UNUSED(len);
@@ -4614,6 +4614,15 @@ static int32_t tok_find(const tok_vocab *v, const char *text, size_t n) {
     return id < v->n_vocab ? id : -1;
 }
 
+// Slots of an open-addressing table (string table, merges) for n entries: the least power of two
+// from 16 on at most 2/3 full (against 1/2: 2 MB less for qwen2's 152k strings, 4 MB for its
+// 150k merges).
+static size_t tok_table_cap(size_t n) {
+    size_t cap = 16;
+    while (2 * cap < 3 * n) cap *= 2;
+    return cap;
+}
+
 static bool tok_str_rehash(tok_vocab *v, size_t cap) {
     tok_str_slot *tab = malloc(cap * sizeof *tab);
     if (!tab) return false;
@@ -4661,7 +4670,7 @@ static int32_t tok_str_intern(tok_vocab *v, const char *p, size_t n, uint64_t h)
     if (v->str_buf.oom) return -1;
     id = v->n_str++;
     v->str_off[v->n_str] = (uint32_t)v->str_buf.len;
-    if ((size_t)v->n_str * 3 > v->str_cap * 2) {
+    if (tok_table_cap((size_t)v->n_str) > v->str_cap) {
         if (!tok_str_rehash(v, v->str_cap * 2)) return -1; // which places the new string too
     } else {
         v->str_tab[slot] = (tok_str_slot){id, (uint32_t)(h >> 32)};
@@ -4893,9 +4902,7 @@ static psv_status tok_load_tokens(tok_vocab *v, const gguf_file *f, psv_error *e
     if (!v->str_buf.data) buf_reserve(&v->str_buf, 0);
     if (v->str_buf.oom) return tok_oom(err);
     v->n_str = n;
-    size_t cap = 16;
-    while (2 * cap < 3 * (size_t)n) cap *= 2; // load factor at most 2/3: 2 MB less than 1/2 for qwen2's 152k
-    return tok_str_rehash(v, cap) ? PSV_OK : tok_oom(err);
+    return tok_str_rehash(v, tok_table_cap((size_t)n)) ? PSV_OK : tok_oom(err);
 }
 
 // Special ids, BOS/EOS flags, the tokens llama.cpp recognises by text, and the
@@ -5074,8 +5081,7 @@ static psv_status tok_load_merges(tok_vocab *v, const gguf_file *f, psv_error *e
     if (!merges) return err_set(err, PSV_ERR_FORMAT, "tok: tokenizer.ggml.merges: missing (expected an array of strings)");
     if (merges->arr_n >= (uint64_t)INT32_MAX / 4)
         return err_set(err, PSV_ERR_RANGE, "tok: tokenizer.ggml.merges: %" PRIu64 " merges is too many", merges->arr_n);
-    size_t m = (size_t)merges->arr_n, cap = 16;
-    while (2 * cap < 3 * m) cap *= 2; // load factor at most 2/3: 4 MB less than 1/2 for 150k merges
+    const size_t m = (size_t)merges->arr_n, cap = tok_table_cap(m);
     v->merge_cap = cap;
     v->merge = malloc(cap * sizeof *v->merge);
     if (!v->merge) return tok_oom(err);
@@ -15789,8 +15795,7 @@ static psv_status bench_prober_measure(bench_prober *p, int n_threads, double *o
         bench_prober_stop(p);
         return err_set(err, PSV_ERR_IO, "bench: the bandwidth probe process failed");
     }
-    uint64_t bits = 0;
-    for (int i = 7; i >= 0; i--) bits = bits << 8 | msg[i];
+    const uint64_t bits = ld_u64(msg); // as the child wrote it (wr_u64)
     if (bits == 0) {
         msg[sizeof msg - 1] = 0;
         return err_set(err, PSV_ERR_IO, "%s", (const char *)msg + 8);
@@ -16120,8 +16125,9 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
             // tg's roofline: the bandwidth of the same minutes (on a shared machine it moves by
             // more than a tenth between runs), the better of the reads just before and after;
             // measured in place (no child process) the buffer would count in the peak: then the first
+            const bool around = gen && o.membw && prober.pid > 0;
             double bw_before = bw, bw_after = bw;
-            if (gen && o.membw && prober.pid > 0 && bench_prober_measure(&prober, (int)max_t, &bw_before, &err)) goto fail;
+            if (around && bench_prober_measure(&prober, (int)max_t, &bw_before, &err)) goto fail;
             for (int r = -1; r < o.reps; r++) {
                 if (r < 0 && !o.warmup) continue;
                 for (int64_t q = 0; q < S; q++)
@@ -16143,10 +16149,11 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
                 }
                 if (r >= 0) t->secs[r] = PSV_MAX(plat_now() - s0, 1e-9);
             }
-            if (gen && o.membw && prober.pid > 0 && bench_prober_measure(&prober, (int)max_t, &bw_after, &err)) goto fail;
-            if (gen && o.membw) {
-                t->bw = PSV_MAX(bw_before, bw_after);
-                bw_lo = bw_lo > 0 ? PSV_MIN(bw_lo, PSV_MIN(bw_before, bw_after)) : PSV_MIN(bw_before, bw_after);
+            if (around && bench_prober_measure(&prober, (int)max_t, &bw_after, &err)) goto fail;
+            if (gen && o.membw) t->bw = PSV_MAX(bw_before, bw_after);
+            if (around) { // the range the summary gives (only of reads that were made)
+                const double lo = PSV_MIN(bw_before, bw_after);
+                bw_lo = bw_lo > 0 ? PSV_MIN(bw_lo, lo) : lo;
                 bw_hi = PSV_MAX(bw_hi, t->bw);
             }
             bench_stats(t);
