@@ -8790,7 +8790,8 @@ K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint
 // where four adjacent rows, read a block of each at a time, interleave in the same pages and
 // defeat them (measured on Zen 4, Q4_0 rows of 896 values from memory: 19-20 GB/s with
 // adjacent rows and software prefetch, 24-25 GB/s with quarters and none, which prefetching
-// now only slows; a plain read of four such streams: 35-39 GB/s, of the rows in order: 28-30).
+// there only slowed; a plain read of four such streams: 35-39 GB/s, of the rows in order: 28-30).
+// On Zen 5 the quarters gain from software prefetching in the 32-value kernels: K_GEMV1_PF.
 K_INLINE int k_gemv1_groups(int nw) { return (nw + 3) / 4; }
 
 // The rows of group w (past the end: the last row again, its result not stored).
@@ -8803,22 +8804,6 @@ K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, con
 K_INLINE void k_gemv1_put(const float out[4], float *s, int w, int nw) {
     const int q = k_gemv1_groups(nw);
     for (int r = 0; r < 4 && w + r * q < nw; r++) s[w + r * q] = out[r];
-}
-
-// How far ahead (bytes) the one-row kernels of 32-value blocks (k_gemv1_avx512) prefetch each of
-// their four row streams into the level-2 cache, a prefetch per step of each stream. The hardware
-// prefetchers alone leave these kernels waiting on memory: measured on Zen 5, one thread, rows
-// from memory, Q4_0 rows of 896 values 35 -> 41 GB/s in 1.2 MB calls (a generation thread's
-// share of a qwen2-0.5b feed-forward matrix) and 38 -> 43 in one long call, rows of 4864 values
-// 34 -> 36 and 37 -> 42, Q5_0 34 -> 41, Q8_0 37.5 -> 39; 512 bytes ahead was slower than none,
-// 1024 between, 2048-4096 alike. (The Q4_K kernel, slower per byte, lost 13 % with it: it has none.)
-#define K_GEMV1_PF 2048
-
-// A prefetch of the line `ahead` bytes past p, into the level-2 cache. The address may lie past
-// the tensor (the last stream's last rows): a prefetch never faults, and it is formed as an
-// integer, not as a pointer past the object.
-K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
-    __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
 }
 
 // Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
@@ -8836,6 +8821,23 @@ K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
 
 #define K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+// How far ahead (bytes) the one-row kernels of 32-value blocks (k_gemv1_avx512) prefetch each of
+// their four row streams into the level-2 cache, a prefetch per step of each stream. The hardware
+// prefetchers alone leave these kernels waiting on memory: measured on Zen 5, one thread, rows
+// from memory, Q4_0 rows of 896 values 35 -> 41 GB/s in 1.2 MB calls (a generation thread's
+// share of a qwen2-0.5b feed-forward matrix) and 38 -> 43 in one long call, rows of 4864 values
+// 34 -> 36 and 37 -> 42, Q5_0 34 -> 41, Q8_0 37.5 -> 39; 512 bytes ahead was slower than none,
+// 1024 between, 2048-4096 alike. (The Q4_K kernel, slower per byte, read 13 % slower with it in one
+// build and 6 % faster in another; Q6_K no different: they have none.)
+#define K_GEMV1_PF 2048
+
+// A prefetch of the line `ahead` bytes past p, into the level-2 cache. The address may lie past
+// the tensor (the last stream's last rows): a prefetch never faults, and it is formed as an
+// integer, not as a pointer past the object.
+K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
+    __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
+}
 
 // ---- AVX2 helpers ----------------------------------------------------------------------------
 
