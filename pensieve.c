@@ -13423,12 +13423,13 @@ typedef struct {
     float *logits; // where to write this token's logits (n_vocab floats), or NULL
 } fwd_item;
 
-// Products of at least this many activation rows use the GEMM kernels (see op_matmul_rows): from
+// Products of at least this many activation rows use the GEMM kernels (see op_matmul_all): from
 // 4 on they are faster than the multi-row kernels for every type, once each kernel call
 // prefetches the next panel's weights (measured on Zen 4: 4 sequences decoded together, 1.4 times
 // the tokens/s for Q4_K_M and Q8_0; at 2 and 3 rows it is a tie).
 #define MM_GEMM_MIN 4
 #define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
+#define MM_ALSO_MAX 2 // products a job does besides its first (k and v beside q)
 #ifndef MM_CHUNKS
 #define MM_CHUNKS 4 // chunks of a product per thread on average, taken as threads come free
 #endif
@@ -13527,15 +13528,24 @@ typedef struct {
     int64_t n_tok;
     float *y;
     int64_t y_stride;
-    float *const *y_rows; // when set: row t of the result goes to y_rows[t] instead of y + t*y_stride
+    float *const *y_rows; // when set (one product, n_also 0): row t of the result goes to y_rows[t]
     const k_traits *tr;
     const float *x; // quantize phase
     uint8_t *sides; // GEMM or gemv kernels: k_act_side of each row, side_stride apart; NULL: neither
     size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
+    // more products of the same activations in this job, without panels (q, k and v; gate and
+    // up): weights of w's type and width, also_y[i] taking also_w[i]'s results as y takes w's
+    const mtensor *also_w[MM_ALSO_MAX];
+    float *also_y[MM_ALSO_MAX];
+    int n_also;
     _Atomic int64_t next_chunk; // the next chunk of rows (or panels) a thread takes
 } mm_job;
+
+// Product p of job j (0: w into y, then the also_ ones).
+static const mtensor *mm_part_w(const mm_job *j, int p) { return p ? j->also_w[p - 1] : j->w; }
+static float *mm_part_y(const mm_job *j, int p) { return p ? j->also_y[p - 1] : j->y; }
 
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
@@ -13607,49 +13617,68 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
     }
 }
 
+// Rows [lo, hi) of the one-row-kernel paths' product w -> y (mm_dot_task), one weight row at a
+// time against the job's activation rows.
+static void mm_rows(const mm_job *j, const mtensor *w, float *y, int64_t lo, int64_t hi) {
+    // several tokens per weight row at once where the kernels can (same results per row): the
+    // gemv kernels with the rows' side data (all rows), else the multi-row dot products (2 or more)
+    const bool gemv = j->sides != NULL;
+    for (int64_t o = lo; o < hi; o++) {
+        const uint8_t *wr = w->data + (size_t)o * w->row_size;
+        int64_t t = 0;
+        if (gemv || j->tr->vec_dot_rows)
+            for (; gemv ? t < j->n_tok : t + 1 < j->n_tok; t += K_ROWS_MAX) {
+                int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
+                float tmp[K_ROWS_MAX]; // scattered results go through this small buffer
+                float *dst = j->y_rows ? tmp : &y[t * j->y_stride + o];
+                int64_t ds = j->y_rows ? 1 : j->y_stride;
+                const uint8_t *yq = j->xq + (size_t)t * j->xq_row;
+                if (gemv)
+                    j->tr->gemv(w->n_in, dst, ds, wr, yq, j->xq_row, j->sides + (size_t)t * j->side_stride,
+                                j->side_stride, nr);
+                else
+                    j->tr->vec_dot_rows(w->n_in, dst, ds, wr, yq, j->xq_row, nr);
+                if (j->y_rows)
+                    for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
+            }
+        for (; t < j->n_tok; t++)
+            j->tr->vec_dot(w->n_in, j->y_rows ? &j->y_rows[t][o] : &y[t * j->y_stride + o], wr,
+                           j->xq + (size_t)t * j->xq_row);
+    }
+}
+
 static void mm_dot_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
     if (j->panels) {
         mm_gemm_task(j, ith, nth);
         return;
     }
-    int64_t lo, hi;
-    if (j->sides && j->n_tok == 1 && j->tr->gemv1) { // one token: many weight rows a call, in fours
-        // in chunks of at least MM_GEMV1_CHUNK bytes, one per thread at least (one thread: one)
-        const int64_t groups = (j->w->n_out + 3) / 4, bytes = j->w->n_out * (int64_t)j->w->row_size;
-        const int chunks = nth == 1 ? 1 : (int)PSV_MIN(PSV_MAX(bytes / MM_GEMV1_CHUNK, (int64_t)nth), (int64_t)nth * MM_CHUNKS);
-        while (pool_next_chunk(&j->next_chunk, groups, 1, chunks, &lo, &hi)) {
-            lo *= 4, hi = PSV_MIN(hi * 4, j->w->n_out);
-            j->tr->gemv1(j->w->n_in, (j->y_rows ? j->y_rows[0] : j->y) + lo, j->w->data + (size_t)lo * j->w->row_size,
-                         j->w->row_size, (int)(hi - lo), j->xq, j->sides);
-        }
-        return;
+    // The job's products in one sequence of units (rows, or groups of four rows for gemv1),
+    // product after product; a chunk may span two.
+    const bool one = j->sides && j->n_tok == 1 && j->tr->gemv1; // one token: many weight rows a call, in fours
+    const int unit = one ? 4 : 1;
+    int64_t units = 0, bytes = 0, lo, hi;
+    for (int p = 0; p <= j->n_also; p++) {
+        const mtensor *w = mm_part_w(j, p);
+        units += (w->n_out + unit - 1) / unit, bytes += w->n_out * (int64_t)w->row_size;
     }
-    // several tokens per weight row at once where the kernels can (same results per row): the
-    // gemv kernels with the rows' side data (all rows), else the multi-row dot products (2 or more)
-    const bool gemv = j->sides != NULL;
-    while (mm_next_chunk(j, j->w->n_out, nth, &lo, &hi)) {
-        for (int64_t o = lo; o < hi; o++) {
-            const uint8_t *wr = j->w->data + (size_t)o * j->w->row_size;
-            int64_t t = 0;
-            if (gemv || j->tr->vec_dot_rows)
-                for (; gemv ? t < j->n_tok : t + 1 < j->n_tok; t += K_ROWS_MAX) {
-                    int nr = (int)PSV_MIN((int64_t)K_ROWS_MAX, j->n_tok - t);
-                    float tmp[K_ROWS_MAX]; // scattered results go through this small buffer
-                    float *dst = j->y_rows ? tmp : &j->y[t * j->y_stride + o];
-                    int64_t ds = j->y_rows ? 1 : j->y_stride;
-                    const uint8_t *yq = j->xq + (size_t)t * j->xq_row;
-                    if (gemv)
-                        j->tr->gemv(j->w->n_in, dst, ds, wr, yq, j->xq_row, j->sides + (size_t)t * j->side_stride,
-                                    j->side_stride, nr);
-                    else
-                        j->tr->vec_dot_rows(j->w->n_in, dst, ds, wr, yq, j->xq_row, nr);
-                    if (j->y_rows)
-                        for (int r = 0; r < nr; r++) j->y_rows[t + r][o] = tmp[r];
-                }
-            for (; t < j->n_tok; t++)
-                j->tr->vec_dot(j->w->n_in, j->y_rows ? &j->y_rows[t][o] : &j->y[t * j->y_stride + o], wr,
-                               j->xq + (size_t)t * j->xq_row);
+    // gemv1: in chunks of at least MM_GEMV1_CHUNK bytes, one per thread at least (one thread: one)
+    const int chunks = nth == 1 ? 1 : (int)PSV_MIN(PSV_MAX(bytes / MM_GEMV1_CHUNK, (int64_t)nth), (int64_t)nth * MM_CHUNKS);
+    while (one ? pool_next_chunk(&j->next_chunk, units, 1, chunks, &lo, &hi) : mm_next_chunk(j, units, nth, &lo, &hi)) {
+        int64_t base = 0; // the first unit of product p
+        for (int p = 0; p <= j->n_also && base < hi; p++) {
+            const mtensor *w = mm_part_w(j, p);
+            float *y = mm_part_y(j, p);
+            const int64_t n_units = (w->n_out + unit - 1) / unit;
+            int64_t a = PSV_MAX(lo, base) - base, b = PSV_MIN(hi, base + n_units) - base;
+            base += n_units;
+            if (a >= b) continue;
+            a *= unit, b = PSV_MIN(b * unit, w->n_out);
+            if (one)
+                j->tr->gemv1(w->n_in, (j->y_rows ? j->y_rows[0] : y) + a, w->data + (size_t)a * w->row_size, w->row_size,
+                             (int)(b - a), j->xq, j->sides);
+            else
+                mm_rows(j, w, y, a, b);
         }
     }
 }
@@ -13686,10 +13715,16 @@ static void test_note_ties(const fwd_scratch *s, const float *x, int64_t n_tok, 
 }
 #endif
 
-// same_x: x is unchanged since the previous product, whose quantized rows (and side data) are
-// then reused where that product's weights had the same type and width (q, k and v; gate, up).
-static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
-                           float *y, int64_t y_stride, float *const *y_rows, bool same_x) {
+// y = W x for each of n_tok rows of x, and the same for the n_also products also_w[i] -> also_y[i]
+// of the same x (q, k and v; gate and up), each written with row stride y_stride. Where the one-row
+// kernels do products of one type and width, they go in one job: one hand-off to the pool where
+// there would be one per product, with the threads' shares spread over them all (qwen2-0.5b: k and
+// v are 64 KB each). same_x: x is unchanged since the previous product, whose quantized rows (and
+// side data) are then reused where that product's weights had the same type and width.
+static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
+                          float *y, int64_t y_stride, float *const *y_rows, bool same_x, const mtensor *const *also_w,
+                          float *const *also_y, int n_also) {
+    PSV_ASSERT(n_also >= 0 && n_also <= MM_ALSO_MAX && (!y_rows || n_also == 0));
     mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .y_rows = y_rows, .tr = eng_traits(w->type), .x = x};
     uint64_t rs;
     PSV_ASSERT(type_row_size(j.tr->vec_dot_type, (uint64_t)w->n_in, &rs));
@@ -13715,18 +13750,20 @@ static void op_matmul_rows(const psv_model *m, fwd_scratch *s, const mtensor *w,
         else pool_run(m->pool, mm_quant_task, &j);
         s->qbuf_x = x, s->qbuf_tok = n_tok, s->qbuf_n = w->n_in, s->qbuf_type = w->type;
     }
+    int done = 0; // the also_ products this job takes
+    while (!j.panels && done < n_also && also_w[done]->type == w->type && also_w[done]->n_in == w->n_in) {
+        j.also_w[done] = also_w[done], j.also_y[done] = also_y[done];
+        j.n_also = ++done;
+    }
     pool_run(m->pool, mm_dot_task, &j);
+    if (done < n_also)
+        op_matmul_all(m, s, also_w[done], x, n_tok, also_y[done], y_stride, NULL, true, also_w + done + 1, also_y + done + 1,
+                      n_also - done - 1);
 }
 
 static void op_matmul(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
                       float *y, int64_t y_stride) {
-    op_matmul_rows(m, s, w, x, n_tok, y, y_stride, NULL, false);
-}
-
-// op_matmul of the same x as the previous product (op_matmul_rows' same_x)
-static void op_matmul_again(const psv_model *m, fwd_scratch *s, const mtensor *w, const float *x, int64_t n_tok,
-                            float *y, int64_t y_stride) {
-    op_matmul_rows(m, s, w, x, n_tok, y, y_stride, NULL, true);
+    op_matmul_all(m, s, w, x, n_tok, y, y_stride, NULL, false, NULL, NULL, 0);
 }
 
 static void op_add_bias(float *y, const float *b, int64_t n_tok, int64_t n, int64_t stride) {
@@ -14010,9 +14047,9 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
         if (m->fused_qkv) {
             op_matmul(m, s, &L->wqkv, s->xn, n, s->q, qkv_w);
         } else {
-            op_matmul(m, s, &L->wq, s->xn, n, s->q, qkv_w);
-            op_matmul_again(m, s, &L->wk, s->xn, n, s->q + nq, qkv_w);
-            op_matmul_again(m, s, &L->wv, s->xn, n, s->q + nq + nkv, qkv_w);
+            const mtensor *kv_w[2] = {&L->wk, &L->wv};
+            float *kv_y[2] = {s->q + nq, s->q + nq + nkv};
+            op_matmul_all(m, s, &L->wq, s->xn, n, s->q, qkv_w, NULL, false, kv_w, kv_y, 2);
         }
         run_tok_steps(m, s, items, n, il, TS_QKV);
         att_job aj = {.m = m, .s = s, .items = items, .n = n, .il = il, .q = s->q, .q_stride = qkv_w};
@@ -14036,8 +14073,9 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
         if (m->fused_gate_up) {
             op_matmul(m, s, &L->w_up, s->xn, n, s->tmp, 2 * F);
         } else {
-            op_matmul(m, s, &L->w_gate, s->xn, n, s->ffa, F);
-            op_matmul_again(m, s, &L->w_up, s->xn, n, s->tmp, F);
+            const mtensor *up_w = &L->w_up;
+            float *up_y = s->tmp;
+            op_matmul_all(m, s, &L->w_gate, s->xn, n, s->ffa, F, NULL, false, &up_w, &up_y, 1);
         }
         run_tok_steps(m, s, items, n, il, TS_GLU);
         op_matmul(m, s, &L->w_down, s->ffa, n, s->tmp, E);
@@ -14055,7 +14093,7 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
         }
     if (n_out == 0) return;
     s->row_item = s->out_item_of;
-    op_matmul_rows(m, s, &m->output, s->xn, n_out, NULL, 0, s->out_rows, false);
+    op_matmul_all(m, s, &m->output, s->xn, n_out, NULL, 0, s->out_rows, false, NULL, NULL, 0);
     s->row_item = NULL;
     for (int64_t k = 0; k < n_out && m->out_b; k++) op_add_bias(s->out_rows[k], m->out_b, 1, m->n_vocab, m->n_vocab);
 }

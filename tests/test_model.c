@@ -401,6 +401,82 @@ static void test_pool_chunks(void) {
     }
 }
 
+// op_matmul_all's one job for products of the same activations (q, k and v; gate and up) gives
+// each product's rows exactly what a product of its own does, on every kernel set this CPU
+// runs and any thread count: the threads' chunks cross from one product into the next (rows in
+// fours for the one-row kernels, one by one for the others), products of another type go on
+// their own, and from MM_GEMM_MIN rows on (the GEMM kernels) each product is done by itself.
+static void test_matmul_parts(void) {
+    enum { N_IN = 512, BATCH = 5 };
+    static const struct { uint32_t q, k, v; } mixes[] = {
+        {T_Q4_0, T_Q4_0, T_Q4_0}, {T_Q8_0, T_Q8_0, T_Q8_0}, {T_Q5_0, T_Q5_0, T_Q5_0},
+        {T_Q4_K, T_Q4_K, T_Q6_K}, {T_Q6_K, T_Q6_K, T_Q6_K}, {T_F16, T_F16, T_F16}, {T_Q4_0, T_Q8_0, T_Q4_0},
+    };
+    static const int64_t rows[][3] = {{37, 6, 9}, {8, 4, 4}, {130, 3, 1}};
+    float *x = malloc(sizeof(float) * BATCH * N_IN), *wf = malloc(sizeof(float) * N_IN);
+    uint8_t *wd[3] = {0};
+    for (int i = 0; i < BATCH * N_IN; i++) x[i] = frand();
+    (void)k_traits_get(T_F32); // the sets are made; the test then picks each in turn
+    const k_set saved = k_active_set;
+    int runs = 0;
+    for (int set = 0; set < K_SET_COUNT; set++) {
+        if (!k_set_supported((k_set)set, plat_cpu_get())) continue;
+        k_active_set = (k_set)set;
+        for (int nth = 1; nth <= 3; nth++) {
+            psv_model m = {.n_embd = N_IN, .n_head = 1, .n_head_kv = 1, .head_dim = 256, .n_ff = 256};
+            fwd_scratch s;
+            psv_error err = {0};
+            CHECK(pool_new(nth, &m.pool, &err) == PSV_OK);
+            if (!m.pool) continue;
+            CHECK(scratch_init(&s, &m, BATCH, 1, &err) == PSV_OK);
+            for (size_t mi = 0; mi < PSV_ARRAY_LEN(mixes); mi++)
+                for (size_t ri = 0; ri < PSV_ARRAY_LEN(rows); ri++) {
+                    const uint32_t types[3] = {mixes[mi].q, mixes[mi].k, mixes[mi].v};
+                    mtensor w[3];
+                    const int64_t width = rows[ri][0] + rows[ri][1] + rows[ri][2];
+                    for (int p = 0; p < 3; p++) {
+                        uint64_t rs = 0;
+                        CHECK(type_row_size(types[p], N_IN, &rs));
+                        free(wd[p]);
+                        wd[p] = malloc((size_t)rs * (size_t)rows[ri][p]);
+                        for (int64_t r = 0; r < rows[ri][p]; r++) {
+                            for (int i = 0; i < N_IN; i++) wf[i] = frand();
+                            k_traits_ref(types[p])->from_float(wf, wd[p] + (size_t)r * rs, N_IN);
+                        }
+                        w[p] = (mtensor){.data = wd[p], .type = types[p], .n_in = N_IN, .n_out = rows[ri][p], .row_size = (size_t)rs, .name = "w"};
+                    }
+                    for (int n_tok = 1; n_tok <= BATCH; n_tok += n_tok == 3 ? 2 : 1) {
+                        float *want = calloc((size_t)(BATCH * width), sizeof(float)), *got = calloc((size_t)(BATCH * width), sizeof(float));
+                        int64_t off = 0;
+                        for (int p = 0; p < 3; p++) {
+                            op_matmul(&m, &s, &w[p], x, n_tok, want + off, width);
+                            off += rows[ri][p];
+                        }
+                        const mtensor *also_w[2] = {&w[1], &w[2]};
+                        float *also_y[2] = {got + rows[ri][0], got + rows[ri][0] + rows[ri][1]};
+                        op_matmul_all(&m, &s, &w[0], x, n_tok, got, width, NULL, false, also_w, also_y, 2);
+                        int64_t diff = 0;
+                        for (int64_t i = 0; i < n_tok * width; i++) diff += memcmp(&want[i], &got[i], sizeof(float)) != 0;
+                        CHECKF(diff == 0, "set %s, %d threads, types %s %s %s, rows %lld %lld %lld, %d tokens: %lld of %lld results differ",
+                               k_set_names[set], nth, type_table[types[0]].name, type_table[types[1]].name,
+                               type_table[types[2]].name, (long long)rows[ri][0], (long long)rows[ri][1],
+                               (long long)rows[ri][2], n_tok, (long long)diff, (long long)(n_tok * width));
+                        runs++;
+                        free(want);
+                        free(got);
+                    }
+                }
+            scratch_free(&s);
+            pool_free(m.pool);
+        }
+    }
+    k_active_set = saved;
+    CHECK(runs > 0);
+    for (int p = 0; p < 3; p++) free(wd[p]);
+    free(wf);
+    free(x);
+}
+
 // mm_gemm_rows splits any number of rows into calls the kernels take, every row once: for five
 // at a time, calls of five and four only wherever that is possible (from 12 rows on, and where m
 // is a multiple of 4 or 5), the rest in one last call.
@@ -537,6 +613,7 @@ int main(void) {
     test_metadata_release();
     test_pool_chunks();
     test_gemm_rows();
+    test_matmul_parts();
     test_bad_models();
     free_weights();
     unlink(tmp_path);
