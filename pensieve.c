@@ -10593,12 +10593,12 @@ K_AVX512 K_INLINE __m512i k_round_away_avx512(__m512 v) {
     return _mm512_cvttps_epi32(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign)));
 }
 
-K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side) {
+K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side, bool one_row) {
     PSV_ASSERT(n % 32 == 0);
     const int64_t nb = n / 32;
     int16_t *sums = (int16_t *)(void *)side;
     double *dd = (double *)(void *)(side + k_act_side_d(n));
-    uint8_t *os = side + k_act_side_o(n), *gs = side + k_act_side_g(n);
+    uint8_t *os = side + k_act_side_o(n), *gs = side + k_act_side_g(n), *xs = side + k_act_side_x(n);
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int nk = (int)PSV_MIN((int64_t)8, nb - b0);
         const float *xb = x + 32 * b0;
@@ -10629,12 +10629,10 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
             const __m512 idv = _mm512_set1_ps(ids[b]);
             const __m128i q0 = _mm512_cvtsepi32_epi8(k_round_away_avx512(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * b), idv)));
             const __m128i q1 = _mm512_cvtsepi32_epi8(k_round_away_avx512(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * b + 16), idv)));
-            uint8_t *yb = y + (size_t)bi * K_Q8_0_SIZE, *g = gs + (size_t)bi * K_ACT_G_BLK;
+            uint8_t *yb = y + (size_t)bi * K_Q8_0_SIZE;
             wr_u16(yb, dhs[b]);
             _mm_storeu_si128((__m128i *)(void *)(yb + 2), q0);
             _mm_storeu_si128((__m128i *)(void *)(yb + 18), q1);
-            _mm_storeu_si128((__m128i *)(void *)g, q0);
-            _mm_storeu_si128((__m128i *)(void *)(g + 16), q1);
             // sums of 16: the biased bytes' sums of 8 (vpsadbw), less 8 * 128 each
             const __m128i f = _mm_set1_epi8((char)0x80);
             const __m128i s0 = _mm_sad_epu8(_mm_xor_si128(q0, f), _mm_setzero_si128());
@@ -10646,9 +10644,20 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
             dd[bi] = dy[b];
             const int32_t o = -off * (t0 + t1);
             memcpy(os + 4 * (size_t)bi, &o, 4);
-            const double bias = 4503601774854144.0 - (double)o;
-            memcpy(g + 32, &dy[b], 8);
-            memcpy(g + 40, &bias, 8);
+            if (!one_row) { // the GEMM's block
+                uint8_t *g = gs + (size_t)bi * K_ACT_G_BLK;
+                const double bias = 4503601774854144.0 - (double)o;
+                _mm_storeu_si128((__m128i *)(void *)g, q0);
+                _mm_storeu_si128((__m128i *)(void *)(g + 16), q1);
+                memcpy(g + 32, &dy[b], 8);
+                memcpy(g + 40, &bias, 8);
+            } else if (bi < nb / 4 * 4) { // the one-row kernels' part of its group's 256 bytes
+                uint8_t *g = xs + 256 * (size_t)(bi / 4) + 16 * (size_t)(bi % 4);
+                _mm_storeu_si128((__m128i *)(void *)g, q0);
+                _mm_storeu_si128((__m128i *)(void *)(g + 64), q1);
+                _mm_storeu_si128((__m128i *)(void *)(g + 128), _mm_cvtsi32_si128(o));
+                _mm_storeu_ps((float *)(void *)(g + 192), _mm_set1_ps((float)dy[b]));
+            }
         }
     }
 }
@@ -12632,7 +12641,7 @@ typedef struct {
     void (*softmax)(float *w, int64_t n, float scale);
     // optional (NULL: from_float, then k_act_side): a Q8_0 row and its side data of several
     // rows' products, for weights of quant offset off
-    void (*quant_side_q8_0)(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side);
+    void (*quant_side_q8_0)(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side, bool one_row);
 } k_vec_ops;
 
 // ---- Dispatch --------------------------------------------------------------------------------
@@ -13559,12 +13568,13 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     pool_share(j->n_tok, ith, nth, &lo, &hi);
     const k_traits *at = eng_traits(j->tr->vec_dot_type);
     const bool one_row = j->n_tok == 1 && j->tr->gemv1;
-    void (*fused)(const float *, uint8_t *, int64_t, int, uint8_t *) =
-        j->sides && !one_row && j->tr->vec_dot_type == T_Q8_0 ? k_vec_get()->quant_side_q8_0 : NULL;
+    void (*fused)(const float *, uint8_t *, int64_t, int, uint8_t *, bool) =
+        j->sides && j->tr->vec_dot_type == T_Q8_0 ? k_vec_get()->quant_side_q8_0 : NULL;
     for (int64_t t = lo; t < hi; t++) {
         uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
         if (fused) {
-            fused(j->x + t * j->w->n_in, row, j->w->n_in, k_panel_off(j->w->type), j->sides + (size_t)t * j->side_stride);
+            fused(j->x + t * j->w->n_in, row, j->w->n_in, k_panel_off(j->w->type), j->sides + (size_t)t * j->side_stride,
+                  one_row);
             continue;
         }
         at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);

@@ -530,7 +530,8 @@ static void st_check_quantizers(k_set set) {
     }
     // the fused Q8_0 quantizer with side data (k_vec_ops.quant_side_q8_0), where the set has one:
     // the row and every part of the side data that k_act_side writes, byte for byte, for the
-    // three offsets of the Q8_0-row panel types, whole groups of eight blocks and tails
+    // three offsets of the Q8_0-row panel types, whole groups of eight blocks and tails, for
+    // products of several rows (the GEMM's blocks) and of one (the gemv1 kernels' groups of four)
     const k_vec_ops *vs = k_vec_of_set(set);
     if (vs->quant_side_q8_0) {
         static const int64_t nblk[] = {1, 2, 7, 8, 9, 16, 28, 152};
@@ -538,22 +539,23 @@ static void st_check_quantizers(k_set set) {
         int bad = 0, checked = 0;
         for (size_t ni = 0; ni < PSV_ARRAY_LEN(nblk); ni++) {
             const int64_t n = nblk[ni] * 32;
-            const size_t rb = st_row_bytes(T_Q8_0, n), sb = k_act_side_size(T_Q8_0, n);
+            const size_t rb = st_row_bytes(T_Q8_0, n), sb = k_act_side_one(T_Q8_0, n); // the larger
             float *x = malloc((size_t)n * sizeof *x);
             uint8_t *ra = malloc(rb), *rbuf = malloc(rb), *sa = malloc(sb), *sbuf = malloc(sb);
             PSV_ASSERT(x && ra && rbuf && sa && sbuf);
             for (int kind = 0; kind < 8; kind++)
                 for (size_t oi = 0; oi < PSV_ARRAY_LEN(offs); oi++)
                     for (int rep = 0; rep < 6; rep++) {
+                        const bool one = rep % 2;
                         st_quant_input(x, n, kind, 32);
                         memset(ra, 0xa5, rb), memset(rbuf, 0xa5, rb), memset(sa, 0x5a, sb), memset(sbuf, 0x5a, sb);
                         k_traits_ref(T_Q8_0)->from_float(x, ra, n);
-                        k_act_side(T_Q8_0, offs[oi], ra, n, sa, false);
-                        vs->quant_side_q8_0(x, rbuf, n, offs[oi], sbuf);
+                        k_act_side(T_Q8_0, offs[oi], ra, n, sa, one);
+                        vs->quant_side_q8_0(x, rbuf, n, offs[oi], sbuf, one);
                         checked++;
                         if ((memcmp(ra, rbuf, rb) != 0 || memcmp(sa, sbuf, sb) != 0) && bad++ < 5)
-                            fprintf(stderr, "%s quant_side_q8_0 n=%lld kind %d off %d: row %s, side %s\n", k_set_names[set],
-                                    (long long)n, kind, offs[oi], memcmp(ra, rbuf, rb) ? "differs" : "same",
+                            fprintf(stderr, "%s quant_side_q8_0 n=%lld kind %d off %d one row %d: row %s, side %s\n",
+                                    k_set_names[set], (long long)n, kind, offs[oi], one, memcmp(ra, rbuf, rb) ? "differs" : "same",
                                     memcmp(sa, sbuf, sb) ? "differs" : "same");
                     }
             free(x), free(ra), free(rbuf), free(sa), free(sbuf);
