@@ -10578,10 +10578,11 @@ K_DEF_ROWSK(avx512, K_AVX512)
 K_DEF_KQUANTS(avx512, K_AVX512)
 
 // ---- AVX-512: a Q8_0 activation row and its side data in one pass ---------------------------------
-// k_quant_q8_0_avx2 and then k_act_side (several rows' products, not one_row), byte for byte:
-// eight blocks' maxima reduced together as there, the values scaled and rounded (ties away
-// from zero, k_round_away_avx2's steps) sixteen at a time, and each block's sums of 16, offset
-// term and GEMM block (k_act_side_g) made from its quants while they are in registers.
+// k_quant_q8_0_avx2 and then k_act_side(..., one_row), byte for byte: eight blocks' maxima
+// reduced together as there, the values scaled and rounded (ties away from zero,
+// k_round_away_avx2's steps) sixteen at a time, and each block's sums of 16, offset term and
+// GEMM block (k_act_side_g; with one_row, its part of the one-row kernels' group of four at
+// k_act_side_x instead) made from its quants while they are in registers.
 K_AVX512 K_INLINE __m512i k_round_away_avx512(__m512 v) {
     v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); // NaN -> 0
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
@@ -12639,8 +12640,8 @@ typedef struct {
                       int64_t nk, int64_t n);
     void (*exp_shift)(double *y, const float *x, double shift, double div, int64_t n);
     void (*softmax)(float *w, int64_t n, float scale);
-    // optional (NULL: from_float, then k_act_side): a Q8_0 row and its side data of several
-    // rows' products, for weights of quant offset off
+    // optional (NULL: from_float, then k_act_side): a Q8_0 row and its side data, for weights
+    // of quant offset off, in a product of several rows or (one_row) of one
     void (*quant_side_q8_0)(const float *x, uint8_t *y, int64_t n, int off, uint8_t *side, bool one_row);
 } k_vec_ops;
 
