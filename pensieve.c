@@ -8831,7 +8831,7 @@ K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
 // bytes ahead was slower than none, 1024 between, 2048-4096 alike. Q4_K and Q6_K rows of 3072
 // values in 2 MiB pages (as a model's mapping mostly is), medians of six: 37.9 -> 40.1 and 38.9
 // -> 40.6 GB/s (in 4 KiB pages the Q4_K kernel had read 13 % slower with it in one build), and
-// phi4-mini Q4_K_M generation with one thread 14.4 -> 15.5 t/s (gcc), 13.9 -> 15.3 (clang).
+// phi4-mini Q4_K_M generation with one thread 14.3 -> 15.1 t/s (gcc), 13.9 -> 15.3 (clang).
 #define K_GEMV1_PF 2048
 
 // A prefetch of the line `ahead` bytes past p, into the level-2 cache. The address may lie past
