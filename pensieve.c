@@ -9025,6 +9025,142 @@ K_DEF_ROWS(q5_0_q8_0_avx2, k_rows32_avx2, T_Q5_0, K_AVX2)
 K_DEF_ROWS(q5_1_q8_1_avx2, k_rows32_avx2, T_Q5_1, K_AVX2)
 K_DEF_ROWS(q8_0_q8_0_avx2, k_rows32_avx2, T_Q8_0, K_AVX2)
 
+// ---- AVX2: generation of one sequence (gemv1) ---------------------------------------------------
+// The group's results: each row's four lanes (a[l], element r: row r) added in order, lane 0
+// first (k_lanes_sum), rounded to float and stored for the rows that exist.
+K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int w, int nw) {
+    __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), a[2]), a[3]);
+    float out[4];
+    _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
+    k_gemv1_put(out, s, w, nw);
+}
+
+// In each 128-bit lane, [sum of r[0]'s four int32, r[1]'s, r[2]'s, r[3]'s] (a transpose and add).
+K_AVX2 K_INLINE __m256i k_sum4_lanes_avx2(__m256i r0, __m256i r1, __m256i r2, __m256i r3) {
+    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+}
+
+// k_gemv1_fn for Q4_0 and Q8_0 on AVX2, as k_gemv1_avx512 does it with AVX-512: four weight rows
+// (one from each quarter, k_gemv1_rows) and four blocks a step, so that what depends only on the
+// activation is done once for four rows and the reductions and double terms once for four rows
+// and blocks, in [block][row] order: two blocks a vector, a block's four rows in each 128-bit
+// lane. Q4_0: a vector holds the quants of two blocks (16 bytes each), whose low and high
+// nibbles meet the activation's values 0-15 and 16-31 of the same blocks as the side data lays
+// them out (k_act_side_x); vpmaddubsw multiplies the unsigned nibbles (|pair| <= 2 * 15 * 128)
+// and the offset comes off through the side data's -8 * sum(a) per block. Q8_0: both operands
+// are signed (the activation may hold -128), so each block's quants are widened to int16 and
+// multiplied with vpmaddwd, against the activation block widened once for the four rows. The
+// terms, (float)(dx * dy) (exact: two fp16 values) times isum, are added with one FMA each, as
+// the AVX-512 kernels do (the product is exact in double: see k_gemm_blk_avx512).
+K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                  const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q8_0));
+    const bool eight = type == T_Q8_0;
+    const size_t xs = k_w32_size(type);
+    const int64_t nb = n / 32, ng = nb / 4;
+    const uint8_t *so = side + k_act_side_o(n); // int32 -8 * sum(a) of each block (Q4_0)
+    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i spread01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), spread23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *xg = side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part
+            __m256i is01, is23;                                            // [block][row] isums
+            __m256i t01[4], t23[4];                                        // per row: blocks 0, 1 (2, 3) in its lanes
+            if (eight) {
+                __m256i alo[4], ahi[4];
+                K_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *yb = y + (size_t)(4 * g + j) * K_Q8_0_SIZE + 2;
+                    alo[j] = _mm256_cvtepi8_epi16(k_load128(yb));
+                    ahi[j] = _mm256_cvtepi8_epi16(k_load128(yb + 16));
+                }
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 136 bytes: 3 lines
+                    __m256i d[4];
+                    K_UNROLL
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t *q = xb + (size_t)j * xs + 2;
+                        d[j] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q)), alo[j]),
+                                                _mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q + 16)), ahi[j]));
+                    }
+                    // blocks 0 and 1 (2 and 3): the two halves of each added, block 0 in the low lane
+                    t01[r] = _mm256_add_epi32(_mm256_permute2x128_si256(d[0], d[1], 0x20), _mm256_permute2x128_si256(d[0], d[1], 0x31));
+                    t23[r] = _mm256_add_epi32(_mm256_permute2x128_si256(d[2], d[3], 0x20), _mm256_permute2x128_si256(d[2], d[3], 0x31));
+                }
+                is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
+                is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
+            } else {
+                const __m256i alo01 = k_load256(xg), alo23 = k_load256(xg + 32);
+                const __m256i ahi01 = k_load256(xg + 64), ahi23 = k_load256(xg + 96);
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 72 bytes: 8 lines in 9 are asked for
+                    const __m256i w01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2)), k_load128(xb + xs + 2), 1);
+                    const __m256i w23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2 * xs + 2)),
+                                                                k_load128(xb + 3 * xs + 2), 1);
+                    // int16 pair sums: |lo + hi| <= 4 * 15 * 128
+                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w01, m4), alo01),
+                                                         _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w01, 4), m4), ahi01));
+                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w23, m4), alo23),
+                                                         _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w23, 4), m4), ahi23));
+                    t01[r] = _mm256_madd_epi16(p01, ones);
+                    t23[r] = _mm256_madd_epi16(p23, ones);
+                }
+                const __m256i o = _mm256_castsi128_si256(k_load128(so + 16 * (size_t)g));
+                is01 = _mm256_add_epi32(k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]), _mm256_permutevar8x32_epi32(o, spread01));
+                is23 = _mm256_add_epi32(k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]), _mm256_permutevar8x32_epi32(o, spread23));
+            }
+            uint64_t h[4]; // block j's scales of the four rows
+            K_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const size_t o = (size_t)(4 * g + j) * xs;
+                h[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
+            }
+            // the side data's scales: each block's four times, in [block][row] order
+            const __m256 dxy01 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0])),
+                                               _mm256_loadu_ps((const float *)(const void *)(xg + 192)));
+            const __m256 dxy23 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[3], (long long)h[2])),
+                                               _mm256_loadu_ps((const float *)(const void *)(xg + 224)));
+            acc[0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy01)), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is01)), acc[0]);
+            acc[1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy01, 1)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is01, 1)), acc[1]);
+            acc[2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy23)), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is23)), acc[2]);
+            acc[3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy23, 1)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is23, 1)), acc[3]);
+        }
+        double a[K_BLOCK_LANES][4]; // [lane][row]
+        for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[l]);
+        for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
+            const uint8_t *yc = y + (size_t)c * K_Q8_0_SIZE;
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)c * xs;
+                int32_t isum = k_w32_isum_avx2(type, k_w32_dot_avx2(type, k_w32_unpack_avx2(type, xb), yc));
+                a[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
+            }
+        }
+        const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(a[0]), _mm256_loadu_pd(a[1]), _mm256_loadu_pd(a[2]),
+                                              _mm256_loadu_pd(a[3])};
+        k_gemv1_store(lanes, s, w, nw);
+    }
+}
+
+K_AVX2 static void k_gemv1_q4_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
+                                     const uint8_t *side) {
+    k_gemv1_avx2(T_Q4_0, n, s, x, x_stride, nw, y, side);
+}
+K_AVX2 static void k_gemv1_q8_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
+                                     const uint8_t *side) {
+    k_gemv1_avx2(T_Q8_0, n, s, x, x_stride, nw, y, side);
+}
+
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
 // A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
 // Q6_K with their +4/+32 offset, taken off as offset * sum(a) per 16 values) and, per chunk, a
@@ -10220,15 +10356,6 @@ K_AVX512 K_INLINE __m512i k_sum4_lanes_avx512(const __m512i r[4]) {
     const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[0], r[1]), _mm512_unpackhi_epi32(r[0], r[1]));
     const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(r[2], r[3]), _mm512_unpackhi_epi32(r[2], r[3]));
     return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-}
-
-// The group's results: each row's four lanes (a[l], element r: row r) added in order, lane 0
-// first (k_lanes_sum), rounded to float and stored for the rows that exist.
-K_AVX2 K_INLINE void k_gemv1_store(const __m256d a[K_BLOCK_LANES], float *s, int w, int nw) {
-    __m256d sum = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), a[2]), a[3]);
-    float out[4];
-    _mm_storeu_ps(out, _mm256_cvtpd_ps(sum));
-    k_gemv1_put(out, s, w, nw);
 }
 
 // Generation's product of one activation row against many weight rows (k_gemv1_fn), Q4_0: four
@@ -12683,6 +12810,8 @@ static void k_fill_avx2(k_traits *t) {
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
+    t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
+    t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx2;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
     t[T_Q8_K].from_float = k_quant_q8_k_avx2;
