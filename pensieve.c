@@ -9454,6 +9454,129 @@ K_DEF_ROWSK(avx2, K_AVX2)
 
 K_DEF_KQUANTS(avx2, K_AVX2)
 
+// k_gemv1_fn for Q6_K on AVX2: four weight rows (one from each quarter) a block, the
+// activation's quants loaded once for the four. A row's quants unpack as the one-row kernel's
+// (k_wk_unpack_q_avx2: unsigned, q + 32, 32-value chunks in value order, so that 128-bit lane h
+// of chunk c is sub-block 2c + h); vpmaddubsw makes the int16 pair sums (|pair| <= 2 * 63 * 128)
+// and one vphaddw takes two chunks' pairs together (|sum| <= 4 * 63 * 128 < 2^15), leaving
+// sub-blocks (2c, 2c') in the low lane and (2c + 1, 2c' + 1) in the high, which vpmaddwd weights
+// by their scales (the sixteen scales as int16, even sub-blocks in the low lane and odd in the
+// high, shuffled four to a sub-block): half the multiplies and none of the per-chunk scale
+// broadcasts of the one-row kernel. The offset comes off per block through the activation's sums
+// of 16 (k_wk_off_avx2); the terms are the reference's d * dy * isum, four rows side by side.
+K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
+                                     const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    const int64_t nb = n / QK_K;
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15); // even scales, then odd
+    __m256i pick[4]; // chunks (2i, 2i + 1): int16 lanes 0-3 from lane 2i of each 128, 4-7 from lane 2i + 1
+    for (int i = 0; i < 4; i++) {
+        uint8_t b[32];
+        for (int l = 0; l < 32; l++) b[l] = (uint8_t)(2 * (2 * i + (l % 16) / 8) + l % 2);
+        pick[i] = k_load256(b);
+    }
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
+            __m256i a[8];
+            K_UNROLL
+            for (int c = 0; c < 8; c++) a[c] = k_load256(yb + 4 + 32 * c);
+            __m256i iv[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
+                for (size_t o = 0; o < K_Q6_K_SIZE; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210 bytes: 4 lines
+                k_wk_avx2 wk;
+                wk.s16 = k_wk_unpack_q_avx2(T_Q6_K, xb, &wk);
+                const __m256i se = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(k_load128(xb + 192), split));
+                __m256i t = _mm256_setzero_si256();
+                K_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const __m256i h = _mm256_hadd_epi16(_mm256_maddubs_epi16(wk.q[2 * i], a[2 * i]),
+                                                        _mm256_maddubs_epi16(wk.q[2 * i + 1], a[2 * i + 1]));
+                    t = _mm256_add_epi32(t, _mm256_madd_epi16(h, _mm256_shuffle_epi8(se, pick[i])));
+                }
+                iv[r] = k_wk_off_avx2(&wk, t, side + 32 * b);
+            }
+            const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
+            const size_t o = (size_t)b * K_Q6_K_SIZE + 208;
+            const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
+            // the reference: (double)d * (double)dy * (double)isum
+            const __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd((double)k_ld_f32(yb))), is);
+            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+        }
+        k_gemv1_store(acc, s, w, nw);
+    }
+}
+
+// k_gemv1_fn for Q4_K on AVX2: four weight rows (one from each quarter) a block, the
+// activation's quants loaded once for the four. A row's 32-byte chunk c holds sub-blocks 2c (low
+// nibbles) and 2c + 1 (high); vpmaddubsw makes each sub-block's int16 pair sums (|pair| <=
+// 2 * 15 * 128) and vpmaddwd weights them by the sub-block's scale, shuffled out of the row's
+// eight (|lane| <= 2 * 3840 * 63), into int32 lanes adding up to isum. (Three rounds of vphaddw
+// to one partial sum per sub-block and one vpmaddwd against the eight scales measured 5-10 %
+// slower on Zen 5.) msum is the minimums, each twice, against the stored bsums; the four rows'
+// sums are reduced together and their terms formed side by side, exactly the reference's
+// dy * (d * isum - dmin * msum).
+K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
+                                     const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    (void)side;
+    const int64_t nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
+            __m256i a[8]; // sub-block k: values 32k .. 32k + 31
+            K_UNROLL
+            for (int k = 0; k < 8; k++) a[k] = k_load256(yb + 4 + 32 * k);
+            const __m256i bsums = k_load256(yb + 260);
+            __m256i iv[4], mv[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
+                for (size_t o = 0; o < K_Q4_K_SIZE; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 144 bytes: 3 lines
+                __m256i p[8];
+                K_UNROLL
+                for (int c = 0; c < 4; c++) {
+                    const __m256i q = k_load256(xb + 16 + 32 * c);
+                    p[2 * c] = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), a[2 * c]);
+                    p[2 * c + 1] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), a[2 * c + 1]);
+                }
+                __m128i sc8, m8;
+                k_scale_min_k4_avx2(xb, &sc8, &m8);
+                const __m256i scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); // scale k: int16 lane k of each 128
+                __m256i t = _mm256_setzero_si256();
+                K_UNROLL
+                for (int k = 0; k < 8; k++) {
+                    const __m256i sk = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (2 * k + 1) + 2 * k)));
+                    t = _mm256_add_epi32(t, _mm256_madd_epi16(p[k], sk));
+                }
+                iv[r] = t;
+                mv[r] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), bsums);
+            }
+            const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
+            const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
+            const size_t o = (size_t)b * K_Q4_K_SIZE;
+            const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
+            const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
+            // the reference: dy * (d * isum - dmin * msum)
+            const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(yb)),
+                                             _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+        }
+        k_gemv1_store(acc, s, w, nw);
+    }
+}
+
 // ---- AVX2: packing GEMM panels -----------------------------------------------------------------
 // k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
 // of unsigned quants in value order (exactly the panel's bytes, lane by lane), and an 8 x 8
@@ -12812,6 +12935,8 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx2;
+    t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx2;
+    t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
     t[T_Q8_K].from_float = k_quant_q8_k_avx2;
