@@ -9056,14 +9056,20 @@ K_AVX2 K_INLINE __m256i k_sum4_lanes_avx2(__m256i r0, __m256i r1, __m256i r2, __
 // the AVX-512 kernels do (the product is exact in double: see k_gemm_blk_avx512).
 K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                   const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q8_0));
-    const bool eight = type == T_Q8_0;
-    const size_t xs = k_w32_size(type);
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
+    const bool five = type == T_Q5_0, eight = type == T_Q8_0;
+    const size_t xs = k_w32_size(type), qo = five ? 6 : 2; // the quants' offset in a block
     const int64_t nb = n / 32, ng = nb / 4;
-    const uint8_t *so = side + k_act_side_o(n); // int32 -8 * sum(a) of each block (Q4_0)
+    const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block (Q4_0, Q5_0)
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i spread01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), spread23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    // Q5_0, two blocks' qh as one 64-bit value in every 64-bit lane: byte i of the low (high)
+    // 128-bit lane takes bit i % 8 of the first (second) block's qh byte i / 8 (values 0-15) or
+    // 2 + i / 8 (values 16-31)
+    const __m256i qlo = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505);
+    const __m256i qhi = _mm256_add_epi8(qlo, _mm256_set1_epi8(2));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), c16 = _mm256_set1_epi8(16);
     for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -9104,15 +9110,24 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 72 bytes: 8 lines in 9 are asked for
-                    const __m256i w01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2)), k_load128(xb + xs + 2), 1);
-                    const __m256i w23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2 * xs + 2)),
-                                                                k_load128(xb + 3 * xs + 2), 1);
-                    // int16 pair sums: |lo + hi| <= 4 * 15 * 128
-                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w01, m4), alo01),
-                                                         _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w01, 4), m4), ahi01));
-                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w23, m4), alo23),
-                                                         _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w23, 4), m4), ahi23));
+                    k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
+                    const __m256i w01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + qo)), k_load128(xb + xs + qo), 1);
+                    const __m256i w23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2 * xs + qo)),
+                                                                k_load128(xb + 3 * xs + qo), 1);
+                    __m256i lo01 = _mm256_and_si256(w01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), m4);
+                    __m256i lo23 = _mm256_and_si256(w23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(w23, 4), m4);
+                    if (five) { // the fifth bits: +16 where set
+                        const __m256i h01 = _mm256_set1_epi64x((long long)((uint64_t)ld_u32(xb + 2) | (uint64_t)ld_u32(xb + xs + 2) << 32));
+                        const __m256i h23 = _mm256_set1_epi64x(
+                            (long long)((uint64_t)ld_u32(xb + 2 * xs + 2) | (uint64_t)ld_u32(xb + 3 * xs + 2) << 32));
+                        lo01 = _mm256_or_si256(lo01, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h01, qlo), bit), bit), c16));
+                        hi01 = _mm256_or_si256(hi01, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h01, qhi), bit), bit), c16));
+                        lo23 = _mm256_or_si256(lo23, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h23, qlo), bit), bit), c16));
+                        hi23 = _mm256_or_si256(hi23, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h23, qhi), bit), bit), c16));
+                    }
+                    // int16 pair sums: |lo + hi| <= 4 * 31 * 128
+                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo01), _mm256_maddubs_epi16(hi01, ahi01));
+                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo23), _mm256_maddubs_epi16(hi23, ahi23));
                     t01[r] = _mm256_madd_epi16(p01, ones);
                     t23[r] = _mm256_madd_epi16(p23, ones);
                 }
@@ -9155,6 +9170,10 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
 K_AVX2 static void k_gemv1_q4_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
                                      const uint8_t *side) {
     k_gemv1_avx2(T_Q4_0, n, s, x, x_stride, nw, y, side);
+}
+K_AVX2 static void k_gemv1_q5_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
+                                     const uint8_t *side) {
+    k_gemv1_avx2(T_Q5_0, n, s, x, x_stride, nw, y, side);
 }
 K_AVX2 static void k_gemv1_q8_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
                                      const uint8_t *side) {
@@ -12934,6 +12953,7 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
+    t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx2;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx2;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
