@@ -8682,7 +8682,8 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   2^52 + 2^31 - o, o being that offset term (k_gemm_blk_avx512: 8-byte loads there never
 //   straddle two cache lines, and one pointer a row finds all three);
 // - for Q8_0, at k_act_side_x, filled only for products of one row: for each whole group of four
-//   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512): the
+//   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512,
+//   k_gemv1_avx2): the
 //   four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks' -off * sum in lanes
 //   0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four times;
 // - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q4_k_avx512: its
@@ -8822,8 +8823,8 @@ K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
 #define K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-// How far ahead (bytes) the one-row kernels (k_gemv1_avx512, Q4_K, Q6_K) prefetch each of their
-// four row streams into the level-2 cache, a prefetch per step of each stream (per 64 bytes of
+// How far ahead (bytes) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the Q4_K and Q6_K
+// ones; measured with the AVX-512 kernels) prefetch each of their four row streams into the level-2 cache, a prefetch per step of each stream (per 64 bytes of
 // the k-quants' blocks). The hardware prefetchers alone leave these kernels waiting on memory:
 // measured on Zen 5, one thread, rows from memory, Q4_0 rows of 896 values 35 -> 41 GB/s in 1.2
 // MB calls (a generation thread's share of a qwen2-0.5b feed-forward matrix) and 38 -> 43 in one
