@@ -8824,8 +8824,9 @@ K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
 #define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 // How far ahead (bytes) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the Q4_K and Q6_K
-// ones; measured with the AVX-512 kernels) prefetch each of their four row streams into the level-2 cache, a prefetch per step of each stream (per 64 bytes of
-// the k-quants' blocks). The hardware prefetchers alone leave these kernels waiting on memory:
+// ones; measured with the AVX-512 kernels) prefetch each of their four row streams into the
+// level-2 cache, a prefetch per step of each stream (per 64 bytes of the k-quants' blocks). The
+// hardware prefetchers alone leave these kernels waiting on memory:
 // measured on Zen 5, one thread, rows from memory, Q4_0 rows of 896 values 35 -> 41 GB/s in 1.2
 // MB calls (a generation thread's share of a qwen2-0.5b feed-forward matrix) and 38 -> 43 in one
 // long call, rows of 4864 values 34 -> 36 and 37 -> 42, Q5_0 34 -> 41, Q8_0 37.5 -> 39; 512
@@ -9043,6 +9044,31 @@ K_AVX2 K_INLINE __m256i k_sum4_lanes_avx2(__m256i r0, __m256i r1, __m256i r2, __
     return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
 }
 
+// Two 16-byte loads as one vector, lo's in the low 128-bit lane.
+K_AVX2 K_INLINE __m256i k_cat128_avx2(const uint8_t *lo, const uint8_t *hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(lo)), k_load128(hi), 1);
+}
+
+// [low lane of a + its high lane, low lane of b + its high lane]
+K_AVX2 K_INLINE __m256i k_fold2_avx2(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Q5_0's fifth bits as 16 where set: byte i of each 128-bit lane from bit i % 8 of byte pick[i]
+// of h's 64-bit lane (bit: 1 << (i % 8) in byte i).
+K_AVX2 K_INLINE __m256i k_q5_bits_avx2(__m256i h, __m256i pick, __m256i bit) {
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h, pick), bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+// Two blocks' terms: acc_lo += dxy[0..3] * is[0..3], acc_hi += dxy[4..7] * is[4..7], in double.
+K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, __m256i is) {
+    *acc_lo = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy)), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)),
+                              *acc_lo);
+    *acc_hi = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy, 1)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1)),
+                              *acc_hi);
+}
+
 // k_gemv1_fn for Q4_0 and Q8_0 on AVX2, as k_gemv1_avx512 does it with AVX-512: four weight rows
 // (one from each quarter, k_gemv1_rows) and four blocks a step, so that what depends only on the
 // activation is done once for four rows and the reductions and double terms once for four rows
@@ -9070,7 +9096,7 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
     // 2 + i / 8 (values 16-31)
     const __m256i qlo = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505);
     const __m256i qhi = _mm256_add_epi8(qlo, _mm256_set1_epi8(2));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), c16 = _mm256_set1_epi8(16);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -9100,8 +9126,8 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                                                 _mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q + 16)), ahi[j]));
                     }
                     // blocks 0 and 1 (2 and 3): the two halves of each added, block 0 in the low lane
-                    t01[r] = _mm256_add_epi32(_mm256_permute2x128_si256(d[0], d[1], 0x20), _mm256_permute2x128_si256(d[0], d[1], 0x31));
-                    t23[r] = _mm256_add_epi32(_mm256_permute2x128_si256(d[2], d[3], 0x20), _mm256_permute2x128_si256(d[2], d[3], 0x31));
+                    t01[r] = k_fold2_avx2(d[0], d[1]);
+                    t23[r] = k_fold2_avx2(d[2], d[3]);
                 }
                 is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
                 is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
@@ -9112,19 +9138,18 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
                     k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
-                    const __m256i w01 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + qo)), k_load128(xb + xs + qo), 1);
-                    const __m256i w23 = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xb + 2 * xs + qo)),
-                                                                k_load128(xb + 3 * xs + qo), 1);
+                    const __m256i w01 = k_cat128_avx2(xb + qo, xb + xs + qo);
+                    const __m256i w23 = k_cat128_avx2(xb + 2 * xs + qo, xb + 3 * xs + qo);
                     __m256i lo01 = _mm256_and_si256(w01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), m4);
                     __m256i lo23 = _mm256_and_si256(w23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(w23, 4), m4);
                     if (five) { // the fifth bits: +16 where set
-                        const __m256i h01 = _mm256_set1_epi64x((long long)((uint64_t)ld_u32(xb + 2) | (uint64_t)ld_u32(xb + xs + 2) << 32));
-                        const __m256i h23 = _mm256_set1_epi64x(
-                            (long long)((uint64_t)ld_u32(xb + 2 * xs + 2) | (uint64_t)ld_u32(xb + 3 * xs + 2) << 32));
-                        lo01 = _mm256_or_si256(lo01, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h01, qlo), bit), bit), c16));
-                        hi01 = _mm256_or_si256(hi01, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h01, qhi), bit), bit), c16));
-                        lo23 = _mm256_or_si256(lo23, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h23, qlo), bit), bit), c16));
-                        hi23 = _mm256_or_si256(hi23, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h23, qhi), bit), bit), c16));
+                        const uint64_t q01 = (uint64_t)ld_u32(xb + 2) | (uint64_t)ld_u32(xb + xs + 2) << 32;
+                        const uint64_t q23 = (uint64_t)ld_u32(xb + 2 * xs + 2) | (uint64_t)ld_u32(xb + 3 * xs + 2) << 32;
+                        const __m256i h01 = _mm256_set1_epi64x((long long)q01), h23 = _mm256_set1_epi64x((long long)q23);
+                        lo01 = _mm256_or_si256(lo01, k_q5_bits_avx2(h01, qlo, bit));
+                        hi01 = _mm256_or_si256(hi01, k_q5_bits_avx2(h01, qhi, bit));
+                        lo23 = _mm256_or_si256(lo23, k_q5_bits_avx2(h23, qlo, bit));
+                        hi23 = _mm256_or_si256(hi23, k_q5_bits_avx2(h23, qhi, bit));
                     }
                     // int16 pair sums: |lo + hi| <= 4 * 31 * 128
                     const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo01), _mm256_maddubs_epi16(hi01, ahi01));
@@ -9132,9 +9157,11 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                     t01[r] = _mm256_madd_epi16(p01, ones);
                     t23[r] = _mm256_madd_epi16(p23, ones);
                 }
-                const __m256i o = _mm256_castsi128_si256(k_load128(so + 16 * (size_t)g));
-                is01 = _mm256_add_epi32(k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]), _mm256_permutevar8x32_epi32(o, spread01));
-                is23 = _mm256_add_epi32(k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]), _mm256_permutevar8x32_epi32(o, spread23));
+                const __m256i o = _mm256_castsi128_si256(k_load128(so + 16 * (size_t)g)); // the four blocks' offset terms
+                is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
+                is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
+                is01 = _mm256_add_epi32(is01, _mm256_permutevar8x32_epi32(o, spread01));
+                is23 = _mm256_add_epi32(is23, _mm256_permutevar8x32_epi32(o, spread23));
             }
             uint64_t h[4]; // block j's scales of the four rows
             K_UNROLL
@@ -9147,10 +9174,8 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                                                _mm256_loadu_ps((const float *)(const void *)(xg + 192)));
             const __m256 dxy23 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[3], (long long)h[2])),
                                                _mm256_loadu_ps((const float *)(const void *)(xg + 224)));
-            acc[0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy01)), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is01)), acc[0]);
-            acc[1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy01, 1)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is01, 1)), acc[1]);
-            acc[2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy23)), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is23)), acc[2]);
-            acc[3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy23, 1)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is23, 1)), acc[3]);
+            k_fma2_avx2(&acc[0], &acc[1], dxy01, is01);
+            k_fma2_avx2(&acc[2], &acc[3], dxy23, is23);
         }
         double a[K_BLOCK_LANES][4]; // [lane][row]
         for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[l]);
