@@ -8970,14 +8970,44 @@ K_AVX2 K_INLINE void k_rows32_avx2(uint32_t type, int64_t n, float *s, int64_t s
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *xb = x + (size_t)b * xs;
-        k_w32_avx2 w0 = k_w32_unpack_avx2(type, xb), w1 = k_w32_unpack_avx2(type, xb + xs);
-        k_w32_avx2 w2 = k_w32_unpack_avx2(type, xb + 2 * xs), w3 = k_w32_unpack_avx2(type, xb + 3 * xs);
+        // Q8_0 weights with no -128 among the four blocks' quants: vpmaddubsw of |a| (an unsigned
+        // byte, 128 for -128) and the weight with a's sign (q * sgn(a), which fits a signed byte
+        // when q != -128), |pair| <= 2 * 128 * 127: exactly the products, half the operations of
+        // widening both to int16. Else (a weight of -128 anywhere in them) the int16 products.
+        __m256i q8[4];
+        bool sign_trick = false;
+        if (type == T_Q8_0) {
+            __m256i any = _mm256_setzero_si256();
+            K_UNROLL
+            for (int j = 0; j < 4; j++) {
+                q8[j] = k_load256(xb + (size_t)j * xs + 2);
+                any = _mm256_or_si256(any, _mm256_cmpeq_epi8(q8[j], _mm256_set1_epi8((char)-128)));
+            }
+            sign_trick = _mm256_testz_si256(any, any);
+        }
+        k_w32_avx2 w0, w1, w2, w3;
+        if (!sign_trick) {
+            w0 = k_w32_unpack_avx2(type, xb), w1 = k_w32_unpack_avx2(type, xb + xs);
+            w2 = k_w32_unpack_avx2(type, xb + 2 * xs), w3 = k_w32_unpack_avx2(type, xb + 3 * xs);
+        }
         __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs)), mx = dx;
         if (min) mx = _mm256_cvtps_pd(k_f16x4_avx2(xb + 2, xb + xs + 2, xb + 2 * xs + 2, xb + 3 * xs + 2));
         for (int r = 0; r < nr; r++) {
             const uint8_t *yb = y + (size_t)r * ys + (size_t)b * as;
-            __m256i p0 = k_w32_dot_avx2(type, w0, yb), p1 = k_w32_dot_avx2(type, w1, yb + as);
-            __m256i p2 = k_w32_dot_avx2(type, w2, yb + 2 * as), p3 = k_w32_dot_avx2(type, w3, yb + 3 * as);
+            __m256i p0, p1, p2, p3;
+            if (sign_trick) {
+                __m256i p[4];
+                K_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const __m256i a = k_load256(yb + (size_t)j * as + 2);
+                    p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(q8[j], a)),
+                                             _mm256_set1_epi16(1));
+                }
+                p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
+            } else {
+                p0 = k_w32_dot_avx2(type, w0, yb), p1 = k_w32_dot_avx2(type, w1, yb + as);
+                p2 = k_w32_dot_avx2(type, w2, yb + 2 * as), p3 = k_w32_dot_avx2(type, w3, yb + 3 * as);
+            }
             __m128i is = type == T_Q8_0 ? k_hsum4_i32_avx2(p0, p1, p2, p3) : k_hsum4_i16_avx2(p0, p1, p2, p3);
             __m256d dy = _mm256_cvtps_pd(k_f16x4_avx2(yb, yb + as, yb + 2 * as, yb + 3 * as));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
