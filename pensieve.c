@@ -8881,12 +8881,16 @@ K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const 
 K_AVX2 K_INLINE __m256i k_load256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 K_AVX2 K_INLINE __m128i k_load128(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)(const void *)p); }
 
+// Byte i of the result: 0xff where bit i % 8 of byte pick[i] of v's 128-bit lane is set, else 0.
+K_AVX2 K_INLINE __m256i k_pick_bits_avx2(__m256i v, __m256i pick) {
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit);
+}
+
 // Bit j of qh (j < 32) as byte j of the result: 0xff when set, 0 when clear.
 K_AVX2 K_INLINE __m256i k_bits_to_bytes_avx2(uint32_t qh) {
     const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return k_pick_bits_avx2(_mm256_set1_epi32((int)qh), shuf);
 }
 
 // ---- AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against Q8_0 / Q8_1 -----------------------------------
@@ -9084,11 +9088,9 @@ K_AVX2 K_INLINE __m256i k_fold2_avx2(__m256i a, __m256i b) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-// Q5_0's fifth bits as 16 where set: byte i of each 128-bit lane from bit i % 8 of byte pick[i]
-// of h's 64-bit lane (bit: 1 << (i % 8) in byte i).
-K_AVX2 K_INLINE __m256i k_q5_bits_avx2(__m256i h, __m256i pick, __m256i bit) {
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h, pick), bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+// Q5_0's fifth bits as 16 where set (k_pick_bits_avx2).
+K_AVX2 K_INLINE __m256i k_q5_bits_avx2(__m256i h, __m256i pick) {
+    return _mm256_and_si256(k_pick_bits_avx2(h, pick), _mm256_set1_epi8(16));
 }
 
 // Two blocks' terms: acc_lo += dxy[0..3] * is[0..3], acc_hi += dxy[4..7] * is[4..7], in double.
@@ -9126,7 +9128,6 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
     // 2 + i / 8 (values 16-31)
     const __m256i qlo = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505);
     const __m256i qhi = _mm256_add_epi8(qlo, _mm256_set1_epi8(2));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     for (int w = 0; w < k_gemv1_groups(nw); w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -9176,10 +9177,10 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                         const uint64_t q01 = (uint64_t)ld_u32(xb + 2) | (uint64_t)ld_u32(xb + xs + 2) << 32;
                         const uint64_t q23 = (uint64_t)ld_u32(xb + 2 * xs + 2) | (uint64_t)ld_u32(xb + 3 * xs + 2) << 32;
                         const __m256i h01 = _mm256_set1_epi64x((long long)q01), h23 = _mm256_set1_epi64x((long long)q23);
-                        lo01 = _mm256_or_si256(lo01, k_q5_bits_avx2(h01, qlo, bit));
-                        hi01 = _mm256_or_si256(hi01, k_q5_bits_avx2(h01, qhi, bit));
-                        lo23 = _mm256_or_si256(lo23, k_q5_bits_avx2(h23, qlo, bit));
-                        hi23 = _mm256_or_si256(hi23, k_q5_bits_avx2(h23, qhi, bit));
+                        lo01 = _mm256_or_si256(lo01, k_q5_bits_avx2(h01, qlo));
+                        hi01 = _mm256_or_si256(hi01, k_q5_bits_avx2(h01, qhi));
+                        lo23 = _mm256_or_si256(lo23, k_q5_bits_avx2(h23, qlo));
+                        hi23 = _mm256_or_si256(hi23, k_q5_bits_avx2(h23, qhi));
                     }
                     // int16 pair sums: |lo + hi| <= 4 * 31 * 128
                     const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo01), _mm256_maddubs_epi16(hi01, ahi01));
