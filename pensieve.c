@@ -7445,6 +7445,7 @@ typedef struct {
     k_gemv_fn gemv;                 // optional (NULL in the reference set): see k_gemv_fn
     k_gemv1_fn gemv1;               // optional (NULL in the reference set): see k_gemv1_fn
     int gemm_rows;                  // the activation rows gemm takes at once (set with gemm)
+    size_t panel_blk;               // bytes of a block in pack's layout (set with gemm; k_panel_bytes)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8361,21 +8362,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -8560,7 +8561,7 @@ static size_t k_panel_dx(uint32_t type) {
 static size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + (k_panel_min(type) ? 128 : 64); }
 
 // Bytes of a panel of rows of n values.
-static size_t k_panel_size(uint32_t type, int64_t n) { return (size_t)(n / type_table[type].blck_size) * k_panel_blk(type); }
+PSV_MAYBE_UNUSED static size_t k_panel_size(uint32_t type, int64_t n) { return (size_t)(n / type_table[type].blck_size) * k_panel_blk(type); }
 
 // One weight block as the panel holds it: quants plus offset in value order, sub-block scales,
 // coefficients of the activation's sums of 16 (cor: in isum, mco: in msum), scales.
@@ -8650,6 +8651,32 @@ PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
     return set == K_SET_AVX512 && (type_table[type].blck_size == QK_K || !k_panel_nibbles(type));
 }
 
+// The AVX2 set's Q8_0 panel (k_gemm_q8_0_avx2): quants as int16, K_PANEL_W16_BLK bytes a block.
+// Vector j (of 16) holds quants 2j and 2j + 1 of each row, row r in bytes 4r..4r+3 (unused lanes
+// zero); then the eight scales as doubles, as k_panel_pack has them.
+#define K_PANEL_W16_BLK (16 * 32 + 64)
+
+// Bytes of a panel of rows of n values of `type` in the layout of a set's packer (tr: its traits).
+static size_t k_panel_bytes(const k_traits *tr, uint32_t type, int64_t n) {
+    return (size_t)(n / type_table[type].blck_size) * tr->panel_blk;
+}
+
+// A Q8_0 panel of k_panel_pack's layout, of nw rows, into the int16 one (K_PANEL_W16_BLK bytes a
+// block) at dst.
+PSV_MAYBE_UNUSED static void k_panel_widen16(int64_t n, int nw, const uint8_t *panel, uint8_t *dst) {
+    const int64_t nb = n / 32;
+    const size_t bb = k_panel_blk(T_Q8_0), dxo = k_panel_dx(T_Q8_0);
+    memset(dst, 0, (size_t)nb * K_PANEL_W16_BLK);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = panel + (size_t)b * bb;
+        uint8_t *db = dst + (size_t)b * K_PANEL_W16_BLK;
+        for (int r = 0; r < nw; r++)
+            for (int i = 0; i < 32; i++) // the packed byte is the quant plus 128
+                wr_u16(db + 32 * (i / 2) + 4 * r + 2 * (i % 2), (uint16_t)(int16_t)(pb[32 * (i / 4) + 4 * r + i % 4] - 128));
+        memcpy(db + 16 * 32, pb + dxo, 64);
+    }
+}
+
 // A panel of k_panel_pack's layout, of a k_panel_g8 type, rearranged in place into groups of
 // eight quants: per block, the quant vectors' 32-byte vectors 2j and 2j + 1 (four quants, or
 // Q4_K's quant bytes, of each row) become the 64-byte vector j (eight of each row).
@@ -8681,6 +8708,8 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   for products of several rows: its 32 quants, its scale as a double and the double
 //   2^52 + 2^31 - o, o being that offset term (k_gemm_blk_avx512: 8-byte loads there never
 //   straddle two cache lines, and one pointer a row finds all three);
+// - for Q8_0, at k_act_side_w, filled only for products of several rows: the quants as int16, for
+//   the AVX2 GEMM (k_gemm_q8_0_avx2, whose vpmaddwd takes them in pairs);
 // - for Q8_0, at k_act_side_x, filled only for products of one row: for each whole group of four
 //   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512,
 //   k_gemv1_avx2): the
@@ -8694,8 +8723,9 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_g(int64_t n) { return (k_act_side_o(n) + (size_t)(n / 32) * 4 + 7) & ~(size_t)7; }
+static size_t k_act_side_w(int64_t n) { return k_act_side_g(n) + (size_t)(n / 32) * K_ACT_G_BLK; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
-    if (atype == T_Q8_0) return k_act_side_g(n) + (size_t)(n / 32) * K_ACT_G_BLK;
+    if (atype == T_Q8_0) return k_act_side_w(n) + (size_t)n * 2;
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
     return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : 8) + 7) & ~(size_t)7;
 }
@@ -8734,6 +8764,7 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                 memcpy(g, a, 32);
                 memcpy(g + 32, &d[b], 8);
                 memcpy(g + 40, &bias, 8);
+                for (int l = 0; l < 32; l++) wr_u16(side + k_act_side_w(n) + 2 * (size_t)(32 * b + l), (uint16_t)(int16_t)a[l]);
             }
             if (one_row && b < nb / 4 * 4) { // its part of its group's 256 bytes
                 uint8_t *g = side + k_act_side_x(n) + 256 * (size_t)(b / 4);
@@ -9844,8 +9875,8 @@ K_DEF_PACK8(q6_k, T_Q6_K)
 // multiplying by the k-quants' sub-block scales on the way (as int16; every scale fits). The
 // double terms are formed for the eight weight rows in two 4-lane vectors, exactly as the
 // reference forms them, and added to accumulators kept in memory (16 registers would not hold
-// them). Two activation rows at a time. Q8_0 has no AVX2 GEMM: its unsigned quants reach 255,
-// and a pair sum could saturate.
+// them). Two activation rows at a time. Q8_0 has a kernel of its own (k_gemm_q8_0_avx2): its
+// unsigned quants reach 255, and a vpmaddubsw pair sum could saturate.
 
 K_AVX2 K_INLINE __m256i k_bcast4_avx2(const void *p) {
     int32_t v;
@@ -10054,6 +10085,91 @@ K_DEF_GEMM2(q3_k, T_Q3_K)
 K_DEF_GEMM2(q4_k, T_Q4_K)
 K_DEF_GEMM2(q5_k, T_Q5_K)
 K_DEF_GEMM2(q6_k, T_Q6_K)
+
+// ---- AVX2: Q8_0 GEMM on int16 panels -------------------------------------------------------------
+// Q8_0's quants take all of -128..127, so the AVX2 set packs them as int16 (k_panel_widen16's
+// layout, K_PANEL_W16_BLK): vpmaddwd of panel vector j against the activation's int16 quants 2j
+// and 2j + 1 broadcast (k_act_side_w) is each of the eight rows' pair sum, exact, and 16 of them
+// a block's int32 sums (|sum| <= 32 * 128 * 128). That is two multiplies for four quants of eight
+// rows, as vpmaddubsw's sign trick would take (vpsignb, vpmaddubsw, vpmaddwd), without its
+// restriction (exact only where the value it negates is not -128). Up to four activation rows at
+// a time, sharing each panel vector; the double terms as k_gemm_blk_avx2 forms them.
+K_AVX2 static void k_pack_q8_0_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && nw <= K_PANEL);
+    static const uint8_t zero4[4] = {0}; // the fp16 scales of missing rows
+    for (int64_t b = 0; b < n / 32; b++) {
+        uint8_t *pb = panel + (size_t)b * K_PANEL_W16_BLK;
+        const uint8_t *xb = w + (size_t)b * K_Q8_0_SIZE, *x[8];
+        __m256i lo[8], hi[8];
+        K_UNROLL
+        for (int r = 0; r < 8; r++) {
+            x[r] = r < nw ? xb + (size_t)r * ws : zero4;
+            __m256i v = r < nw ? k_load256(x[r] + 2) : _mm256_setzero_si256();
+            lo[r] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)); // int32 lane j: quants 2j, 2j + 1
+            hi[r] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+        }
+        k_transpose8_store_avx2(lo, pb);
+        k_transpose8_store_avx2(hi, pb + 256);
+        _mm256_storeu_pd((double *)(void *)(pb + 512), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
+        _mm256_storeu_pd((double *)(void *)(pb + 544), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
+    }
+}
+
+K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *panel, const uint8_t *side, size_t side_stride,
+                                           float *const *out, int nw, const k_prefetch *pf) {
+    const int64_t nb = n / 32;
+    const uint8_t *aw[4];
+    const double *dr[4];
+    double acc[K_BLOCK_LANES][4 * 8]; // lane l of row r's eight results at acc[l][8r ..]
+    memset(acc, 0, sizeof acc);
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        aw[r] = side + (size_t)r * side_stride + k_act_side_w(n);
+        dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf) k_prefetch_blks(pf, b, 1);
+        const uint8_t *pb = panel + (size_t)b * K_PANEL_W16_BLK;
+        __m256i is[4];
+        K_UNROLL
+        for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
+        K_UNROLL
+        for (int j = 0; j < 16; j++) {
+            const __m256i v = k_load256(pb + 32 * j);
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(v, k_bcast4_avx2(aw[r] + 64 * b + 4 * j)));
+        }
+        const __m256d dx0 = _mm256_loadu_pd((const double *)(const void *)(pb + 512));
+        const __m256d dx1 = _mm256_loadu_pd((const double *)(const void *)(pb + 544));
+        K_UNROLL
+        for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum
+            const __m256d dy = _mm256_set1_pd(dr[r][b]);
+            __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])));
+            __m256d t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1)));
+            k_gemm_term_avx2(acc[b % K_BLOCK_LANES] + 8 * r, t0, t1);
+        }
+    }
+    for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        float res[8];
+        for (int i = 0; i < 8; i++) {
+            double l[K_BLOCK_LANES] = {acc[0][8 * r + i], acc[1][8 * r + i], acc[2][8 * r + i], acc[3][8 * r + i]};
+            res[i] = k_lanes_sum(l, K_BLOCK_LANES);
+        }
+        memcpy(out[r], res, (size_t)nw * sizeof(float));
+    }
+}
+
+K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                    size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);
+    (void)y, (void)ys; // the quants come from the side data
+    switch (nr) { // (a constant row count for each, so that the loops unroll)
+    case 4: k_gemm_q8_0_core_avx2(4, n, panel, side, side_stride, out, nw, pf); break;
+    case 3: k_gemm_q8_0_core_avx2(3, n, panel, side, side_stride, out, nw, pf); break;
+    case 2: k_gemm_q8_0_core_avx2(2, n, panel, side, side_stride, out, nw, pf); break;
+    default: k_gemm_q8_0_core_avx2(1, n, panel, side, side_stride, out, nw, pf); break;
+    }
+}
 
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
 // The K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
@@ -10907,8 +11023,8 @@ K_DEF_KQUANTS(avx512, K_AVX512)
 // k_quant_q8_0_avx2 and then k_act_side(..., one_row), byte for byte: eight blocks' maxima
 // reduced together as there, the values scaled and rounded (ties away from zero,
 // k_round_away_avx2's steps) sixteen at a time, and each block's sums of 16, offset term and
-// GEMM block (k_act_side_g; with one_row, its part of the one-row kernels' group of four at
-// k_act_side_x instead) made from its quants while they are in registers.
+// GEMM block (k_act_side_g) and int16 quants (k_act_side_w; with one_row, its part of the one-row
+// kernels' group of four at k_act_side_x instead) made from its quants while they are in registers.
 K_AVX512 K_INLINE __m512i k_round_away_avx512(__m512 v) {
     v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); // NaN -> 0
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
@@ -10926,6 +11042,7 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
     int16_t *sums = (int16_t *)(void *)side;
     double *dd = (double *)(void *)(side + k_act_side_d(n));
     uint8_t *os = side + k_act_side_o(n), *gs = side + k_act_side_g(n), *xs = side + k_act_side_x(n);
+    uint8_t *ws = side + k_act_side_w(n);
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int nk = (int)PSV_MIN((int64_t)8, nb - b0);
         const float *xb = x + 32 * b0;
@@ -10978,6 +11095,8 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
                 _mm_storeu_si128((__m128i *)(void *)(g + 16), q1);
                 memcpy(g + 32, &dy[b], 8);
                 memcpy(g + 40, &bias, 8);
+                _mm256_storeu_si256((__m256i *)(void *)(ws + 64 * (size_t)bi), _mm256_cvtepi8_epi16(q0));
+                _mm256_storeu_si256((__m256i *)(void *)(ws + 64 * (size_t)bi + 32), _mm256_cvtepi8_epi16(q1));
             } else if (bi < nb / 4 * 4) { // the one-row kernels' part of its group's 256 bytes
                 uint8_t *g = xs + 256 * (size_t)(bi / 4) + 16 * (size_t)(bi % 4);
                 _mm_storeu_si128((__m128i *)(void *)g, q0);
@@ -12867,7 +12986,9 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         k_traits *k = &t[dots[i].type];
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
-        if (dp) k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS;
+        if (dp)
+            k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS,
+            k->panel_blk = k_panel_blk(dots[i].type);
     }
     if (dp) {
         t[T_Q4_0].gemv1 = k_gemv1_q4_0_dotprod;
@@ -13000,12 +13121,13 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q5_0, k_gemm_q5_0_avx2, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx2, k_pack_q5_1_avx2},
         {T_Q2_K, k_gemm_q2_k_avx2, k_pack_q2_k_avx2}, {T_Q3_K, k_gemm_q3_k_avx2, k_pack_q3_k_avx2},
         {T_Q4_K, k_gemm_q4_k_avx2, k_pack_q4_k_avx2}, {T_Q5_K, k_gemm_q5_k_avx2, k_pack_q5_k_avx2},
-        {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2},
+        {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
         t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
+        t[gemms[i].type].panel_blk = gemms[i].type == T_Q8_0 ? K_PANEL_W16_BLK : k_panel_blk(gemms[i].type);
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
@@ -13045,6 +13167,7 @@ static void k_fill_avx512(k_traits *t) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
         t[gemms[i].type].gemm_rows = K_GEMM_ROWS_AVX512;
+        t[gemms[i].type].panel_blk = k_panel_blk(gemms[i].type);
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
@@ -13843,12 +13966,13 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     s->qbuf_size = B * (size_t)widest_in * 5 + 1024;
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
-    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 12.5 bytes per value
+    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 18 bytes per value (the AVX2 set's
+    // Q8_0, K_PANEL_W16_BLK a block of 32; the others at most 11.5)
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in), k_act_side_size(T_Q8_1, widest_in));
     ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
-        s->panel_size = ((size_t)widest_in * 13 + 127) & ~(size_t)63; // whole cache lines
+        s->panel_size = ((size_t)widest_in * 18 + 127) & ~(size_t)63; // whole cache lines
         // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));
@@ -14083,7 +14207,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
         j.sides = s->sides;
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
     } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
-        PSV_ASSERT(k_panel_size(w->type, w->n_in) <= s->panel_size);
+        PSV_ASSERT(k_panel_bytes(j.tr, w->type, w->n_in) <= s->panel_size);
         j.sides = s->sides;
         j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
         j.panels = s->panels;

@@ -120,7 +120,7 @@ static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on 
     bs_ctx *c = p;
     mtensor w = {.data = c->w, .type = c->wt, .n_in = c->n, .n_out = c->n_out, .row_size = c->xs, .name = "bench"};
     mm_job j = {.w = &w, .xq = c->a, .xq_row = c->ys, .n_tok = 4, .y = c->out, .y_stride = c->n_out, .tr = c->tr,
-                .sides = c->side, .side_stride = c->side_stride, .panels = c->panel, .panel_size = k_panel_size(c->wt, c->n)};
+                .sides = c->side, .side_stride = c->side_stride, .panels = c->panel, .panel_size = k_panel_bytes(c->tr, c->wt, c->n)};
     mm_gemm_task(&j, 0, 1);
 }
 typedef struct {
@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
             }
             if (c.tr->gemm) {
                 c.side_stride = k_act_side_size(at, n);
-                c.panel = malloc(k_panel_size(wt, n));
+                c.panel = malloc(k_panel_bytes(c.tr, wt, n));
                 c.side = malloc(4 * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
                 for (int r = 0; r < 4; r++) k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);

@@ -293,11 +293,12 @@ static void st_check_gemm(k_set set) {
             int64_t n = lens[li];
             size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n);
             const int nrow = K_GEMM_ROWS_MAX + 1;
+            const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
             uint8_t *x = malloc(xs * K_PANEL), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
-                    *panel2 = malloc(k_panel_size(wt, n));
+                    *want = malloc(pz), *panel2 = malloc(pz);
             const size_t ss = k_act_side_size(at, n);
             uint8_t *sides = malloc(ss * nrow);
-            PSV_ASSERT(x && y && panel && panel2 && sides);
+            PSV_ASSERT(x && y && panel && want && panel2 && sides);
             int reps = n >= 4096 ? 4 : 12;
             for (int rep = 0; rep < reps; rep++) {
                 bool wild = rep % 5 == 4;
@@ -309,10 +310,16 @@ static void st_check_gemm(k_set set) {
                 for (int r = 0; r < nrow; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
                 k_panel_pack(wt, n, x, xs, nw, panel);
                 if (k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
+                if (pz != k_panel_size(wt, n)) { // the AVX2 set's Q8_0: int16
+                    CHECK(set == K_SET_AVX2 && wt == T_Q8_0 && pz == (size_t)(n / 32) * K_PANEL_W16_BLK);
+                    k_panel_widen16(n, nw, panel, want);
+                } else {
+                    memcpy(want, panel, pz);
+                }
                 // the set's packer writes the same bytes (every lane, padding included)
-                memset(panel2, 0xa5, k_panel_size(wt, n));
+                memset(panel2, 0xa5, pz);
                 sk->pack(n, x, xs, nw, panel2);
-                if (memcmp(panel, panel2, k_panel_size(wt, n)) != 0 && mismatches++ < 5)
+                if (memcmp(want, panel2, pz) != 0 && mismatches++ < 5)
                     fprintf(stderr, "%s pack %s n=%lld nw=%d: differs from k_panel_pack\n", k_set_names[set],
                             type_get(wt)->name, (long long)n, nw);
                 // prefetching (the weights themselves, as if they were the next panel's) must
@@ -326,7 +333,7 @@ static void st_check_gemm(k_set set) {
                         for (int i = 0; i <= K_PANEL; i++) res[r][i] = -1.0f;
                     }
                     int r0 = nrow - nr; // the last nr rows
-                    sk->gemm(n, panel, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw, nr % 2 ? &pf : NULL);
+                    sk->gemm(n, want, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw, nr % 2 ? &pf : NULL);
                     for (int r = 0; r < nr; r++) {
                         for (int i = 0; i < nw; i++) {
                             float want;
@@ -344,6 +351,7 @@ static void st_check_gemm(k_set set) {
             free(x);
             free(y);
             free(panel);
+            free(want);
             free(panel2);
             free(sides);
         }
