@@ -7446,6 +7446,7 @@ typedef struct {
     k_gemv1_fn gemv1;               // optional (NULL in the reference set): see k_gemv1_fn
     int gemm_rows;                  // the activation rows gemm takes at once (set with gemm)
     size_t panel_blk;               // bytes of a block in pack's layout (set with gemm; k_panel_bytes)
+    bool side_w16;                  // gemm reads the activation's int16 quants (k_act_side_w16)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8362,21 +8363,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -8708,13 +8709,15 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   for products of several rows: its 32 quants, its scale as a double and the double
 //   2^52 + 2^31 - o, o being that offset term (k_gemm_blk_avx512: 8-byte loads there never
 //   straddle two cache lines, and one pointer a row finds all three);
-// - for Q8_0, at k_act_side_w, filled only for products of several rows: the quants as int16, for
-//   the AVX2 GEMM (k_gemm_q8_0_avx2, whose vpmaddwd takes them in pairs);
 // - for Q8_0, at k_act_side_x, filled only for products of one row: for each whole group of four
 //   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512,
 //   k_gemv1_avx2): the
 //   four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks' -off * sum in lanes
 //   0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four times;
+// - for Q8_0, in the products of several rows of a set whose GEMM wants them (k_traits.side_w16:
+//   the AVX2 set's), at k_act_side_x as well, by k_act_side_w16: the quants as int16, 2n bytes
+//   (k_gemm_q8_0_avx2's vpmaddwd takes them in pairs). Only there: rows of side data further
+//   apart cost the AVX-512 GEMM 1 % of qwen2-0.5b's prompt speed;
 // - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q4_k_avx512: its
 //   quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
 //   96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times
@@ -8723,18 +8726,29 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_g(int64_t n) { return (k_act_side_o(n) + (size_t)(n / 32) * 4 + 7) & ~(size_t)7; }
-static size_t k_act_side_w(int64_t n) { return k_act_side_g(n) + (size_t)(n / 32) * K_ACT_G_BLK; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
-    if (atype == T_Q8_0) return k_act_side_w(n) + (size_t)n * 2;
+    if (atype == T_Q8_0) return k_act_side_g(n) + (size_t)(n / 32) * K_ACT_G_BLK;
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
     return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : 8) + 7) & ~(size_t)7;
 }
 static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
 // The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
-// apart, without it).
+// apart, without it, or k_act_side_stride).
 static size_t k_act_side_one(uint32_t atype, int64_t n) {
     const size_t x = atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * 384 : 0;
     return k_act_side_size(atype, n) + x;
+}
+
+// The int16 quants of a Q8_0 row y of n values, at k_act_side_x of its side data (see above).
+static void k_act_side_w16(const uint8_t *y, int64_t n, uint8_t *side) {
+    uint8_t *w = side + k_act_side_x(n);
+    for (int64_t i = 0; i < n; i++) wr_u16(w + 2 * i, (uint16_t)(int16_t)(int8_t)y[(i / 32) * K_Q8_0_SIZE + 2 + i % 32]);
+}
+
+// How far apart the side data of a product's activation rows are, the product of n values on
+// traits tr running on its GEMM kernels (gemm) or not.
+static size_t k_act_side_stride(const k_traits *tr, int64_t n, bool gemm) {
+    return k_act_side_size(tr->vec_dot_type, n) + (gemm && tr->side_w16 ? (size_t)n * 2 : 0);
 }
 
 // The side data of activation row y of type atype, for weights whose quant offset is off; the
@@ -8764,7 +8778,6 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                 memcpy(g, a, 32);
                 memcpy(g + 32, &d[b], 8);
                 memcpy(g + 40, &bias, 8);
-                for (int l = 0; l < 32; l++) wr_u16(side + k_act_side_w(n) + 2 * (size_t)(32 * b + l), (uint16_t)(int16_t)a[l]);
             }
             if (one_row && b < nb / 4 * 4) { // its part of its group's 256 bytes
                 uint8_t *g = side + k_act_side_x(n) + 256 * (size_t)(b / 4);
@@ -10089,7 +10102,7 @@ K_DEF_GEMM2(q6_k, T_Q6_K)
 // ---- AVX2: Q8_0 GEMM on int16 panels -------------------------------------------------------------
 // Q8_0's quants take all of -128..127, so the AVX2 set packs them as int16 (k_panel_widen16's
 // layout, K_PANEL_W16_BLK): vpmaddwd of panel vector j against the activation's int16 quants 2j
-// and 2j + 1 broadcast (k_act_side_w) is each of the eight rows' pair sum, exact, and 16 of them
+// and 2j + 1 broadcast (k_act_side_w16) is each of the eight rows' pair sum, exact, and 16 of them
 // a block's int32 sums (|sum| <= 32 * 128 * 128). That is two multiplies for four quants of eight
 // rows, as vpmaddubsw's sign trick would take (vpsignb, vpmaddubsw, vpmaddwd), without its
 // restriction (exact only where the value it negates is not -128). Up to four activation rows at
@@ -10124,7 +10137,7 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
     memset(acc, 0, sizeof acc);
     K_UNROLL
     for (int r = 0; r < R; r++) {
-        aw[r] = side + (size_t)r * side_stride + k_act_side_w(n);
+        aw[r] = side + (size_t)r * side_stride + k_act_side_x(n);
         dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
     }
     for (int64_t b = 0; b < nb; b++) {
@@ -11023,8 +11036,8 @@ K_DEF_KQUANTS(avx512, K_AVX512)
 // k_quant_q8_0_avx2 and then k_act_side(..., one_row), byte for byte: eight blocks' maxima
 // reduced together as there, the values scaled and rounded (ties away from zero,
 // k_round_away_avx2's steps) sixteen at a time, and each block's sums of 16, offset term and
-// GEMM block (k_act_side_g) and int16 quants (k_act_side_w; with one_row, its part of the one-row
-// kernels' group of four at k_act_side_x instead) made from its quants while they are in registers.
+// GEMM block (k_act_side_g; with one_row, its part of the one-row kernels' group of four at
+// k_act_side_x instead) made from its quants while they are in registers.
 K_AVX512 K_INLINE __m512i k_round_away_avx512(__m512 v) {
     v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); // NaN -> 0
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
@@ -11042,7 +11055,6 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
     int16_t *sums = (int16_t *)(void *)side;
     double *dd = (double *)(void *)(side + k_act_side_d(n));
     uint8_t *os = side + k_act_side_o(n), *gs = side + k_act_side_g(n), *xs = side + k_act_side_x(n);
-    uint8_t *ws = side + k_act_side_w(n);
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int nk = (int)PSV_MIN((int64_t)8, nb - b0);
         const float *xb = x + 32 * b0;
@@ -11095,8 +11107,6 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
                 _mm_storeu_si128((__m128i *)(void *)(g + 16), q1);
                 memcpy(g + 32, &dy[b], 8);
                 memcpy(g + 40, &bias, 8);
-                _mm256_storeu_si256((__m256i *)(void *)(ws + 64 * (size_t)bi), _mm256_cvtepi8_epi16(q0));
-                _mm256_storeu_si256((__m256i *)(void *)(ws + 64 * (size_t)bi + 32), _mm256_cvtepi8_epi16(q1));
             } else if (bi < nb / 4 * 4) { // the one-row kernels' part of its group's 256 bytes
                 uint8_t *g = xs + 256 * (size_t)(bi / 4) + 16 * (size_t)(bi % 4);
                 _mm_storeu_si128((__m128i *)(void *)g, q0);
@@ -13128,6 +13138,7 @@ static void k_fill_avx2(k_traits *t) {
         t[gemms[i].type].pack = gemms[i].pack;
         t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
         t[gemms[i].type].panel_blk = gemms[i].type == T_Q8_0 ? K_PANEL_W16_BLK : k_panel_blk(gemms[i].type);
+        t[gemms[i].type].side_w16 = gemms[i].type == T_Q8_0;
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
@@ -13168,6 +13179,7 @@ static void k_fill_avx512(k_traits *t) {
         t[gemms[i].type].pack = gemms[i].pack;
         t[gemms[i].type].gemm_rows = K_GEMM_ROWS_AVX512;
         t[gemms[i].type].panel_blk = k_panel_blk(gemms[i].type);
+        t[gemms[i].type].side_w16 = false;
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
@@ -13969,7 +13981,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 18 bytes per value (the AVX2 set's
     // Q8_0, K_PANEL_W16_BLK a block of 32; the others at most 11.5)
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
-    const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in), k_act_side_size(T_Q8_1, widest_in));
+    const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
+                                    k_act_side_size(T_Q8_1, widest_in));
     ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
         s->panel_size = ((size_t)widest_in * 18 + 127) & ~(size_t)63; // whole cache lines
@@ -14026,17 +14039,16 @@ static void mm_quant_task(void *arg, int ith, int nth) {
     const bool one_row = j->n_tok == 1 && j->tr->gemv1;
     void (*fused)(const float *, uint8_t *, int64_t, int, uint8_t *, bool) =
         j->sides && j->tr->vec_dot_type == T_Q8_0 ? k_vec_get()->quant_side_q8_0 : NULL;
+    const bool w16 = j->panels && j->tr->side_w16;
     for (int64_t t = lo; t < hi; t++) {
-        uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row;
+        uint8_t *row = (uint8_t *)j->xq + (size_t)t * j->xq_row, *side = j->sides + (size_t)t * j->side_stride;
         if (fused) {
-            fused(j->x + t * j->w->n_in, row, j->w->n_in, k_panel_off(j->w->type), j->sides + (size_t)t * j->side_stride,
-                  one_row);
-            continue;
+            fused(j->x + t * j->w->n_in, row, j->w->n_in, k_panel_off(j->w->type), side, one_row);
+        } else {
+            at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
+            if (j->sides) k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, side, one_row);
         }
-        at->from_float(j->x + t * j->w->n_in, row, j->w->n_in);
-        if (j->sides)
-            k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, j->sides + (size_t)t * j->side_stride,
-                       one_row);
+        if (w16) k_act_side_w16(row, j->w->n_in, side);
     }
 }
 
@@ -14205,11 +14217,11 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
     j.xq = s->qbuf;
     if ((n_tok <= MM_GEMV_MAX && j.tr->gemv) || (n_tok == 1 && j.tr->gemv1)) {
         j.sides = s->sides;
-        j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
+        j.side_stride = k_act_side_stride(j.tr, w->n_in, false);
     } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
         PSV_ASSERT(k_panel_bytes(j.tr, w->type, w->n_in) <= s->panel_size);
         j.sides = s->sides;
-        j.side_stride = k_act_side_size(j.tr->vec_dot_type, w->n_in);
+        j.side_stride = k_act_side_stride(j.tr, w->n_in, true);
         j.panels = s->panels;
         j.panel_size = s->panel_size;
     }

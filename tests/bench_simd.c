@@ -177,11 +177,14 @@ int main(int argc, char **argv) {
                 printf(" %10s", "-");
             }
             if (c.tr->gemm) {
-                c.side_stride = k_act_side_size(at, n);
+                c.side_stride = k_act_side_stride(c.tr, n, true);
                 c.panel = malloc(k_panel_bytes(c.tr, wt, n));
                 c.side = malloc(4 * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
-                for (int r = 0; r < 4; r++) k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
+                for (int r = 0; r < 4; r++) {
+                    k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
+                    if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
+                }
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * K_PANEL);
                 double gemm4 = bs_time(bs_gemm4, &c, secs) * 1e9 / (double)(n * K_PANEL * 4);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);

@@ -296,7 +296,7 @@ static void st_check_gemm(k_set set) {
             const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
             uint8_t *x = malloc(xs * K_PANEL), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
                     *want = malloc(pz), *panel2 = malloc(pz);
-            const size_t ss = k_act_side_size(at, n);
+            const size_t ss = k_act_side_stride(sk, n, true);
             uint8_t *sides = malloc(ss * nrow);
             PSV_ASSERT(x && y && panel && want && panel2 && sides);
             int reps = n >= 4096 ? 4 : 12;
@@ -307,7 +307,10 @@ static void st_check_gemm(k_set set) {
                 for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xs, wild);
                 for (int r = 0; r < nrow; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
-                for (int r = 0; r < nrow; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
+                for (int r = 0; r < nrow; r++) {
+                    k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
+                    if (sk->side_w16) k_act_side_w16(y + (size_t)r * ys, n, sides + (size_t)r * ss);
+                }
                 k_panel_pack(wt, n, x, xs, nw, panel);
                 if (k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
                 if (pz != k_panel_size(wt, n)) { // the AVX2 set's Q8_0: int16
