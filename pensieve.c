@@ -9908,6 +9908,13 @@ K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, __m256d t0, __m256d t1) {
     _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(acc + 4), k_no_fuse_pd_avx2(t1)));
 }
 
+// acc[0..7] += (f0, f1) * (g0, g1) where each product is exact, so that one rounding is the
+// reference's (the term's, exact, then the add's).
+K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256d f1, __m256d g1) {
+    _mm256_storeu_pd(acc, _mm256_fmadd_pd(f0, g0, _mm256_loadu_pd(acc)));
+    _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(acc + 4)));
+}
+
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
 K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                      const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
@@ -9963,13 +9970,14 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
                 is[r] = _mm256_add_epi32(is[r], k_bcast4_avx2(ao[r] + b));
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             __m256d dy = _mm256_set1_pd(dr[r][b]);
-            __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])));
-            __m256d t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1)));
-            if (q81) {
-                __m256d sy = _mm256_set1_pd(dr[r][nb + b]);
-                t0 = _mm256_add_pd(t0, _mm256_mul_pd(_mm256_loadu_pd(dmp), sy));
-                t1 = _mm256_add_pd(t1, _mm256_mul_pd(_mm256_loadu_pd(dmp + 4), sy));
+            __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1));
+            if (!q81) { // the product is exact (11 + 11 + 17 bits): one FMA rounds the sum as the add does
+                k_gemm_fma_avx2(acc + 8 * r, _mm256_mul_pd(dx0, dy), i0, _mm256_mul_pd(dx1, dy), i1);
+                continue;
             }
+            __m256d sy = _mm256_set1_pd(dr[r][nb + b]);
+            __m256d t0 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0), _mm256_mul_pd(_mm256_loadu_pd(dmp), sy));
+            __m256d t1 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1), _mm256_mul_pd(_mm256_loadu_pd(dmp + 4), sy));
             k_gemm_term_avx2(acc + 8 * r, t0, t1);
         }
         return;
@@ -10155,11 +10163,10 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
         const __m256d dx0 = _mm256_loadu_pd((const double *)(const void *)(pb + 512));
         const __m256d dx1 = _mm256_loadu_pd((const double *)(const void *)(pb + 544));
         K_UNROLL
-        for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum
+        for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum, exact (11 + 11 + 20 bits)
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            __m256d t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])));
-            __m256d t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1)));
-            k_gemm_term_avx2(acc[b % K_BLOCK_LANES] + 8 * r, t0, t1);
+            k_gemm_fma_avx2(acc[b % K_BLOCK_LANES] + 8 * r, _mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])),
+                            _mm256_mul_pd(dx1, dy), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1)));
         }
     }
     for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
