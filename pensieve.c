@@ -7429,11 +7429,13 @@ typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, 
 // (1..K_ROWS_MAX) activation rows y + r*y_stride, results to s[r*s_stride], bit-identical to vec_dot.
 typedef void (*k_gemv_fn)(int64_t n, float *s, int64_t s_stride, const uint8_t *x, const uint8_t *y, size_t y_stride,
                           const uint8_t *side, size_t side_stride, int nr);
-// One activation row y (with its k_act_side) against nw >= 1 weight rows x + i*x_stride, results
-// to s[i]; bit-identical to vec_dot. Generation of a single sequence, where the work is all
-// weight rows: these kernels take several rows at a time, side by side in the vectors.
-typedef void (*k_gemv1_fn)(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
-                           const uint8_t *side);
+// One activation row y (with its k_act_side) against weight rows x + i*x_stride of nw >= 1,
+// results to s[i]; bit-identical to vec_dot. Generation of a single sequence, where the work is
+// all weight rows: these kernels take four rows at a time, side by side in the vectors, the
+// rows of groups w0 <= w < w1 (0 <= w0 <= w1 <= k_gemv1_groups(nw)) of the nw rows (k_gemv1_rows):
+// successive calls for successive groups continue the same four streams of rows.
+typedef void (*k_gemv1_fn)(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                           const uint8_t *y, const uint8_t *side);
 typedef struct {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
@@ -9158,7 +9160,7 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
 // terms, (float)(dx * dy) (exact: two fp16 values) times isum, are added with one FMA each, as
 // the AVX-512 kernels do (the product is exact in double: see k_gemm_blk_avx512).
 K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                  const uint8_t *y, const uint8_t *side) {
+                                  int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
     const bool five = type == T_Q5_0, eight = type == T_Q8_0;
     const size_t xs = k_w32_size(type), qo = five ? 6 : 2; // the quants' offset in a block
@@ -9172,7 +9174,7 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
     // 2 + i / 8 (values 16-31)
     const __m256i qlo = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505);
     const __m256i qhi = _mm256_add_epi8(qlo, _mm256_set1_epi8(2));
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
@@ -9268,17 +9270,17 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
     }
 }
 
-K_AVX2 static void k_gemv1_q4_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
-                                     const uint8_t *side) {
-    k_gemv1_avx2(T_Q4_0, n, s, x, x_stride, nw, y, side);
+K_AVX2 static void k_gemv1_q4_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                     const uint8_t *y, const uint8_t *side) {
+    k_gemv1_avx2(T_Q4_0, n, s, x, x_stride, nw, w0, w1, y, side);
 }
-K_AVX2 static void k_gemv1_q5_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
-                                     const uint8_t *side) {
-    k_gemv1_avx2(T_Q5_0, n, s, x, x_stride, nw, y, side);
+K_AVX2 static void k_gemv1_q5_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                     const uint8_t *y, const uint8_t *side) {
+    k_gemv1_avx2(T_Q5_0, n, s, x, x_stride, nw, w0, w1, y, side);
 }
-K_AVX2 static void k_gemv1_q8_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
-                                     const uint8_t *side) {
-    k_gemv1_avx2(T_Q8_0, n, s, x, x_stride, nw, y, side);
+K_AVX2 static void k_gemv1_q8_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                     const uint8_t *y, const uint8_t *side) {
+    k_gemv1_avx2(T_Q8_0, n, s, x, x_stride, nw, w0, w1, y, side);
 }
 
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
@@ -9584,8 +9586,8 @@ K_DEF_KQUANTS(avx2, K_AVX2)
 // high, shuffled four to a sub-block): half the multiplies and none of the per-chunk scale
 // broadcasts of the one-row kernel. The offset comes off per block through the activation's sums
 // of 16 (k_wk_off_avx2); the terms are the reference's d * dy * isum, four rows side by side.
-K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
-                                     const uint8_t *side) {
+K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                     const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15); // even scales, then odd
@@ -9595,7 +9597,7 @@ K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size
         for (int l = 0; l < 32; l++) b[l] = (uint8_t)(2 * (2 * i + (l % 16) / 8) + l % 2);
         pick[i] = k_load256(b);
     }
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
@@ -9642,13 +9644,13 @@ K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size
 // slower on Zen 5.) msum is the minimums, each twice, against the stored bsums; the four rows'
 // sums are reduced together and their terms formed side by side, exactly the reference's
 // dy * (d * isum - dmin * msum).
-K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,
-                                     const uint8_t *side) {
+K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                     const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     (void)side;
     const int64_t nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
@@ -10709,7 +10711,7 @@ K_AVX512 K_INLINE __m512i k_sum4_lanes_avx512(const __m512i r[4]) {
 // registers (measured, Q8_0 rows of 896 values from memory: 20-22 GB/s a row at a time with the
 // one-row kernel, 25-27 GB/s so).
 K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                      const uint8_t *y, const uint8_t *side) {
+                                      int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
     const bool five = type == T_Q5_0, eight = type == T_Q8_0;
     const size_t xs = k_w32_size(type);
@@ -10747,7 +10749,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
     const __m512i phi = _mm512_add_epi8(plo, _mm512_set1_epi8(2));
     const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
     const __m512i flip = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
@@ -10841,7 +10843,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
 // dy * (d * isum - dmin * msum). Per row and block this is about 35 instructions where scalar
 // unpacking of the scales and a reduction per row took 70: 43 -> 52 GB/s in the cache, 32 -> 37
 // GB/s from memory (one thread, Zen 5; its read bandwidth 39).
-K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                                          const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     (void)y;
@@ -10870,7 +10872,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
     const __m512i first4 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0); // lane r's first int32
     __m512i lane[4]; // row r's 128-bit lane to all four
     for (int r = 0; r < 4; r++) lane[r] = _mm512_set4_epi32(4 * r + 3, 4 * r + 2, 4 * r + 1, 4 * r);
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
@@ -10933,7 +10935,7 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
 // and vpdpwssd weights vpmaddubsw's int16 pairs (|pair| <= 2 * 63 * 128) by the scale of each
 // 16 values (one per 128-bit lane); the offset comes off per block through the activation's sums
 // of 16 (side data), 32 * sum_k scale_k * sum_k, as k_wk_off_avx2 does it.
-K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                                          const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
@@ -10949,7 +10951,7 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
         for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * v + i / 8);
         pick[v] = _mm512_loadu_si512(w);
     }
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
@@ -10992,17 +10994,17 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
     }
 }
 
-K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                                          const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, y, side);
+    k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, w0, w1, y, side);
 }
-K_AVX512 static void k_gemv1_q5_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+K_AVX512 static void k_gemv1_q5_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                                          const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx512(T_Q5_0, n, s, x, x_stride, nw, y, side);
+    k_gemv1_avx512(T_Q5_0, n, s, x, x_stride, nw, w0, w1, y, side);
 }
-K_AVX512 static void k_gemv1_q8_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+K_AVX512 static void k_gemv1_q8_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                                          const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx512(T_Q8_0, n, s, x, x_stride, nw, y, side);
+    k_gemv1_avx512(T_Q8_0, n, s, x, x_stride, nw, w0, w1, y, side);
 }
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
@@ -12362,12 +12364,12 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
 }
 
 K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                        const uint8_t *y, const uint8_t *side) {
+                                        int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
     const size_t xs = type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE : K_Q8_0_SIZE;
     const int64_t nb = n / 32;
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
@@ -12403,11 +12405,11 @@ static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b
 // reduced to two vectors, weighted by the scales and summed; msum from the activation's bsums
 // (pairs summed once for the four rows). Term: the reference's dy * (d * isum - dmin * msum).
 K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                           const uint8_t *y, const uint8_t *side) {
+                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
@@ -12454,11 +12456,11 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
 // Q6_K: each 16 values' sums (sdot of the signed quants, unpacked as k_dot_q6_k_neon does) reduced
 // four sub-blocks at a time and weighted by the scales. Term: the reference's dx * dy * isum.
 K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                           const uint8_t *y, const uint8_t *side) {
+                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    for (int w = 0; w < k_gemv1_groups(nw); w++) {
+    for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
@@ -12500,10 +12502,10 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
     }
 }
 
-#define K_DEF_GEMV1_NEON(name, type)                                                                                  \
-    K_DOTPROD static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, const uint8_t *y,    \
-                               const uint8_t *side) {                                                                \
-        k_gemv1_32_neon(type, n, s, x, x_stride, nw, y, side);                                                       \
+#define K_DEF_GEMV1_NEON(name, type)                                                                                   \
+    K_DOTPROD static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,         \
+                               const uint8_t *y, const uint8_t *side) {                                                \
+        k_gemv1_32_neon(type, n, s, x, x_stride, nw, w0, w1, y, side);                                                 \
     }
 K_DEF_GEMV1_NEON(k_gemv1_q4_0_dotprod, T_Q4_0)
 K_DEF_GEMV1_NEON(k_gemv1_q5_0_dotprod, T_Q5_0)
@@ -13340,9 +13342,16 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
 typedef void (*pool_fn)(void *arg, int ith, int nth);
 
 typedef struct pool_worker pool_worker;
+// A thread's own run of a job's items, [next, end) packed as next << 32 | end: the thread takes
+// from the front, the others (once their own are done) from the back (pool_range_take/steal).
+// A cache line each, so that taking one's own items stays within one's own cache.
+typedef struct {
+    _Alignas(64) _Atomic uint64_t v;
+} pool_range;
 typedef struct {
     int n_threads;
     pool_worker *workers; // n_threads - 1 entries
+    pool_range *ranges;   // n_threads entries
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
     _Atomic uint64_t generation; // bumped once per pool_run; workers wait for a change
@@ -13433,6 +13442,7 @@ static void pool_free(pool_t *pl) {
     pthread_cond_destroy(&pl->cv_done);
     pthread_mutex_destroy(&pl->mu);
     free(pl->workers);
+    free(pl->ranges);
     free(pl);
 }
 
@@ -13447,7 +13457,10 @@ static psv_status pool_new(int n_threads, pool_t **out, psv_error *err) {
     pthread_cond_init(&pl->cv_work, NULL);
     pthread_cond_init(&pl->cv_done, NULL);
     pl->workers = calloc((size_t)n_threads, sizeof *pl->workers);
-    if (!pl->workers) {
+    pl->ranges = aligned_alloc(_Alignof(pool_range), (size_t)n_threads * sizeof *pl->ranges);
+    if (pl->ranges)
+        for (int i = 0; i < n_threads; i++) atomic_init(&pl->ranges[i].v, 0);
+    if (!pl->workers || !pl->ranges) {
         pool_free(pl);
         return err_set(err, PSV_ERR_NOMEM, "pool: out of memory");
     }
@@ -13520,6 +13533,61 @@ static bool pool_next_guided(_Atomic int64_t *next, int64_t n, int nth, int64_t 
         if (atomic_compare_exchange_weak_explicit(next, &c, c + size, memory_order_relaxed, memory_order_relaxed)) {
             *lo = c;
             *hi = c + size;
+            return true;
+        }
+    }
+}
+
+// Ranges: before a pool_run, the caller gives each thread ith a run of n_items[ith] items of its
+// own (pool_range_set); in the job, each takes its run's items from the front in pieces
+// (pool_range_take) and then helps the others from the back of theirs (pool_range_steal),
+// until all are taken. Every item goes to exactly one thread (the two ends meet under
+// compare-and-swap), each thread reads its own run front to back, and the threads end together
+// however their speeds differ: one held back by its host or by its share of the memory
+// bandwidth leaves the rest of its run to the others.
+static void pool_range_set(pool_t *pl, int ith, int64_t n_items) {
+    PSV_ASSERT(n_items >= 0 && n_items <= UINT32_MAX);
+    atomic_store_explicit(&pl->ranges[ith].v, (uint64_t)n_items, memory_order_relaxed); // next 0, end n_items
+}
+
+// The calling thread's next piece [*lo, *hi) of its own run: a quarter of what is left, at
+// least min items (all of it when it runs alone). False when its run is all taken.
+static bool pool_range_take(pool_t *pl, int ith, int nth, int64_t min, int64_t *lo, int64_t *hi) {
+    _Atomic uint64_t *r = &pl->ranges[ith].v;
+    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
+    for (;;) {
+        const int64_t next = (int64_t)(v >> 32), end = (int64_t)(uint32_t)v;
+        if (next >= end) return false;
+        const int64_t take = nth == 1 ? end - next : PSV_MIN(end - next, PSV_MAX(min, (end - next) / 4));
+        const uint64_t nv = (uint64_t)(next + take) << 32 | (uint64_t)end;
+        if (atomic_compare_exchange_weak_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *lo = next, *hi = next + take;
+            return true;
+        }
+    }
+}
+
+// For a thread whose own run is all taken: the back half of what is left of the run with the
+// most left, *owner's items [*lo, *hi). False when nothing is left anywhere.
+static bool pool_range_steal(pool_t *pl, int ith, int nth, int *owner, int64_t *lo, int64_t *hi) {
+    for (;;) {
+        int best = -1;
+        int64_t most = 0;
+        for (int k = 1; k < nth; k++) {
+            const int o = (ith + k) % nth;
+            const uint64_t v = atomic_load_explicit(&pl->ranges[o].v, memory_order_relaxed);
+            const int64_t left = (int64_t)(uint32_t)v - (int64_t)(v >> 32);
+            if (left > most) most = left, best = o;
+        }
+        if (best < 0) return false;
+        _Atomic uint64_t *r = &pl->ranges[best].v;
+        uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
+        const int64_t next = (int64_t)(v >> 32), end = (int64_t)(uint32_t)v;
+        if (next >= end) continue;
+        const int64_t take = (end - next + 1) / 2;
+        const uint64_t nv = (uint64_t)next << 32 | (uint64_t)(end - take);
+        if (atomic_compare_exchange_strong_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *owner = best, *lo = end - take, *hi = end;
             return true;
         }
     }
@@ -13922,13 +13990,15 @@ typedef struct {
 #ifndef MM_CHUNKS
 #define MM_CHUNKS 4 // chunks of a product per thread on average, taken as threads come free
 #endif
-// One token's products (gemv1) go in fewer, larger chunks: each starts four streams of weight
-// rows (k_gemv1_rows), and the hardware prefetchers take a while to follow a new stream. Rows
-// of 896 Q4_0 values from memory, one thread (Zen 5): 37 GB/s in one long chunk, 30 in chunks
-// of 450 KB, 22 of 112 KB (a 896-row matrix in MM_CHUNKS chunks); qwen2-0.5b Q4_0 tg128 +6 %
-// with one thread and one chunk per product, +5-18 % with two threads and one chunk each.
-#ifndef MM_GEMV1_CHUNK
-#define MM_GEMV1_CHUNK ((int64_t)1 << 20)
+// One token's products (gemv1): a thread takes the groups of its own rows in pieces of at least
+// this many bytes of weights (mm_gemv1_groups). Pieces continue the same four streams of rows,
+// so their size costs no stream starts; it bounds how long one thread may still be busy when
+// the others are done (32 KB: under a microsecond). Stream starts do cost: chunks taken in turn
+// by the threads each start four streams of weight rows (k_gemv1_rows), and the hardware
+// prefetchers take a while to follow a new stream: rows of 896 Q4_0 values from memory, one
+// thread (Zen 5), read 37 GB/s in one long chunk, 30 in chunks of 450 KB, 22 of 112 KB.
+#ifndef MM_GEMV1_MIN
+#define MM_GEMV1_MIN ((int64_t)32 << 10)
 #endif
 
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
@@ -14032,11 +14102,14 @@ typedef struct {
     float *also_y[MM_ALSO_MAX];
     int n_also;
     _Atomic int64_t next_chunk; // the next chunk of rows (or panels) a thread takes
+    pool_t *pool;               // its ranges: the gemv1 kernels' (mm_gemv1_groups)
 } mm_job;
 
 // Product p of job j (0: w into y, then the also_ ones).
 static const mtensor *mm_part_w(const mm_job *j, int p) { return p ? j->also_w[p - 1] : j->w; }
 static float *mm_part_y(const mm_job *j, int p) { return p ? j->also_y[p - 1] : j->y; }
+// One token's products with the gemv1 kernels (many weight rows a call, in fours).
+static bool mm_gemv1_job(const mm_job *j) { return !j->panels && j->sides && j->n_tok == 1 && j->tr->gemv1; }
 
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
@@ -14138,38 +14211,68 @@ static void mm_rows(const mm_job *j, const mtensor *w, float *y, int64_t lo, int
     }
 }
 
+// One token's products (gemv1): the job's rows, product after product, in units of four, are
+// split evenly over the threads (pool_share), and thread t's units [lo, hi) of product p are
+// rows [a, b) of it, which the gemv1 kernel reads as four streams (its groups of four rows, one
+// from each quarter of [a, b)). Each thread owns its groups, product after product, as one run
+// of items (pool_range): it takes them from the front in pieces that continue the same four
+// streams where the last left off, and when its run is done it takes groups from the back of
+// another's (four new, short streams). So each thread's rows stream once, at the speed the
+// memory gives it, and the threads end together: an even split without taking had one end
+// 2-5 us after the other in qwen2-0.5b's 2.5-5 MB products and 150 us in its 145 MB output
+// product (Zen 5, two threads, 80 GB/s read), chunks taken in turn pay the stream start each
+// time (MM_GEMV1_MIN).
+static int64_t mm_gemv1_units(const mm_job *j) {
+    int64_t units = 0;
+    for (int p = 0; p <= j->n_also; p++) units += (mm_part_w(j, p)->n_out + 3) / 4;
+    return units;
+}
+
+// Groups [g0, g1) of thread t's run (units of its share, counted from its first).
+static void mm_gemv1_groups(const mm_job *j, int t, int nth, int64_t units, int64_t g0, int64_t g1) {
+    int64_t lo, hi, base = 0, gb = 0; // the first unit of product p; the first group of its segment
+    pool_share(units, t, nth, &lo, &hi);
+    for (int p = 0; p <= j->n_also && base < hi && gb < g1; p++) {
+        const mtensor *w = mm_part_w(j, p);
+        const int64_t n_units = (w->n_out + 3) / 4;
+        const int64_t ua = PSV_MAX(lo, base) - base, ub = PSV_MIN(hi, base + n_units) - base;
+        base += n_units;
+        if (ua >= ub) continue;
+        // the segment's groups are its units
+        const int64_t s0 = PSV_MAX(g0, gb) - gb, s1 = PSV_MIN(g1, gb + ub - ua) - gb;
+        gb += ub - ua;
+        if (s0 >= s1) continue;
+        const int64_t a = ua * 4, b = PSV_MIN(ub * 4, w->n_out);
+        j->tr->gemv1(w->n_in, (j->y_rows ? j->y_rows[0] : mm_part_y(j, p)) + a, w->data + (size_t)a * w->row_size,
+                     w->row_size, (int)(b - a), (int)s0, (int)s1, j->xq, j->sides);
+    }
+}
+
 static void mm_dot_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
     if (j->panels) {
         mm_gemm_task(j, ith, nth);
         return;
     }
-    // The job's products in one sequence of units (rows, or groups of four rows for gemv1),
-    // product after product; a chunk may span two.
-    const bool one = j->sides && j->n_tok == 1 && j->tr->gemv1; // one token: many weight rows a call, in fours
-    const int unit = one ? 4 : 1;
-    int64_t units = 0, bytes = 0, lo, hi;
-    for (int p = 0; p <= j->n_also; p++) {
-        const mtensor *w = mm_part_w(j, p);
-        units += (w->n_out + unit - 1) / unit, bytes += w->n_out * (int64_t)w->row_size;
+    int64_t lo, hi;
+    if (mm_gemv1_job(j)) { // one token: the threads' runs of groups (mm_gemv1_groups)
+        const int64_t units = mm_gemv1_units(j);
+        const int64_t min = PSV_MAX((int64_t)1, MM_GEMV1_MIN / (4 * (int64_t)j->w->row_size));
+        int owner;
+        while (pool_range_take(j->pool, ith, nth, min, &lo, &hi)) mm_gemv1_groups(j, ith, nth, units, lo, hi);
+        while (pool_range_steal(j->pool, ith, nth, &owner, &lo, &hi)) mm_gemv1_groups(j, owner, nth, units, lo, hi);
+        return;
     }
-    // gemv1: in chunks of at least MM_GEMV1_CHUNK bytes, one per thread at least (one thread: one)
-    const int chunks = nth == 1 ? 1 : (int)PSV_MIN(PSV_MAX(bytes / MM_GEMV1_CHUNK, (int64_t)nth), (int64_t)nth * MM_CHUNKS);
-    while (one ? pool_next_chunk(&j->next_chunk, units, 1, chunks, &lo, &hi) : mm_next_chunk(j, units, nth, &lo, &hi)) {
-        int64_t base = 0; // the first unit of product p
+    // The job's products in one sequence of rows, product after product; a chunk may span two.
+    int64_t rows = 0;
+    for (int p = 0; p <= j->n_also; p++) rows += mm_part_w(j, p)->n_out;
+    while (mm_next_chunk(j, rows, nth, &lo, &hi)) {
+        int64_t base = 0; // the first row of product p
         for (int p = 0; p <= j->n_also && base < hi; p++) {
             const mtensor *w = mm_part_w(j, p);
-            float *y = mm_part_y(j, p);
-            const int64_t n_units = (w->n_out + unit - 1) / unit;
-            int64_t a = PSV_MAX(lo, base) - base, b = PSV_MIN(hi, base + n_units) - base;
-            base += n_units;
-            if (a >= b) continue;
-            a *= unit, b = PSV_MIN(b * unit, w->n_out);
-            if (one)
-                j->tr->gemv1(w->n_in, (j->y_rows ? j->y_rows[0] : y) + a, w->data + (size_t)a * w->row_size, w->row_size,
-                             (int)(b - a), j->xq, j->sides);
-            else
-                mm_rows(j, w, y, a, b);
+            const int64_t a = PSV_MAX(lo, base) - base, b = PSV_MIN(hi, base + w->n_out) - base;
+            base += w->n_out;
+            if (a < b) mm_rows(j, w, mm_part_y(j, p), a, b);
         }
     }
 }
@@ -14245,6 +14348,15 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
     while (!j.panels && done < n_also && also_w[done]->type == w->type && also_w[done]->n_in == w->n_in) {
         j.also_w[done] = also_w[done], j.also_y[done] = also_y[done];
         j.n_also = ++done;
+    }
+    j.pool = m->pool;
+    if (mm_gemv1_job(&j)) {
+        const int64_t units = mm_gemv1_units(&j);
+        for (int t = 0; t < m->pool->n_threads; t++) {
+            int64_t lo, hi;
+            pool_share(units, t, m->pool->n_threads, &lo, &hi);
+            pool_range_set(m->pool, t, hi - lo);
+        }
     }
     pool_run(m->pool, mm_dot_task, &j);
     if (done < n_also)

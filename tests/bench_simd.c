@@ -105,7 +105,7 @@ static void bs_rows4(void *p) {
 }
 static void bs_gemv1(void *p) {
     bs_ctx *c = p;
-    c->tr->gemv1(c->n, c->out, c->w, c->xs, (int)c->n_out, c->a, c->side);
+    c->tr->gemv1(c->n, c->out, c->w, c->xs, (int)c->n_out, 0, k_gemv1_groups((int)c->n_out), c->a, c->side);
 }
 static void bs_pack(void *p) {
     bs_ctx *c = p;

@@ -401,6 +401,90 @@ static void test_pool_chunks(void) {
     }
 }
 
+// pool_range_take and pool_range_steal: each thread's run front to back, then the back halves of
+// the others'; every item of every run goes to exactly one thread, whatever the thread count and
+// the runs' lengths (some empty), and with the owner of the longest run slowed down so that the
+// others take from it.
+typedef struct {
+    pool_t *pl;
+    int64_t n[4];
+    _Atomic int *count[4];
+    _Atomic int bad;
+} range_job;
+
+static void range_task(void *arg, int ith, int nth) {
+    range_job *j = arg;
+    int64_t lo, hi, last = 0;
+    int owner;
+    while (pool_range_take(j->pl, ith, nth, 3, &lo, &hi)) {
+        if (lo != last || hi <= lo || hi > j->n[ith] || (nth > 1 && hi - lo < PSV_MIN((int64_t)3, j->n[ith] - lo)))
+            atomic_fetch_add(&j->bad, 1); // pieces in order, at least 3 unless fewer are left
+        last = hi;
+        for (int64_t i = lo; i < hi && i >= 0 && i < j->n[ith]; i++) {
+            atomic_fetch_add(&j->count[ith][i], 1);
+            if (ith == 0) { // slow
+                volatile int64_t spin = 0;
+                for (int k = 0; k < 20000; k++) spin += k;
+            }
+        }
+    }
+    while (pool_range_steal(j->pl, ith, nth, &owner, &lo, &hi)) {
+        if (owner == ith || owner < 0 || owner >= nth || lo < 0 || hi <= lo || hi > j->n[owner]) {
+            atomic_fetch_add(&j->bad, 1);
+            continue;
+        }
+        for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&j->count[owner][i], 1);
+    }
+}
+
+static void test_pool_ranges(void) {
+    // one thread at a time, by hand: the steal takes the back half of the longest run
+    pool_t *pl = NULL;
+    psv_error err = {0};
+    CHECK(pool_new(3, &pl, &err) == PSV_OK);
+    if (pl) {
+        int64_t lo = -1, hi = -1;
+        int owner = -1;
+        pool_range_set(pl, 0, 10), pool_range_set(pl, 1, 0), pool_range_set(pl, 2, 7);
+        CHECK(pool_range_take(pl, 0, 3, 1, &lo, &hi) && lo == 0 && hi == 2); // a quarter of 10
+        CHECK(pool_range_steal(pl, 1, 3, &owner, &lo, &hi) && owner == 0 && lo == 6 && hi == 10); // 8 left, > 7
+        CHECK(pool_range_steal(pl, 1, 3, &owner, &lo, &hi) && owner == 2 && lo == 3 && hi == 7);  // 7 left, > 4
+        CHECK(pool_range_take(pl, 0, 3, 3, &lo, &hi) && lo == 2 && hi == 5);
+        CHECK(pool_range_take(pl, 0, 3, 3, &lo, &hi) && lo == 5 && hi == 6);
+        CHECK(!pool_range_take(pl, 0, 3, 3, &lo, &hi) && !pool_range_take(pl, 1, 3, 3, &lo, &hi));
+        CHECK(pool_range_steal(pl, 0, 3, &owner, &lo, &hi) && owner == 2 && lo == 1 && hi == 3);
+        CHECK(pool_range_steal(pl, 0, 3, &owner, &lo, &hi) && owner == 2 && lo == 0 && hi == 1);
+        CHECK(!pool_range_steal(pl, 0, 3, &owner, &lo, &hi) && !pool_range_steal(pl, 2, 3, &owner, &lo, &hi));
+        pool_free(pl);
+    }
+    static const int64_t lens[][4] = {{0, 0, 0, 0}, {1, 0, 2, 0}, {1000, 5, 0, 9}, {4099, 4099, 17, 300}, {200, 1, 1, 1}};
+    for (int nth = 1; nth <= 4; nth++) {
+        pl = NULL;
+        CHECK(pool_new(nth, &pl, &err) == PSV_OK);
+        if (!pl) continue;
+        for (size_t c = 0; c < PSV_ARRAY_LEN(lens); c++) {
+            range_job j = {.pl = pl};
+            bool ok = true;
+            for (int t = 0; t < nth; t++) {
+                j.n[t] = lens[c][t];
+                j.count[t] = calloc((size_t)j.n[t] + 1, sizeof *j.count[t]);
+                ok = ok && j.count[t];
+                pool_range_set(pl, t, j.n[t]);
+            }
+            if (ok) {
+                pool_run(pl, range_task, &j);
+                int64_t wrong = 0;
+                for (int t = 0; t < nth; t++)
+                    for (int64_t i = 0; i < j.n[t]; i++) wrong += atomic_load(&j.count[t][i]) != 1;
+                CHECKF(wrong == 0 && atomic_load(&j.bad) == 0, "nth %d case %zu: %lld items not taken once, %d bad pieces",
+                       nth, c, (long long)wrong, atomic_load(&j.bad));
+            }
+            for (int t = 0; t < nth; t++) free(j.count[t]);
+        }
+        pool_free(pl);
+    }
+}
+
 // op_matmul_all's one job for products of the same activations (q, k and v; gate and up) gives
 // each product's rows exactly what a product of its own does, on every kernel set this CPU
 // runs and any thread count: the threads' chunks cross from one product into the next (rows in
@@ -612,6 +696,7 @@ int main(void) {
     test_prefault();
     test_metadata_release();
     test_pool_chunks();
+    test_pool_ranges();
     test_gemm_rows();
     test_matmul_parts();
     test_bad_models();

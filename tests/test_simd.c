@@ -414,7 +414,8 @@ static void st_check_gemv(k_set set) {
 // The set's one-activation gemv kernels (gemv1: many weight rows against one activation row)
 // against the reference vec_dot, bit for bit: every row count up to a few groups past the
 // kernels' group of rows, on the same adversarial rows as the dot products, the weight rows
-// a stride apart that is more than their length (only s[0..nw) may be written).
+// a stride apart that is more than their length (only s[0..nw) may be written), each time in two
+// calls that split the groups of rows between them.
 static void st_check_gemv1(k_set set) {
     bool any = false;
     for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemv1;
@@ -442,7 +443,21 @@ static void st_check_gemv1(k_set set) {
                 k_act_side(at, k_panel_off(wt), y, n, side, true);
                 float got[MAXW + 1];
                 for (int i = 0; i <= MAXW; i++) got[i] = -1.0f;
-                sk->gemv1(n, got, x, xstride, nw, y, side);
+                // in two calls, groups [0, cut) and [cut, G) (one of them empty at times), each
+                // writing only its groups' rows (row i is in group i % G)
+                const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
+                sk->gemv1(n, got, x, xstride, nw, 0, cut, y, side);
+                float first[MAXW];
+                bool untouched = true;
+                for (int i = 0; i < nw; i++) {
+                    untouched = untouched && (i % G < cut || got[i] == -1.0f);
+                    first[i] = got[i], got[i] = i % G < cut ? -2.0f : got[i];
+                }
+                sk->gemv1(n, got, x, xstride, nw, cut, G, y, side);
+                for (int i = 0; i < nw; i++)
+                    if (i % G < cut) untouched = untouched && got[i] == -2.0f, got[i] = first[i];
+                CHECKF(untouched, "%s gemv1 %s n=%lld nw=%d: groups [0, %d) and [%d, %d) wrote each other's rows",
+                       k_set_names[set], type_get(wt)->name, (long long)n, nw, cut, cut, G);
                 for (int i = 0; i < nw; i++) {
                     float want;
                     ref->vec_dot(n, &want, x + (size_t)i * xstride, y);
