@@ -8889,6 +8889,20 @@ K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
     __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
 }
 
+// Attention's kernels (k_dot_keys_*, k_axpy_rows_*) ask for the KV cache's keys K_KEYS_PF blocks
+// of K_KEY_BLOCK positions ahead and its value rows K_VALS_PF positions ahead. Between two
+// tokens the weights' stream evicts the cache, whose rows then come from memory, a head's part
+// of each (256 bytes of a row's 512 in qwen2-0.5b) at a time, which the hardware prefetchers
+// follow too slowly: qwen2-0.5b Q4_0 generation with two threads (Zen 5), attention of a layer
+// 12.1 -> 9.6 us at 64 positions on average, 37.7 -> 25.7 us at 256.
+#define K_KEYS_PF 3
+#define K_VALS_PF 12
+
+// The lines of bytes [p, p + len) `ahead` bytes further on.
+K_INLINE void k_prefetch_span(const void *p, size_t len, size_t ahead) {
+    for (size_t o = 0; o < len; o += 64) k_prefetch_ahead((const uint8_t *)p + o, ahead);
+}
+
 // ---- AVX2 helpers ----------------------------------------------------------------------------
 
 // As k_no_fuse, for four doubles.
@@ -10245,6 +10259,8 @@ K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, float *s, size_t s_stride, c
                                        size_t bstride, int64_t nk, int64_t n) {
     for (int64_t p = 0; p < nk; p += 4) {
         const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+        if (p % K_KEY_BLOCK == 0)
+            k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * sizeof(float), K_KEYS_PF * bstride * sizeof(float));
         __m256d tot[4];
         for (int l = 0; l < K_LANES; l++) {
             __m256d lane[4];
@@ -11414,6 +11430,7 @@ K_AVX512 K_INLINE void k_dot_keys_blk_avx512(const int c, float *s, size_t s_str
                                              size_t bstride, int64_t nk, int64_t n) {
     for (int64_t p = 0; p < nk; p += K_KEY_BLOCK) {
         const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride;
+        k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * sizeof(float), K_KEYS_PF * bstride * sizeof(float));
         __m512d tot[8];
         for (int l = 0; l < K_LANES; l++) {
             __m512d lane[8];
@@ -11472,6 +11489,7 @@ K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const f
             for (int k = 0; k < 4; k++) a[g][k] = _mm512_loadu_ps(y + (size_t)g * ys + (size_t)i + 16 * (size_t)k);
         const float *vp = v + i;
         for (int64_t p = 0; p < nk; p++, vp += stride) {
+            k_prefetch_span(vp, 64 * sizeof(float), K_VALS_PF * stride * sizeof(float));
             const __m512 x[4] = {_mm512_loadu_ps(vp), _mm512_loadu_ps(vp + 16), _mm512_loadu_ps(vp + 32), _mm512_loadu_ps(vp + 48)};
             K_UNROLL
             for (int g = 0; g < c; g++) {
@@ -11702,6 +11720,7 @@ K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, float *y, size_t ys, const float
             for (int k = 0; k < 4; k++) a[g][k] = _mm256_loadu_ps(y + (size_t)g * ys + (size_t)i + 8 * (size_t)k);
         const float *vp = v + i;
         for (int64_t p = 0; p < nk; p++, vp += stride) {
+            k_prefetch_span(vp, 32 * sizeof(float), K_VALS_PF * stride * sizeof(float));
             const __m256 x[4] = {_mm256_loadu_ps(vp), _mm256_loadu_ps(vp + 8), _mm256_loadu_ps(vp + 16), _mm256_loadu_ps(vp + 24)};
             K_UNROLL
             for (int g = 0; g < c; g++) {
