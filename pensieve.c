@@ -13990,6 +13990,17 @@ static inline void kv_store_v(const kv_seq *kv, int64_t il, int64_t pos, const f
     }
 }
 
+// Asks for the cache lines that kv_store_k and kv_store_v will write for layer il at pos, to be
+// read for ownership while the layer's q, k and v products run: a key's values lie a block's
+// row apart (K_KEY_BLOCK values), in lines the weights' stream has evicted since the last token.
+static inline void kv_prefetch_store(const kv_seq *kv, int64_t il, int64_t pos) {
+    const size_t el = kv->type == PSV_KV_F16 ? 2 : 4, row = (size_t)K_KEY_BLOCK * el;
+    const uint8_t *k = (const uint8_t *)kv->k + kv_k_at(kv, il, pos, 0) * el;
+    const uint8_t *v = (const uint8_t *)kv->v + ((size_t)il * (size_t)kv->n_ctx + (size_t)pos) * (size_t)kv->kv_dim * el;
+    for (size_t o = 0; o < (size_t)kv->kv_dim * row; o += PSV_MAX((size_t)64, row)) __builtin_prefetch(k + o, 1, 3);
+    for (size_t o = 0; o < (size_t)kv->kv_dim * el; o += 64) __builtin_prefetch(v + o, 1, 3);
+}
+
 // One token of a forward batch. Items of the same sequence must come in position order; each
 // attends to positions 0..pos of its own cache.
 typedef struct {
@@ -14664,6 +14675,7 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
     bool resid = false; // the previous layer's feed-forward output is still in tmp
     for (int64_t il = 0; il < m->n_layer; il++) {
         const layer_w *L = &m->layers[il];
+        for (int64_t t = 0; t < n && n <= 4; t++) kv_prefetch_store(items[t].kv, il, items[t].pos);
         run_tok_steps(m, s, items, n, il, (resid ? TS_RESID : 0u) | TS_NORM_ATT);
         // q, k, v as rows of width qkv_w in s->q: [q | k | v]
         if (m->fused_qkv) {
