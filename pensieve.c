@@ -8847,6 +8847,13 @@ K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, con
     for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w + r * q, nw - 1) * x_stride;
 }
 
+// A k_gemv1_fn of one weight type from a kernel core that takes the type first.
+#define K_DEF_GEMV1(attr, name, core, type)                                                                            \
+    attr static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,              \
+                          const uint8_t *y, const uint8_t *side) {                                                     \
+        core(type, n, s, x, x_stride, nw, w0, w1, y, side);                                                            \
+    }
+
 // The results of group w's rows that exist, out[r] being row r's.
 K_INLINE void k_gemv1_put(const float out[4], float *s, int w, int nw) {
     const int q = k_gemv1_groups(nw);
@@ -9284,18 +9291,9 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
     }
 }
 
-K_AVX2 static void k_gemv1_q4_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                     const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx2(T_Q4_0, n, s, x, x_stride, nw, w0, w1, y, side);
-}
-K_AVX2 static void k_gemv1_q5_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                     const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx2(T_Q5_0, n, s, x, x_stride, nw, w0, w1, y, side);
-}
-K_AVX2 static void k_gemv1_q8_0_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                     const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx2(T_Q8_0, n, s, x, x_stride, nw, w0, w1, y, side);
-}
+K_DEF_GEMV1(K_AVX2, k_gemv1_q4_0_avx2, k_gemv1_avx2, T_Q4_0)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q5_0_avx2, k_gemv1_avx2, T_Q5_0)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q8_0_avx2, k_gemv1_avx2, T_Q8_0)
 
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
 // A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
@@ -11010,18 +11008,9 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
     }
 }
 
-K_AVX512 static void k_gemv1_q4_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                         const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx512(T_Q4_0, n, s, x, x_stride, nw, w0, w1, y, side);
-}
-K_AVX512 static void k_gemv1_q5_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                         const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx512(T_Q5_0, n, s, x, x_stride, nw, w0, w1, y, side);
-}
-K_AVX512 static void k_gemv1_q8_0_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                         const uint8_t *y, const uint8_t *side) {
-    k_gemv1_avx512(T_Q8_0, n, s, x, x_stride, nw, w0, w1, y, side);
-}
+K_DEF_GEMV1(K_AVX512, k_gemv1_q4_0_avx512, k_gemv1_avx512, T_Q4_0)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q5_0_avx512, k_gemv1_avx512, T_Q5_0)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q8_0_avx512, k_gemv1_avx512, T_Q8_0)
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
 K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min,
@@ -12521,14 +12510,9 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
     }
 }
 
-#define K_DEF_GEMV1_NEON(name, type)                                                                                   \
-    K_DOTPROD static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,         \
-                               const uint8_t *y, const uint8_t *side) {                                                \
-        k_gemv1_32_neon(type, n, s, x, x_stride, nw, w0, w1, y, side);                                                 \
-    }
-K_DEF_GEMV1_NEON(k_gemv1_q4_0_dotprod, T_Q4_0)
-K_DEF_GEMV1_NEON(k_gemv1_q5_0_dotprod, T_Q5_0)
-K_DEF_GEMV1_NEON(k_gemv1_q8_0_dotprod, T_Q8_0)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_0_dotprod, k_gemv1_32_neon, T_Q4_0)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_0_dotprod, k_gemv1_32_neon, T_Q5_0)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q8_0_dotprod, k_gemv1_32_neon, T_Q8_0)
 
 // ---- NEON: packing GEMM panels ------------------------------------------------------------------
 // k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
