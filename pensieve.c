@@ -14232,10 +14232,10 @@ static void mm_rows(const mm_job *j, const mtensor *w, float *y, int64_t lo, int
 // of items (pool_range): it takes them from the front in pieces that continue the same four
 // streams where the last left off, and when its run is done it takes groups from the back of
 // another's (four new, short streams). So each thread's rows stream once, at the speed the
-// memory gives it, and the threads end together: an even split without taking had one end
-// 2-5 us after the other in qwen2-0.5b's 2.5-5 MB products and 150 us in its 145 MB output
-// product (Zen 5, two threads, 80 GB/s read), chunks taken in turn pay the stream start each
-// time (MM_GEMV1_MIN).
+// memory gives it, and the threads end together (within about a microsecond): an even split
+// without taking had one end 2-5 us after the other in qwen2-0.5b's 2.5-5 MB products and 150
+// us in its 145 MB output product (Zen 5, two threads, 80 GB/s read), and chunks taken in turn
+// would pay a stream start each (MM_GEMV1_MIN).
 static int64_t mm_gemv1_units(const mm_job *j) {
     int64_t units = 0;
     for (int p = 0; p <= j->n_also; p++) units += (mm_part_w(j, p)->n_out + 3) / 4;
