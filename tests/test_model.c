@@ -417,8 +417,8 @@ static void range_task(void *arg, int ith, int nth) {
     int64_t lo, hi, last = 0;
     int owner;
     while (pool_range_take(j->pl, ith, nth, 3, &lo, &hi)) {
-        if (lo != last || hi <= lo || hi > j->n[ith] || (nth > 1 && hi - lo < PSV_MIN((int64_t)3, j->n[ith] - lo)))
-            atomic_fetch_add(&j->bad, 1); // pieces in order, at least 3 unless fewer are left
+        if (lo != last || hi <= lo || hi > j->n[ith])
+            atomic_fetch_add(&j->bad, 1); // pieces in order from the front (others take from the back)
         last = hi;
         for (int64_t i = lo; i < hi && i >= 0 && i < j->n[ith]; i++) {
             atomic_fetch_add(&j->count[ith][i], 1);
