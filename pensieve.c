@@ -13952,6 +13952,10 @@ static inline size_t kv_k_block(const kv_seq *kv, int64_t il, int64_t pos) {
 static inline size_t kv_k_at(const kv_seq *kv, int64_t il, int64_t pos, int64_t i) {
     return kv_k_block(kv, il, pos) + (size_t)i * K_KEY_BLOCK + (size_t)(pos % K_KEY_BLOCK);
 }
+// The first value of layer il's value row at pos (rows of kv_dim values, n_ctx a layer).
+static inline size_t kv_v_at(const kv_seq *kv, int64_t il, int64_t pos) {
+    return ((size_t)il * (size_t)kv->n_ctx + (size_t)pos) * (size_t)kv->kv_dim;
+}
 
 static inline void kv_store_k(const kv_seq *kv, int64_t il, int64_t pos, const float *src) {
     const size_t off = kv_k_at(kv, il, pos, 0);
@@ -13965,7 +13969,7 @@ static inline void kv_store_k(const kv_seq *kv, int64_t il, int64_t pos, const f
 }
 
 static inline void kv_store_v(const kv_seq *kv, int64_t il, int64_t pos, const float *src) {
-    size_t off = ((size_t)il * (size_t)kv->n_ctx + (size_t)pos) * (size_t)kv->kv_dim;
+    const size_t off = kv_v_at(kv, il, pos);
     if (kv->type == PSV_KV_F16) {
         uint16_t *d = (uint16_t *)kv->v + off;
         for (int64_t i = 0; i < kv->kv_dim; i++) d[i] = psv_f32_to_fp16(src[i]);
@@ -13980,7 +13984,7 @@ static inline void kv_store_v(const kv_seq *kv, int64_t il, int64_t pos, const f
 static inline void kv_prefetch_store(const kv_seq *kv, int64_t il, int64_t pos) {
     const size_t el = kv->type == PSV_KV_F16 ? 2 : 4, row = (size_t)K_KEY_BLOCK * el;
     const uint8_t *k = (const uint8_t *)kv->k + kv_k_at(kv, il, pos, 0) * el;
-    const uint8_t *v = (const uint8_t *)kv->v + ((size_t)il * (size_t)kv->n_ctx + (size_t)pos) * (size_t)kv->kv_dim * el;
+    const uint8_t *v = (const uint8_t *)kv->v + kv_v_at(kv, il, pos) * el;
     for (size_t o = 0; o < (size_t)kv->kv_dim * row; o += PSV_MAX((size_t)64, row)) __builtin_prefetch(k + o, 1, 3);
     for (size_t o = 0; o < (size_t)kv->kv_dim * el; o += 64) __builtin_prefetch(v + o, 1, 3);
 }
@@ -14527,7 +14531,7 @@ static void att_task(void *arg, int ith, int nth) {
             const kv_seq *kv = it->kv;
             const float *q0 = j->q + t * j->q_stride + h0 * hd;
             const int64_t n_kv = it->pos + 1;
-            const size_t base = (size_t)j->il * (size_t)kv->n_ctx * (size_t)kv->kv_dim + (size_t)kvh * (size_t)hd;
+            const size_t base = kv_v_at(kv, j->il, 0) + (size_t)kvh * (size_t)hd;
             if (kv->type == PSV_KV_F16) {
                 for (int64_t g = 0; g < nh; g++)
                     for (int64_t p = 0; p < n_kv; p++) {
@@ -14659,7 +14663,8 @@ static void model_forward(psv_model *m, fwd_scratch *s, const fwd_item *items, i
     bool resid = false; // the previous layer's feed-forward output is still in tmp
     for (int64_t il = 0; il < m->n_layer; il++) {
         const layer_w *L = &m->layers[il];
-        for (int64_t t = 0; t < n && n <= 4; t++) kv_prefetch_store(items[t].kv, il, items[t].pos);
+        if (n <= 4) // generation (one to four sequences), where it was measured
+            for (int64_t t = 0; t < n; t++) kv_prefetch_store(items[t].kv, il, items[t].pos);
         run_tok_steps(m, s, items, n, il, (resid ? TS_RESID : 0u) | TS_NORM_ATT);
         // q, k, v as rows of width qkv_w in s->q: [q | k | v]
         if (m->fused_qkv) {
