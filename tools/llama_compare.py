@@ -2,7 +2,7 @@
 """tools/llama_compare.py: pensieve side by side with llama.cpp, on this machine.
 
   llama_compare.py setup                      fetch and build llama.cpp (once)
-  llama_compare.py bench -m MODEL [-p 128,512] [-n 128] [-t 1,2] [-r 3] [--rounds 2]
+  llama_compare.py bench -m MODEL [-p 128,512] [-n 128] [-t 1,2] [-r 3] [--rounds 2] [--variant NAME]
   llama_compare.py conformance [--threads 2]
 
 llama.cpp comes from the npm registry: node-llama-cpp ships the llama.cpp source it was built
@@ -13,7 +13,11 @@ Everything goes to $LLAMA_DIR (default /tmp/pensieve-llama); nothing enters the 
 
 `bench` runs `pensieve bench` and `llama-bench` on the same file with the same settings, in
 alternating rounds (this machine's speed drifts), and prints both with their ratio. A benchmark:
-it asserts nothing.
+it asserts nothing. `--variant NAME` measures one of the prebuilt CPU libraries instead (x64,
+haswell, icelake, zen4 or sapphirerapids: what llama.cpp's packaged builds load on such CPUs),
+through tools/llama_logits.c's bench mode, which times what llama-bench times. On Intel CPUs
+with AMX the build from source crashes in prompts (SIGILL in ggml's AMX matrix product, llama.cpp
+as of late 2026), where the prebuilt sapphirerapids library runs: `--variant sapphirerapids`.
 
 `conformance` evaluates every case of ../shared/reference/expected with teacher forcing, as
 tests/test_engine.c does, with pensieve (batch and one by one) and with llama.cpp (the
@@ -35,7 +39,8 @@ DIR = os.environ.get("LLAMA_DIR", "/tmp/pensieve-llama")
 NLC = "3.22.1"  # node-llama-cpp release whose llama.cpp is built (its bundle: llama.cpp as of late 2026)
 SRC = os.path.join(DIR, "llama.cpp")
 BIN = os.path.join(SRC, "build", "bin")
-VARIANTS = ("haswell", "x64")
+VARIANTS = ("haswell", "x64")  # the prebuilt libraries `conformance` compares
+PREBUILT = ("x64", "haswell", "icelake", "zen4", "sapphirerapids")  # those `setup` links llama_logits against
 
 
 def run(cmd, **kw):
@@ -59,7 +64,7 @@ def setup(_):
     run(["cc", "-O2"] + inc + [src, "-o", os.path.join(DIR, "llama_logits"), "-L", BIN, "-lllama", "-lggml",
                                "-lggml-base", "-lm", "-Wl,-rpath," + BIN])
     pre = os.path.join(DIR, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64")
-    for v in VARIANTS:  # ggml loads the best libggml-cpu-*.so beside the program: give it only one
+    for v in PREBUILT:  # ggml loads the best libggml-cpu-*.so beside the program: give it only one
         d = os.path.join(DIR, "variant-" + v)
         os.makedirs(d, exist_ok=True)
         libs = glob.glob(os.path.join(pre, "libllama.v*.so")) + glob.glob(os.path.join(pre, "libggml.v*.so"))
@@ -78,12 +83,26 @@ def bench(a):
                               "--json"], check=True, capture_output=True, text=True).stdout
         for t in json.loads(out)["tests"]:
             rows.setdefault((t["name"], t["threads"]), {}).setdefault("pensieve", []).append(t["tps_mean"])
-        out = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", a.model, "-p", a.p, "-n", str(a.n), "-t", a.t,
-                              "-r", str(a.r), "-o", "json"], check=True, capture_output=True, text=True).stdout
-        for t in json.loads(out):
+        if a.variant:
+            out = []
+            for thr in a.t.split(","):
+                r = subprocess.run([os.path.join(DIR, "variant-" + a.variant, "llama_logits"), a.model, thr, "bench", a.p,
+                                    str(a.n), str(a.r)], capture_output=True, text=True)
+                if r.returncode:
+                    sys.exit("llama_logits bench (%s) failed: %s" % (a.variant, r.stderr.strip() or r.returncode))
+                out += json.loads(r.stdout)
+        else:
+            r = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", a.model, "-p", a.p, "-n", str(a.n), "-t", a.t,
+                                "-r", str(a.r), "-o", "json"], capture_output=True, text=True)
+            if r.returncode:
+                sys.exit("llama-bench failed (exit %d; on a CPU with AMX, try --variant sapphirerapids): %s" %
+                         (r.returncode, r.stderr.strip()[-300:]))
+            out = json.loads(r.stdout)
+        for t in out:
             name = "pp%d" % t["n_prompt"] if t["n_prompt"] else "tg%d" % t["n_gen"]
             rows.setdefault((name, t["n_threads"]), {}).setdefault("llama.cpp", []).append(t["avg_ts"])
-    print("| %s | threads | pensieve t/s | llama.cpp t/s | ratio |" % os.path.basename(a.model))
+    who = "llama.cpp %s t/s" % a.variant if a.variant else "llama.cpp t/s"
+    print("| %s | threads | pensieve t/s | %s | ratio |" % (os.path.basename(a.model), who))
     print("| --- | --- | --- | --- | --- |")
     for (name, thr), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0][:2] != "pp", kv[0][0])):
         p = sum(v.get("pensieve", [0])) / max(1, len(v.get("pensieve", [])))
@@ -157,6 +176,7 @@ def main():
     b.add_argument("-t", default="1,2")
     b.add_argument("-r", type=int, default=3)
     b.add_argument("--rounds", type=int, default=2)
+    b.add_argument("--variant", choices=PREBUILT, help="a prebuilt llama.cpp CPU library instead of the build from source")
     b.add_argument("--bin", default=os.path.join(REPO, "pensieve"))
     c = sub.add_parser("conformance")
     c.add_argument("--threads", type=int, default=2)

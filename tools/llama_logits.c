@@ -2,6 +2,7 @@
 // Built by that script against the llama.cpp it sets up (llama.h); not part of pensieve.
 //
 //   llama_logits MODEL THREADS MODE PROMPT_IDS [GEN_IDS]
+//   llama_logits MODEL THREADS bench PROMPTS GEN REPS
 //
 // Prints one JSON line per evaluated position, as `pensieve logits` does:
 // {"pos":i,"lse":x,"top":[[id,logit],...]} with the 50 highest logits. The context is 512
@@ -9,11 +10,18 @@
 // MODE: "ref" evaluates the prompt in one batch and then each generated id but the last one by
 // one (how shared/reference was produced); "batch" evaluates everything in one batch; "one"
 // evaluates every token alone.
+//
+// "bench" times what llama-bench times, for the llama.cpp builds that come without it (the
+// prebuilt CPU libraries tools/llama_compare.py links this program against): for each prompt
+// length in PROMPTS (comma-separated; 0 for none) a prompt of that many tokens in one batch,
+// and GEN tokens generated one at a time (0 for none), each from an empty cache, REPS times
+// after one warm-up, printing llama-bench's JSON (n_prompt, n_gen, n_threads, avg_ts).
 #include "llama.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_IDS 4096
 #define TOP 50
@@ -63,7 +71,72 @@ static int eval(struct llama_context *c, struct llama_batch *b, const llama_toke
     return 0;
 }
 
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Tokens/s of one test: np prompt tokens in one batch, or ng tokens one at a time.
+static double bench_one(struct llama_context *c, struct llama_batch *b, int np, int ng, int nv) {
+    llama_memory_clear(llama_get_memory(c), 1);
+    double t0 = now();
+    int n = np ? np : ng;
+    for (int i = 0; i < n; i += np ? np : 1) {
+        b->n_tokens = np ? np : 1;
+        for (int j = 0; j < b->n_tokens; j++) // llama-bench's tokens: random ids of the vocabulary
+            b->token[j] = rand() % nv, b->pos[j] = i + j, b->n_seq_id[j] = 1, b->seq_id[j][0] = 0,
+            b->logits[j] = j == b->n_tokens - 1;
+        if (llama_decode(c, *b)) return fprintf(stderr, "llama_logits: llama_decode failed\n"), -1;
+    }
+    llama_synchronize(c);
+    return n / (now() - t0);
+}
+
+static int bench(struct llama_model *m, int threads, const char *prompts, int ng, int reps) {
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 1024;
+    cp.n_batch = cp.n_ubatch = 512;
+    cp.n_threads = cp.n_threads_batch = threads;
+    struct llama_context *c = llama_init_from_model(m, cp);
+    if (!c) return fprintf(stderr, "llama_logits: no context\n"), 1;
+    int nv = llama_vocab_n_tokens(llama_model_get_vocab(m)), tests[17], nt = 0;
+    for (const char *s = prompts; *s && nt < 16;) {
+        int p = atoi(s);
+        if (p > 0 && p <= 512) tests[nt++] = p;
+        while (*s && *s != ',') s++;
+        if (*s) s++;
+    }
+    if (ng > 0 && ng <= 512) tests[nt++] = -ng;
+    struct llama_batch b = llama_batch_init(512, 0, 1);
+    printf("[");
+    for (int k = 0; k < nt; k++) {
+        int np = tests[k] > 0 ? tests[k] : 0, g = tests[k] < 0 ? -tests[k] : 0;
+        double sum = 0;
+        for (int r = -1; r < reps; r++) {
+            double ts = bench_one(c, &b, np, g, nv);
+            if (ts < 0) return 1;
+            if (r >= 0) sum += ts;
+        }
+        printf("%s{\"n_prompt\": %d, \"n_gen\": %d, \"n_threads\": %d, \"avg_ts\": %.3f}", k ? ", " : "", np, g,
+               threads, sum / reps);
+    }
+    printf("]\n");
+    llama_batch_free(b);
+    llama_free(c);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 7 && !strcmp(argv[3], "bench")) {
+        llama_log_set(quiet, NULL);
+        llama_backend_init();
+        struct llama_model *m = llama_model_load_from_file(argv[1], llama_model_default_params());
+        if (!m) return fprintf(stderr, "llama_logits: cannot load %s\n", argv[1]), 1;
+        int rc = bench(m, atoi(argv[2]), argv[4], atoi(argv[5]), atoi(argv[6]) > 0 ? atoi(argv[6]) : 1);
+        llama_model_free(m);
+        return rc;
+    }
     if (argc < 5) return fprintf(stderr, "usage: llama_logits MODEL THREADS ref|batch|one PROMPT_IDS [GEN_IDS]\n"), 2;
     static llama_token ids[2 * MAX_IDS];
     int np = parse_ids(argv[4], ids), ng = argc > 5 ? parse_ids(argv[5], ids + np) : 0;
