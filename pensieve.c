@@ -8525,9 +8525,13 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 #define K_GEMM_ROWS 4 // activation rows per kernel call (k_traits.gemm_rows), AVX2 and NEON
 // AVX-512 (32 vector registers): five. Zen 5, in the cache, rows of 1024 / 4608-4864 values:
 // Q4_0 264-270 / 250-254 GMAC/s with four -> 270-277 / 275-281 with five, Q4_K 256 / 259 ->
-// 272 / 278; no type slower (Q4_1 156-160 either way).
+// 272 / 278; no type slower (Q4_1 156-160 either way). The k-quants: six, whose unpacking of a
+// panel block's quants and scales is then shared by one more row (Intel Xeon with two 512-bit
+// ports, phi4-mini pp64 one thread, alternated: 41.4-43.3 -> 44.7-45.4 t/s; seven and eight
+// no faster; Q4_0 and Q8_0 the same with five or six).
 #define K_GEMM_ROWS_AVX512 5
-#define K_GEMM_ROWS_MAX 5
+#define K_GEMM_ROWS_AVX512_K 6
+#define K_GEMM_ROWS_MAX 6
 
 static bool k_panel_has(uint32_t type) {
     switch (type) {
@@ -11388,29 +11392,29 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
     }
 }
 
-#define K_DEF_GEMM(name, type)                                                                            \
+#define K_DEF_GEMM(name, type, rows) /* rows: K_GEMM_ROWS_AVX512 or _K */                                 \
     K_AVX512 static void k_gemm_##name##_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, \
                                                 const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
                                                 const k_prefetch *pf) {                                    \
-        PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_AVX512 && nw >= 1 && nw <= K_PANEL);                       \
-        if (nr == K_GEMM_ROWS_AVX512)                                                                      \
-            k_gemm_core_avx512(type, K_GEMM_ROWS_AVX512, n, panel, y, ys, side, side_stride, out, nw, pf); \
-        else if (nr == K_GEMM_ROWS_AVX512 - 1) /* (mm_gemm_rows: the calls that make up the rest) */       \
-            k_gemm_core_avx512(type, K_GEMM_ROWS_AVX512 - 1, n, panel, y, ys, side, side_stride, out, nw, pf); \
+        PSV_ASSERT(nr >= 1 && nr <= rows && nw >= 1 && nw <= K_PANEL);                                     \
+        if (nr == rows)                                                                                    \
+            k_gemm_core_avx512(type, rows, n, panel, y, ys, side, side_stride, out, nw, pf);               \
+        else if (nr == rows - 1) /* (mm_gemm_rows: the calls that make up the rest) */                     \
+            k_gemm_core_avx512(type, rows - 1, n, panel, y, ys, side, side_stride, out, nw, pf);           \
         else                                                                                               \
             for (int r = 0; r < nr; r++, pf = NULL)                                                        \
                 k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
     }
-K_DEF_GEMM(q4_0, T_Q4_0)
-K_DEF_GEMM(q4_1, T_Q4_1)
-K_DEF_GEMM(q5_0, T_Q5_0)
-K_DEF_GEMM(q5_1, T_Q5_1)
-K_DEF_GEMM(q8_0, T_Q8_0)
-K_DEF_GEMM(q2_k, T_Q2_K)
-K_DEF_GEMM(q3_k, T_Q3_K)
-K_DEF_GEMM(q4_k, T_Q4_K)
-K_DEF_GEMM(q5_k, T_Q5_K)
-K_DEF_GEMM(q6_k, T_Q6_K)
+K_DEF_GEMM(q4_0, T_Q4_0, K_GEMM_ROWS_AVX512)
+K_DEF_GEMM(q4_1, T_Q4_1, K_GEMM_ROWS_AVX512)
+K_DEF_GEMM(q5_0, T_Q5_0, K_GEMM_ROWS_AVX512)
+K_DEF_GEMM(q5_1, T_Q5_1, K_GEMM_ROWS_AVX512)
+K_DEF_GEMM(q8_0, T_Q8_0, K_GEMM_ROWS_AVX512)
+K_DEF_GEMM(q2_k, T_Q2_K, K_GEMM_ROWS_AVX512_K)
+K_DEF_GEMM(q3_k, T_Q3_K, K_GEMM_ROWS_AVX512_K)
+K_DEF_GEMM(q4_k, T_Q4_K, K_GEMM_ROWS_AVX512_K)
+K_DEF_GEMM(q5_k, T_Q5_K, K_GEMM_ROWS_AVX512_K)
+K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
 
 // ---- AVX-512: attention's dot products -----------------------------------------------------------
 // k_dot_keys_avx2's scheme with a whole block of K_KEY_BLOCK = 8 keys in a register, for up to
@@ -13189,7 +13193,7 @@ static void k_fill_avx512(k_traits *t) {
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
-        t[gemms[i].type].gemm_rows = K_GEMM_ROWS_AVX512;
+        t[gemms[i].type].gemm_rows = type_table[gemms[i].type].blck_size == QK_K ? K_GEMM_ROWS_AVX512_K : K_GEMM_ROWS_AVX512;
         t[gemms[i].type].panel_blk = k_panel_blk(gemms[i].type);
         t[gemms[i].type].side_w16 = false;
     }
@@ -14158,11 +14162,12 @@ static bool mm_next_chunk(mm_job *j, int64_t n, int nth, int64_t *lo, int64_t *h
 
 // The rows of the next gemm call with m rows left, for a set that takes g at once: g, or g - 1
 // where calls of g - 1 rows make up the rest (m % g) so that none is left to take one by one
-// (kernels of five rows also have four: 128 rows in 24 calls of five and two of four).
+// (kernels of five or more rows, K_GEMM_ROWS_AVX512 and _K, also take one fewer: 128 rows in 24
+// calls of five and two of four, or in 18 of six and four of five).
 static int mm_gemm_rows(int g, int64_t m) {
     if (m <= g) return (int)m;
     const int64_t short_calls = (g - m % g) % g; // m = g * a + (g - 1) * short_calls
-    return g == K_GEMM_ROWS_AVX512 && short_calls > 0 && (g - 1) * short_calls <= m ? g - 1 : g;
+    return g >= K_GEMM_ROWS_AVX512 && short_calls > 0 && (g - 1) * short_calls <= m ? g - 1 : g;
 }
 
 // The GEMM path of mm_dot_task: panels, a chunk at a time.

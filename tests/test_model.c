@@ -425,6 +425,7 @@ static void range_task(void *arg, int ith, int nth) {
             if (ith == 0) { // slow
                 volatile int64_t spin = 0;
                 for (int k = 0; k < 20000; k++) spin += k;
+                (void)spin;
             }
         }
     }
@@ -562,21 +563,23 @@ static void test_matmul_parts(void) {
 }
 
 // mm_gemm_rows splits any number of rows into calls the kernels take, every row once: for five
-// at a time, calls of five and four only wherever that is possible (from 12 rows on, and where m
-// is a multiple of 4 or 5), the rest in one last call.
+// or more at a time, calls of g and g - 1 only wherever that is possible (for five from 12 rows
+// on, for six from 20: past the largest sum neither makes, g (g - 1) - g - (g - 1); and where m is
+// a multiple of g or g - 1), the rest in one last call.
 static void test_gemm_rows(void) {
     for (int g = 1; g <= K_GEMM_ROWS_MAX; g++)
         for (int64_t m = 1; m <= 600; m++) {
             int64_t left = m, calls = 0, small = 0;
             bool ok = true;
+            const bool pairs = g >= K_GEMM_ROWS_AVX512; // kernels that also take g - 1
             while (left > 0 && calls <= m) {
                 int nr = mm_gemm_rows(g, left);
                 ok = ok && nr >= 1 && nr <= g && nr <= left;
-                if (nr < (g == K_GEMM_ROWS_AVX512 ? g - 1 : g)) small++;
+                if (nr < (pairs ? g - 1 : g)) small++;
                 left -= nr, calls++;
             }
             ok = ok && left == 0 && small <= 1;
-            if (g == K_GEMM_ROWS_AVX512 && (m >= 12 || m % 4 == 0 || m % 5 == 0)) ok = ok && small == 0;
+            if (pairs && (m > g * (g - 1) - g - (g - 1) || m % g == 0 || m % (g - 1) == 0)) ok = ok && small == 0;
             if (!ok) {
                 CHECKF(ok, "mm_gemm_rows(%d, %lld): %lld rows left, %lld short calls", g, (long long)m, (long long)left,
                        (long long)small);
@@ -584,6 +587,7 @@ static void test_gemm_rows(void) {
             }
         }
     CHECK(mm_gemm_rows(K_GEMM_ROWS_AVX512, 128) == 4 && mm_gemm_rows(K_GEMM_ROWS_AVX512, 120) == 5);
+    CHECK(mm_gemm_rows(K_GEMM_ROWS_AVX512_K, 128) == 5 && mm_gemm_rows(K_GEMM_ROWS_AVX512_K, 120) == 6);
 }
 
 // The page-table helper psv_model_open starts: it runs over the data section, a stop request
