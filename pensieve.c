@@ -11137,7 +11137,7 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
 }
 
 // ---- AVX-512 VNNI: GEMM on panels ---------------------------------------------------------------
-// K_GEMM_ROWS_AVX512 activation rows against one panel (see "GEMM panels"): per block, every quant
+// K_GEMM_ROWS_AVX512 (k-quants: _K) activation rows against one panel (see "GEMM panels"): per block, every quant
 // vector of the panel is loaded once and multiplied with each row's broadcast activation bytes
 // (vpdpbusd: unsigned packed quants times signed activations). Every panel type but Q4_1 comes
 // in groups of eight quants (k_panel_g8), 64-byte vectors against eight broadcast bytes, so each
@@ -11333,7 +11333,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     }
 }
 
-// R (1..K_GEMM_ROWS_AVX512) activation rows y + r * ys, with their k_act_side at side + r * side_stride,
+// R (1..K_GEMM_ROWS_AVX512, k-quants _K) activation rows y + r * ys, with their k_act_side at side + r * side_stride,
 // against a panel of nw weight rows: results to out[r][0..nw-1].
 K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y,
                                           size_t ys, const uint8_t *side, size_t side_stride, float *const *out, int nw,
