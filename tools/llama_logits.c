@@ -100,13 +100,10 @@ static int bench(struct llama_model *m, int threads, const char *prompts, int ng
     cp.n_threads = cp.n_threads_batch = threads;
     struct llama_context *c = llama_init_from_model(m, cp);
     if (!c) return fprintf(stderr, "llama_logits: no context\n"), 1;
-    int nv = llama_vocab_n_tokens(llama_model_get_vocab(m)), tests[17], nt = 0;
-    for (const char *s = prompts; *s && nt < 16;) {
-        int p = atoi(s);
-        if (p > 0 && p <= 512) tests[nt++] = p;
-        while (*s && *s != ',') s++;
-        if (*s) s++;
-    }
+    static llama_token lens[MAX_IDS]; // the prompt lengths, as parse_ids reads a list
+    int nv = llama_vocab_n_tokens(llama_model_get_vocab(m)), tests[17], nt = 0, nl = parse_ids(prompts, lens);
+    for (int i = 0; i < nl && nt < 16; i++)
+        if (lens[i] > 0 && lens[i] <= 512) tests[nt++] = lens[i];
     if (ng > 0 && ng <= 512) tests[nt++] = -ng;
     struct llama_batch b = llama_batch_init(512, 0, 1);
     printf("[");
@@ -128,23 +125,22 @@ static int bench(struct llama_model *m, int threads, const char *prompts, int ng
 }
 
 int main(int argc, char **argv) {
-    if (argc == 7 && !strcmp(argv[3], "bench")) {
-        llama_log_set(quiet, NULL);
-        llama_backend_init();
-        struct llama_model *m = llama_model_load_from_file(argv[1], llama_model_default_params());
-        if (!m) return fprintf(stderr, "llama_logits: cannot load %s\n", argv[1]), 1;
-        int rc = bench(m, atoi(argv[2]), argv[4], atoi(argv[5]), atoi(argv[6]) > 0 ? atoi(argv[6]) : 1);
-        llama_model_free(m);
-        return rc;
-    }
-    if (argc < 5) return fprintf(stderr, "usage: llama_logits MODEL THREADS ref|batch|one PROMPT_IDS [GEN_IDS]\n"), 2;
-    static llama_token ids[2 * MAX_IDS];
-    int np = parse_ids(argv[4], ids), ng = argc > 5 ? parse_ids(argv[5], ids + np) : 0;
-    int n = np + (ng > 0 ? ng - 1 : 0); // the last generated id has no logits to check
+    const int bench_mode = argc == 7 && !strcmp(argv[3], "bench");
+    if (argc < 5 || (!strcmp(argv[3], "bench") && !bench_mode))
+        return fprintf(stderr, "usage: llama_logits MODEL THREADS ref|batch|one PROMPT_IDS [GEN_IDS]\n"
+                               "       llama_logits MODEL THREADS bench PROMPTS GEN REPS\n"), 2;
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model *m = llama_model_load_from_file(argv[1], llama_model_default_params());
     if (!m) return fprintf(stderr, "llama_logits: cannot load %s\n", argv[1]), 1;
+    if (bench_mode) {
+        int rc = bench(m, atoi(argv[2]), argv[4], atoi(argv[5]), atoi(argv[6]) > 0 ? atoi(argv[6]) : 1);
+        llama_model_free(m);
+        return rc;
+    }
+    static llama_token ids[2 * MAX_IDS];
+    int np = parse_ids(argv[4], ids), ng = argc > 5 ? parse_ids(argv[5], ids + np) : 0;
+    int n = np + (ng > 0 ? ng - 1 : 0); // the last generated id has no logits to check
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = cp.n_batch = cp.n_ubatch = 512;
     cp.n_threads = cp.n_threads_batch = atoi(argv[2]);
