@@ -8503,7 +8503,10 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          64c + l and 64c + 32 + l) vector 8c + s holds steps 16c + s and 16c + 8 + s. Packing
 //          is then a transpose, and the kernels split the nibbles. Q4_0 is unpacked like the
 //          others: splitting its nibbles in the kernels, once per panel vector and activation
-//          rows' call, measured 2-3 % slower Q4_0 prompts with AVX-512, 8 % with AVX2.
+//          rows' call, measured 2-3 % slower Q4_0 prompts with AVX-512, 8 % with AVX2. The
+//          AVX2 set unpacks Q4_K too, into Q5_K's layout (k_panel_bytes4: phi4-mini pp64 +8-11 %
+//          on an Intel Xeon); the AVX-512 set's Q4_K prompts were 3-7 % slower so (twice the
+//          panel bytes, for half an operation a vector and row).
 //          The AVX-512 set groups the quants by eight instead (k_panel_g8: every panel type
 //          but Q4_1): 64-byte vector j has quants 8j..8j+7 of each row (Q4_K: quant bytes
 //          8j..8j+7 of its chunk), row r in bytes 8r..8r+7, so that one vpdpbusd takes eight
@@ -8656,6 +8659,32 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // Whether set `set` packs `type` in groups of eight quants (see "GEMM panels").
 PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
     return set == K_SET_AVX512 && (type_table[type].blck_size == QK_K || !k_panel_nibbles(type));
+}
+
+// Whether set `set` packs Q4_K's quants as bytes, one value each, in Q5_K's panel layout (the
+// AVX2 set: its vpmaddubsw takes the bytes as they are, where splitting the nibbles in the kernel
+// cost three operations a panel vector for every two activation rows), and the layout a set's
+// panel of `type` has, as a type.
+PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) { return set == K_SET_AVX2 && type == T_Q4_K; }
+PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) { return k_panel_bytes4(set, type) ? T_Q5_K : type; }
+
+// A Q4_K panel of k_panel_pack's layout (its quant bytes) into k_panel_bytes4's at dst: vector
+// 8c + s of chunk c's bytes gives its low nibbles to step 16c + s and its high ones to step
+// 16c + 8 + s; the scales, minimums and block scales follow as they are (Q5_K has the same).
+PSV_MAYBE_UNUSED static void k_panel_split4(int64_t n, const uint8_t *panel, uint8_t *dst) {
+    const size_t sb = k_panel_blk(T_Q4_K), db = k_panel_blk(T_Q5_K), sq = k_panel_sc(T_Q4_K), dq = k_panel_sc(T_Q5_K);
+    PSV_ASSERT(sb - sq == db - dq);
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const uint8_t *s = panel + (size_t)b * sb;
+        uint8_t *d = dst + (size_t)b * db;
+        for (int c = 0; c < 4; c++)
+            for (int v = 0; v < 8; v++)
+                for (int i = 0; i < 32; i++) {
+                    d[32 * (16 * c + v) + i] = s[32 * (8 * c + v) + i] & 15;
+                    d[32 * (16 * c + 8 + v) + i] = s[32 * (8 * c + v) + i] >> 4;
+                }
+        memcpy(d + dq, s + sq, sb - sq);
+    }
 }
 
 // The AVX2 set's Q8_0 panel (k_gemm_q8_0_avx2): quants as int16, K_PANEL_W16_BLK bytes a block.
@@ -9772,11 +9801,14 @@ K_AVX2 K_INLINE void k_quants_store_avx2(__m256i v[8], uint8_t *dst, bool g8) {
     else k_transpose8_store_avx2(v, dst);
 }
 
-// g8: the layout in groups of eight quants (k_panel_g8 types only)
+// In the layout of set `set`'s panels: groups of eight quants (k_panel_g8) or of four, and
+// Q4_K's quants as bytes (k_panel_bytes4) or its quant bytes.
 K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel,
-                                      bool g8) {
+                                      k_set set) {
+    const bool g8 = k_panel_g8(set, type);
+    const uint32_t lt = k_panel_layout(set, type);
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
-    const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
+    const size_t bb = k_panel_blk(lt), xs = type_table[type].type_size, dxo = k_panel_dx(lt);
     const bool min = k_panel_min(type);
     PSV_ASSERT(n % qb == 0 && nw >= 1 && nw <= K_PANEL);
     static const uint8_t zero4[4] = {0}; // the fp16 scales of missing rows
@@ -9845,7 +9877,20 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                     __m256i v[8];
                     K_UNROLL
                     for (int r = 0; r < 8; r++) v[r] = r < nw ? k_load256(xb + (size_t)r * ws + 16 + 32 * c) : _mm256_setzero_si256();
-                    k_quants_store_avx2(v, pb + 256 * c, g8);
+                    if (!k_panel_bytes4(set, type)) {
+                        k_quants_store_avx2(v, pb + 256 * c, g8);
+                        continue;
+                    }
+                    // as bytes: the nibbles of transposed vector s are steps 16c + s and 16c + 8 + s
+                    // (k_panel_split4)
+                    const __m256i m4 = _mm256_set1_epi8(15);
+                    k_transpose8_avx2(v);
+                    K_UNROLL
+                    for (int t = 0; t < 8; t++) {
+                        _mm256_storeu_si256((__m256i *)(void *)(pb + 32 * (16 * c + t)), _mm256_and_si256(v[t], m4));
+                        _mm256_storeu_si256((__m256i *)(void *)(pb + 32 * (16 * c + 8 + t)),
+                                            _mm256_and_si256(_mm256_srli_epi16(v[t], 4), m4));
+                    }
                 }
             } else {
                 for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
@@ -9863,17 +9908,17 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 hi[r] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[r], 1));
                 co[r] = _mm256_mullo_epi16(s16[r], noff);
             }
-            k_transpose8_store_avx2(lo, pb + k_panel_sc(type));
-            k_transpose8_store_avx2(hi, pb + k_panel_sc(type) + 256);
-            if (k_panel_off(type)) k_transpose8_store_avx2(co, pb + k_panel_cor(type));
-            if (min) k_transpose8_store_avx2(mn, pb + k_panel_mco(type));
+            k_transpose8_store_avx2(lo, pb + k_panel_sc(lt));
+            k_transpose8_store_avx2(hi, pb + k_panel_sc(lt) + 256);
+            if (k_panel_off(type)) k_transpose8_store_avx2(co, pb + k_panel_cor(lt));
+            if (min) k_transpose8_store_avx2(mn, pb + k_panel_mco(lt));
         }
     }
 }
 
 #define K_DEF_PACK(name, type)                                                                             \
     K_AVX2 static void k_pack_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
-        k_pack_core_avx2(type, n, w, ws, nw, panel, false);                                                \
+        k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX2);                                           \
     }
 K_DEF_PACK(q4_0, T_Q4_0)
 K_DEF_PACK(q4_1, T_Q4_1)
@@ -9886,7 +9931,7 @@ K_DEF_PACK(q5_k, T_Q5_K)
 K_DEF_PACK(q6_k, T_Q6_K)
 #define K_DEF_PACK8(name, type)                                                                            \
     K_AVX2 static void k_pack8_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
-        k_pack_core_avx2(type, n, w, ws, nw, panel, true);                                                 \
+        k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX512);                                         \
     }
 K_DEF_PACK8(q4_0, T_Q4_0)
 K_DEF_PACK8(q5_0, T_Q5_0)
@@ -9938,8 +9983,9 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
                                      const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                      int64_t nb, double *acc) {
     const bool min = k_panel_min(type);
+    const uint32_t lt = k_panel_layout(K_SET_AVX2, type); // the offsets of the panel's fields
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    const double *dxp = (const double *)(const void *)(pb + k_panel_dx(type));
+    const double *dxp = (const double *)(const void *)(pb + k_panel_dx(lt));
     const __m256d dx0 = _mm256_loadu_pd(dxp), dx1 = _mm256_loadu_pd(dxp + 4);
     __m256i is[2], ms[2];
     if (type_table[type].blck_size == 32) {
@@ -10000,62 +10046,41 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
         }
         return;
     }
-    const uint8_t *psc = pb + k_panel_sc(type);
+    const uint8_t *psc = pb + k_panel_sc(lt);
     const bool cor = type == T_Q3_K || type == T_Q6_K;
     K_UNROLL
     for (int r = 0; r < R; r++) is[r] = ms[r] = _mm256_setzero_si256();
-    if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the nibbles of chunk c: 8 steps each
-        for (int c = 0; c < 4; c++) {
-            __m256i p0[2], p1[2];
+    // `per` steps of four values to a scale vector (sub-blocks of 16 values; Q5_K's of 32 have
+    // each scale twice, and Q4_K, whose quants are bytes here too (k_panel_bytes4), takes every
+    // other one, for 32), in int16 runs of `run` steps
+    const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K ? 8 : 4;
+    for (int k = 0; k < QK_K / 4 / per; k++) {
+        __m256i sc = k_dup16_avx2(k_load256(psc + 32 * (k * per / 4)));
+        for (int h = 0; h < per / run; h++) { // (no unroll pragma: the count is not constant at -O1)
+            __m256i p[2];
             K_UNROLL
-            for (int r = 0; r < R; r++) p0[r] = p1[r] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
             K_UNROLL
-            for (int s = 0; s < 8; s++) {
-                __m256i v = k_load256(pb + 32 * (8 * c + s));
-                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int s = 0; s < run; s++) {
+                int step = per * k + run * h + s;
+                __m256i w = k_load256(pb + 32 * step);
                 K_UNROLL
-                for (int r = 0; r < R; r++) {
-                    const uint8_t *a = yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c + 4 * s;
-                    p0[r] = _mm256_add_epi16(p0[r], _mm256_maddubs_epi16(lo, k_bcast4_avx2(a)));
-                    p1[r] = _mm256_add_epi16(p1[r], _mm256_maddubs_epi16(hi, k_bcast4_avx2(a + 32)));
-                }
+                for (int r = 0; r < R; r++)
+                    p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 4 * step)));
             }
-            __m256i sc0 = k_dup16_avx2(k_load256(psc + 32 * (4 * c))), sc1 = k_dup16_avx2(k_load256(psc + 32 * (4 * c + 2)));
             K_UNROLL
-            for (int r = 0; r < R; r++)
-                is[r] = _mm256_add_epi32(is[r], _mm256_add_epi32(_mm256_madd_epi16(p0[r], sc0), _mm256_madd_epi16(p1[r], sc1)));
-        }
-    } else {
-        // sub-blocks of 16 values (Q5_K: of 32, each scale stored twice); int16 runs of `run` steps
-        const int run = type == T_Q6_K ? 2 : 4, nsub = 16;
-        for (int k = 0; k < nsub; k++) {
-            __m256i sc = k_dup16_avx2(k_load256(psc + 32 * k));
-            for (int h = 0; h < 4 / run; h++) { // (no unroll pragma: the count is not constant at -O1)
-                __m256i p[2];
-                K_UNROLL
-                for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
-                K_UNROLL
-                for (int s = 0; s < run; s++) {
-                    int step = 4 * k + run * h + s;
-                    __m256i w = k_load256(pb + 32 * step);
-                    K_UNROLL
-                    for (int r = 0; r < R; r++)
-                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 4 * step)));
-                }
-                K_UNROLL
-                for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], sc));
-            }
+            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], sc));
         }
     }
     K_UNROLL
     for (int j = 0; j < 8; j++) {
         if (cor) {
-            __m256i c = k_load256(pb + k_panel_cor(type) + 32 * j);
+            __m256i c = k_load256(pb + k_panel_cor(lt) + 32 * j);
             K_UNROLL
             for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
         }
         if (min) {
-            __m256i c = k_load256(pb + k_panel_mco(type) + 32 * j);
+            __m256i c = k_load256(pb + k_panel_mco(lt) + 32 * j);
             K_UNROLL
             for (int r = 0; r < R; r++)
                 ms[r] = _mm256_add_epi32(ms[r], _mm256_madd_epi16(c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j)));
@@ -10082,7 +10107,7 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, int R, int64_t n, const uin
                                       const uint8_t *side, size_t side_stride, float *const *out, int nw,
                                       const k_prefetch *pf) {
     const int64_t nb = n / type_table[type].blck_size;
-    const size_t bb = k_panel_blk(type);
+    const size_t bb = k_panel_blk(k_panel_layout(K_SET_AVX2, type));
     const uint8_t *yr[2];
     const int16_t *ar[2];
     const double *dr[2];
@@ -13153,7 +13178,7 @@ static void k_fill_avx2(k_traits *t) {
         t[gemms[i].type].gemm = gemms[i].gemm;
         t[gemms[i].type].pack = gemms[i].pack;
         t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
-        t[gemms[i].type].panel_blk = gemms[i].type == T_Q8_0 ? K_PANEL_W16_BLK : k_panel_blk(gemms[i].type);
+        t[gemms[i].type].panel_blk = gemms[i].type == T_Q8_0 ? K_PANEL_W16_BLK : k_panel_blk(k_panel_layout(K_SET_AVX2, gemms[i].type));
         t[gemms[i].type].side_w16 = gemms[i].type == T_Q8_0;
     }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
