@@ -8668,6 +8668,22 @@ PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
 PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) { return set == K_SET_AVX2 && type == T_Q4_K; }
 PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) { return k_panel_bytes4(set, type) ? T_Q5_K : type; }
 
+// Whether set `set`'s k-quant panels hold each sub-block scale in both int16 halves of its int32
+// lane (the AVX2 set: vpmaddwd's factor as it is, where making it cost three operations a scale
+// vector in the kernel), and that change made to a panel of k_panel_pack's layout (of `type`,
+// as k_panel_layout names it).
+PSV_MAYBE_UNUSED static bool k_panel_sc16(k_set set) { return set == K_SET_AVX2; }
+PSV_MAYBE_UNUSED static void k_panel_dup16(uint32_t type, int64_t n, uint8_t *panel) {
+    PSV_ASSERT(type_table[type].blck_size == QK_K);
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        uint8_t *sc = panel + (size_t)b * k_panel_blk(type) + k_panel_sc(type);
+        for (int i = 0; i < 16 * K_PANEL; i++) {
+            uint16_t v = (uint16_t)ld_u32(sc + 4 * i);
+            wr_u32(sc + 4 * i, (uint32_t)v | (uint32_t)v << 16);
+        }
+    }
+}
+
 // A Q4_K panel of k_panel_pack's layout (its quant bytes) into k_panel_bytes4's at dst: vector
 // 8c + s of chunk c's bytes gives its low nibbles to step 16c + s and its high ones to step
 // 16c + 8 + s; the scales, minimums and block scales follow as they are (Q5_K has the same).
@@ -9906,6 +9922,10 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             for (int r = 0; r < 8; r++) {
                 lo[r] = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[r]));
                 hi[r] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[r], 1));
+                if (k_panel_sc16(set)) { // each scale in both halves of its lane
+                    lo[r] = _mm256_or_si256(_mm256_and_si256(lo[r], _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(lo[r], 16));
+                    hi[r] = _mm256_or_si256(_mm256_and_si256(hi[r], _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi[r], 16));
+                }
                 co[r] = _mm256_mullo_epi16(s16[r], noff);
             }
             k_transpose8_store_avx2(lo, pb + k_panel_sc(lt));
@@ -9948,21 +9968,16 @@ K_DEF_PACK8(q6_k, T_Q6_K)
 // quants by the broadcast signed activation bytes into int16 pair sums, which are added up in
 // int16 over as many steps as cannot overflow (a pair is at most 2 * q_max * 128: 3840 for 4-bit
 // quants, so 8 steps; 7936 for 5-bit, 4; 16128 for Q6_K, 2), then vpmaddwd turns them into int32,
-// multiplying by the k-quants' sub-block scales on the way (as int16; every scale fits). The
-// double terms are formed for the eight weight rows in two 4-lane vectors, exactly as the
-// reference forms them, and added to accumulators kept in memory (16 registers would not hold
-// them). Two activation rows at a time. Q8_0 has a kernel of its own (k_gemm_q8_0_avx2): its
+// multiplying by the k-quants' sub-block scales on the way (as int16; every scale fits: the
+// panel has each twice, k_panel_sc16). The double terms are formed for the eight weight rows in
+// two 4-lane vectors, exactly as the reference forms them, and added to accumulators kept in
+// memory (16 registers would not hold them). Two activation rows at a time. Q8_0 has a kernel of its own (k_gemm_q8_0_avx2): its
 // unsigned quants reach 255, and a vpmaddubsw pair sum could saturate.
 
 K_AVX2 K_INLINE __m256i k_bcast4_avx2(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
-}
-
-// int32 lanes holding int16 values -> each value in both halves of its lane (a vpmaddwd factor).
-K_AVX2 K_INLINE __m256i k_dup16_avx2(__m256i v) {
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
 }
 
 // Adds the block's term for 8 weight rows (dx, dm: rows 0-3 and 4-7) to acc[0..7].
@@ -10055,7 +10070,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
     // other one, for 32), in int16 runs of `run` steps
     const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K ? 8 : 4;
     for (int k = 0; k < QK_K / 4 / per; k++) {
-        __m256i sc = k_dup16_avx2(k_load256(psc + 32 * (k * per / 4)));
+        __m256i sc = k_load256(psc + 32 * (k * per / 4)); // (k_panel_sc16)
         for (int h = 0; h < per / run; h++) { // (no unroll pragma: the count is not constant at -O1)
             __m256i p[2];
             K_UNROLL

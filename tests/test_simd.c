@@ -322,6 +322,7 @@ static void st_check_gemm(k_set set) {
                 } else {
                     memcpy(want, panel, pz);
                 }
+                if (k_panel_sc16(set) && type_get(wt)->blck_size == QK_K) k_panel_dup16(k_panel_layout(set, wt), n, want);
                 // the set's packer writes the same bytes (every lane, padding included)
                 memset(panel2, 0xa5, pz);
                 sk->pack(n, x, xs, nw, panel2);
