@@ -8402,6 +8402,9 @@ static const k_traits *k_traits_ref(uint32_t type) {
 // Kernel sets (PSV_KERNELS=name forces one; unset, empty or "auto" picks the best):
 //   ref     section 11, any CPU
 //   avx2    AVX2 + FMA + F16C (Haswell, Zen 1 and later)
+//   avxvnni avx2 whose GEMM kernels use AVX-VNNI's vpdpbusd/vpdpwssd on 256-bit vectors (Intel
+//           from Alder Lake on, where there is no AVX-512; inline assembly, "{vex}": see
+//           k_dpbusd_vex), and Q8_0 from k_panel_pack's panels, as avx512; the rest is avx2's
 //   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later): the integer dot
 //           products use VNNI's vpdpbusd/vpdpwssd, on 256-bit vectors. Blocks are 32 bytes, and
 //           Zen 4 runs a 512-bit operation as two 256-bit halves: a two-blocks-per-zmm variant of
@@ -8411,9 +8414,9 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   neon    AArch64's baseline Advanced SIMD
 //   dotprod neon plus the dot product instructions (FEAT_DotProd: sdot), with GEMM kernels
 //   i8mm    dotprod whose GEMM uses the int8 matrix multiply (FEAT_I8MM: smmla)
-// Both x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
-// without Q8_0). Float dot products, quantizers, panel packers and the other element-wise kernels
-// are the AVX2 ones in both. The three ARM sets share their NEON float, quantizer and
+// The x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
+// Q8_0 on int16 panels). Float dot products, quantizers, panel packers and the other element-wise
+// kernels are the AVX2 ones in all three. The three ARM sets share their NEON float, quantizer and
 // element-wise kernels.
 //
 // Internal API (the engine and the CLI use these):
@@ -8422,14 +8425,14 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   k_traits.pack/.gemm     panels of 8 weight rows against many activation rows (prompts)
 //   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU, and attention's
 //                           products over the KV cache rows (dot_keys, axpy_rows)
-//   k_kernel_set_name()     "ref", "avx2", "avx512", "neon", "dotprod" or "i8mm"; k_kernel_set_note(): why PSV_KERNELS was
+//   k_kernel_set_name()     "ref", "avx2", "avxvnni", "avx512", "neon", "dotprod" or "i8mm"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
 // All x86 code is under PSV_X86 and the NEON kernels under PSV_ARM64; other targets get the
 // reference set only.
 
-typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVX512, K_SET_NEON, K_SET_DOTPROD, K_SET_I8MM, K_SET_COUNT } k_set;
-static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avx512", "neon", "dotprod", "i8mm"};
+typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVXVNNI, K_SET_AVX512, K_SET_NEON, K_SET_DOTPROD, K_SET_I8MM, K_SET_COUNT } k_set;
+static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avxvnni", "avx512", "neon", "dotprod", "i8mm"};
 
 // Whether a CPU can run a kernel set (and this build has it).
 static bool k_set_supported(k_set s, const plat_cpu *c) {
@@ -8437,6 +8440,7 @@ static bool k_set_supported(k_set s, const plat_cpu *c) {
     case K_SET_REF: return true;
 #if defined(PSV_X86)
     case K_SET_AVX2: return c->avx2 && c->fma && c->f16c;
+    case K_SET_AVXVNNI: return c->avx2 && c->fma && c->f16c && c->avxvnni;
     case K_SET_AVX512:
         return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
 #endif
@@ -8469,13 +8473,14 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
         if (strcmp(req, k_set_names[s]) != 0) continue;
         if (k_set_supported((k_set)s, c)) return (k_set)s;
         snprintf(note, note_size, "PSV_KERNELS=%s: this CPU lacks %s; using %s", req,
-                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C" : s == K_SET_NEON ? "NEON"
+                 s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C"
+                 : s == K_SET_AVXVNNI ? "AVX2/FMA/F16C with AVX-VNNI" : s == K_SET_NEON ? "NEON"
                  : s == K_SET_DOTPROD ? "NEON with the dot product instructions (FEAT_DotProd)"
                  : s == K_SET_I8MM ? "NEON with the dot product and int8 matrix instructions (FEAT_DotProd, FEAT_I8MM)" : "it",
                  k_set_names[best]);
         return best;
     }
-    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avx512, neon, dotprod or i8mm); using %s",
+    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avxvnni, avx512, neon, dotprod or i8mm); using %s",
              req, k_set_names[best]);
     return best;
 }
@@ -8665,7 +8670,9 @@ PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
 // AVX2 set: its vpmaddubsw takes the bytes as they are, where splitting the nibbles in the kernel
 // cost three operations a panel vector for every two activation rows), and the layout a set's
 // panel of `type` has, as a type.
-PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) { return set == K_SET_AVX2 && type == T_Q4_K; }
+PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
+    return (set == K_SET_AVX2 || set == K_SET_AVXVNNI) && type == T_Q4_K;
+}
 PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) { return k_panel_bytes4(set, type) ? T_Q5_K : type; }
 
 // Whether set `set`'s k-quant panels hold each sub-block scale in both int16 halves of its int32
@@ -9949,6 +9956,16 @@ K_DEF_PACK(q3_k, T_Q3_K)
 K_DEF_PACK(q4_k, T_Q4_K)
 K_DEF_PACK(q5_k, T_Q5_K)
 K_DEF_PACK(q6_k, T_Q6_K)
+#define K_DEF_PACKV(name, type) /* the avxvnni set's, where its layout differs from the AVX2 set's */   \
+    K_AVX2 static void k_pack_##name##_vnni(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
+        k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVXVNNI);                                        \
+    }
+K_DEF_PACKV(q8_0, T_Q8_0)
+K_DEF_PACKV(q2_k, T_Q2_K)
+K_DEF_PACKV(q3_k, T_Q3_K)
+K_DEF_PACKV(q4_k, T_Q4_K)
+K_DEF_PACKV(q5_k, T_Q5_K)
+K_DEF_PACKV(q6_k, T_Q6_K)
 #define K_DEF_PACK8(name, type)                                                                            \
     K_AVX2 static void k_pack8_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
         k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX512);                                         \
@@ -9993,12 +10010,28 @@ K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256
     _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(acc + 4)));
 }
 
+// AVX-VNNI's vpdpbusd (acc + the sums of four products of unsigned bytes a and signed bytes b
+// a lane, in int32: nothing saturates) and vpdpwssd (acc + the sums of pairs of int16 products),
+// as inline assembly: the AVX2 code around them needs no other target, and only the avxvnni
+// set's kernels (vnni: true) reach them.
+K_AVX2 K_INLINE __m256i k_dpbusd_vex(__m256i acc, __m256i a, __m256i b) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
+}
+K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
+    __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
+}
+
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
-K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
+// vnni: the avxvnni set's kernel (its panels: k_panel_layout, without k_panel_sc16), where
+// vpdpbusd sums the products into int32 at once, with no int16 runs and no vpmaddwd to widen
+// them; it also takes Q8_0, from k_panel_pack's panels (quants plus 128, as the AVX-512 set).
+K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                      const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                      int64_t nb, double *acc) {
     const bool min = k_panel_min(type);
-    const uint32_t lt = k_panel_layout(K_SET_AVX2, type); // the offsets of the panel's fields
+    const uint32_t lt = k_panel_layout(vnni ? K_SET_AVXVNNI : K_SET_AVX2, type); // the offsets of the panel's fields
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const double *dxp = (const double *)(const void *)(pb + k_panel_dx(lt));
     const __m256d dx0 = _mm256_loadu_pd(dxp), dx1 = _mm256_loadu_pd(dxp + 4);
@@ -10018,13 +10051,26 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
                 K_UNROLL
                 for (int r = 0; r < R; r++) {
                     const uint8_t *a = yr[r] + (size_t)b * as + qo;
+                    if (vnni) { // (p: the int32 sums)
+                        p[r] = k_dpbusd_vex(k_dpbusd_vex(p[r], lo, k_bcast4_avx2(a + 4 * s)), hi, k_bcast4_avx2(a + 16 + 4 * s));
+                        continue;
+                    }
                     p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(lo, k_bcast4_avx2(a + 4 * s)));
                     p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(hi, k_bcast4_avx2(a + 16 + 4 * s)));
                 }
             }
             K_UNROLL
-            for (int r = 0; r < R; r++) is[r] = _mm256_madd_epi16(p[r], ones);
-        } else { // Q5_0, Q5_1: 4 steps of 5-bit pairs at a time
+            for (int r = 0; r < R; r++) is[r] = vnni ? p[r] : _mm256_madd_epi16(p[r], ones);
+        } else if (vnni) { // the 8 steps into int32 (Q8_0: at most 32 * 255 * 128)
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
+            K_UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i w = k_load256(pb + 32 * s);
+                K_UNROLL
+                for (int r = 0; r < R; r++) is[r] = k_dpbusd_vex(is[r], w, k_bcast4_avx2(yr[r] + (size_t)b * as + qo + 4 * s));
+            }
+        } else { // Q4_0, Q5_0, Q5_1: 4 steps of 5-bit pairs at a time
             K_UNROLL
             for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
             K_UNROLL
@@ -10068,8 +10114,25 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
     // `per` steps of four values to a scale vector (sub-blocks of 16 values; Q5_K's of 32 have
     // each scale twice, and Q4_K, whose quants are bytes here too (k_panel_bytes4), takes every
     // other one, for 32), in int16 runs of `run` steps
-    const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K ? 8 : 4;
-    for (int k = 0; k < QK_K / 4 / per; k++) {
+    const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K && !vnni ? 8 : 4;
+    for (int k = 0; vnni && k < 16; k++) { // int32 sums of 16 values, each times its scale
+        const __m256i sc = k_load256(psc + 32 * k);
+        __m256i d[2];
+        K_UNROLL
+        for (int r = 0; r < R; r++) d[r] = _mm256_setzero_si256();
+        K_UNROLL
+        for (int s = 0; s < 4; s++) {
+            __m256i w = k_load256(pb + 32 * (4 * k + s));
+            K_UNROLL
+            for (int r = 0; r < R; r++) d[r] = k_dpbusd_vex(d[r], w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * k + 4 * s));
+        }
+        // Q4_K and Q2_K: a sum fits in int16 (16 * 15 * 128) and the scale is not negative, so
+        // vpdpwssd multiplies and adds (the sum's high half is its sign, the scale's zero)
+        K_UNROLL
+        for (int r = 0; r < R; r++)
+            is[r] = type == T_Q4_K || type == T_Q2_K ? k_dpwssd_vex(is[r], d[r], sc) : _mm256_add_epi32(is[r], _mm256_mullo_epi32(d[r], sc));
+    }
+    for (int k = 0; !vnni && k < QK_K / 4 / per; k++) {
         __m256i sc = k_load256(psc + 32 * (k * per / 4)); // (k_panel_sc16)
         for (int h = 0; h < per / run; h++) { // (no unroll pragma: the count is not constant at -O1)
             __m256i p[2];
@@ -10092,13 +10155,17 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
         if (cor) {
             __m256i c = k_load256(pb + k_panel_cor(lt) + 32 * j);
             K_UNROLL
-            for (int r = 0; r < R; r++) is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
+            for (int r = 0; r < R; r++)
+                is[r] = vnni ? k_dpwssd_vex(is[r], c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j))
+                             : _mm256_add_epi32(is[r], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
         }
         if (min) {
             __m256i c = k_load256(pb + k_panel_mco(lt) + 32 * j);
             K_UNROLL
-            for (int r = 0; r < R; r++)
-                ms[r] = _mm256_add_epi32(ms[r], _mm256_madd_epi16(c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j)));
+            for (int r = 0; r < R; r++) {
+                const __m256i a = k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j);
+                ms[r] = vnni ? k_dpwssd_vex(ms[r], c, a) : _mm256_add_epi32(ms[r], _mm256_madd_epi16(c, a));
+            }
         }
     }
     const double *dmp = dxp + 8;
@@ -10118,11 +10185,11 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, int R, const uint8_t *pb, in
     }
 }
 
-K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, bool vnni, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
                                       const uint8_t *side, size_t side_stride, float *const *out, int nw,
                                       const k_prefetch *pf) {
     const int64_t nb = n / type_table[type].blck_size;
-    const size_t bb = k_panel_blk(k_panel_layout(K_SET_AVX2, type));
+    const size_t bb = k_panel_blk(k_panel_layout(vnni ? K_SET_AVXVNNI : K_SET_AVX2, type));
     const uint8_t *yr[2];
     const int16_t *ar[2];
     const double *dr[2];
@@ -10133,7 +10200,7 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, int R, int64_t n, const uin
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
-        k_gemm_blk_avx2(type, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, acc[b % K_BLOCK_LANES]);
+        k_gemm_blk_avx2(type, vnni, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, acc[b % K_BLOCK_LANES]);
     }
     for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
         float res[8];
@@ -10145,25 +10212,35 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, int R, int64_t n, const uin
     }
 }
 
-#define K_DEF_GEMM2(name, type)                                                                           \
-    K_AVX2 static void k_gemm_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
-                                            const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
-                                            const k_prefetch *pf) {                                        \
+#define K_DEF_GEMM2(name, type, set, vnni) /* set: avx2 or vnni (the avxvnni set's) */                \
+    K_AVX2 static void k_gemm_##name##_##set(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
+                                             const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
+                                             const k_prefetch *pf) {                                       \
         PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);                              \
         int r = 0;                                                                                         \
         for (; r + 2 <= nr; r += 2, pf = NULL)                                                             \
-            k_gemm_core_avx2(type, 2, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
-        if (r < nr) k_gemm_core_avx2(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
+            k_gemm_core_avx2(type, vnni, 2, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
+        if (r < nr) k_gemm_core_avx2(type, vnni, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
     }
-K_DEF_GEMM2(q4_0, T_Q4_0)
-K_DEF_GEMM2(q4_1, T_Q4_1)
-K_DEF_GEMM2(q5_0, T_Q5_0)
-K_DEF_GEMM2(q5_1, T_Q5_1)
-K_DEF_GEMM2(q2_k, T_Q2_K)
-K_DEF_GEMM2(q3_k, T_Q3_K)
-K_DEF_GEMM2(q4_k, T_Q4_K)
-K_DEF_GEMM2(q5_k, T_Q5_K)
-K_DEF_GEMM2(q6_k, T_Q6_K)
+K_DEF_GEMM2(q4_0, T_Q4_0, avx2, false)
+K_DEF_GEMM2(q4_1, T_Q4_1, avx2, false)
+K_DEF_GEMM2(q5_0, T_Q5_0, avx2, false)
+K_DEF_GEMM2(q5_1, T_Q5_1, avx2, false)
+K_DEF_GEMM2(q2_k, T_Q2_K, avx2, false)
+K_DEF_GEMM2(q3_k, T_Q3_K, avx2, false)
+K_DEF_GEMM2(q4_k, T_Q4_K, avx2, false)
+K_DEF_GEMM2(q5_k, T_Q5_K, avx2, false)
+K_DEF_GEMM2(q6_k, T_Q6_K, avx2, false)
+K_DEF_GEMM2(q4_0, T_Q4_0, vnni, true)
+K_DEF_GEMM2(q4_1, T_Q4_1, vnni, true)
+K_DEF_GEMM2(q5_0, T_Q5_0, vnni, true)
+K_DEF_GEMM2(q5_1, T_Q5_1, vnni, true)
+K_DEF_GEMM2(q8_0, T_Q8_0, vnni, true)
+K_DEF_GEMM2(q2_k, T_Q2_K, vnni, true)
+K_DEF_GEMM2(q3_k, T_Q3_K, vnni, true)
+K_DEF_GEMM2(q4_k, T_Q4_K, vnni, true)
+K_DEF_GEMM2(q5_k, T_Q5_K, vnni, true)
+K_DEF_GEMM2(q6_k, T_Q6_K, vnni, true)
 
 // ---- AVX2: Q8_0 GEMM on int16 panels -------------------------------------------------------------
 // Q8_0's quants take all of -128..127, so the AVX2 set packs them as int16 (k_panel_widen16's
@@ -13210,6 +13287,26 @@ static void k_fill_avx2(k_traits *t) {
     t[T_BF16].from_float = k_quant_bf16_avx2;
 }
 
+// The avxvnni set: the AVX2 set with GEMM kernels on AVX-VNNI's vpdpbusd and vpdpwssd (Intel
+// CPUs from Alder Lake on without AVX-512; k_gemm_blk_avx2 with vnni).
+static void k_fill_avxvnni(k_traits *t) {
+    k_fill_avx2(t);
+    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
+        {T_Q4_0, k_gemm_q4_0_vnni, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_vnni, k_pack_q4_1_avx2},
+        {T_Q5_0, k_gemm_q5_0_vnni, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_vnni, k_pack_q5_1_avx2},
+        {T_Q8_0, k_gemm_q8_0_vnni, k_pack_q8_0_vnni}, {T_Q2_K, k_gemm_q2_k_vnni, k_pack_q2_k_vnni},
+        {T_Q3_K, k_gemm_q3_k_vnni, k_pack_q3_k_vnni}, {T_Q4_K, k_gemm_q4_k_vnni, k_pack_q4_k_vnni},
+        {T_Q5_K, k_gemm_q5_k_vnni, k_pack_q5_k_vnni}, {T_Q6_K, k_gemm_q6_k_vnni, k_pack_q6_k_vnni},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
+        t[gemms[i].type].gemm = gemms[i].gemm;
+        t[gemms[i].type].pack = gemms[i].pack;
+        t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
+        t[gemms[i].type].panel_blk = k_panel_blk(k_panel_layout(K_SET_AVXVNNI, gemms[i].type));
+        t[gemms[i].type].side_w16 = false;
+    }
+}
+
 static void k_fill_avx512(k_traits *t) {
     static const struct { uint32_t type; k_vec_dot_fn dot; k_vec_dot_rows_fn rows; } dots[] = {
         {T_Q4_0, k_dot_q4_0_q8_0_avx512, k_dot_rows_q4_0_q8_0_avx512}, {T_Q4_1, k_dot_q4_1_q8_1_avx512, k_dot_rows_q4_1_q8_1_avx512},
@@ -13257,9 +13354,11 @@ static void k_sets_init(void) {
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
+    k_fill_avxvnni(k_set_tables[K_SET_AVXVNNI]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
     k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2,
                                         k_softmax_avx2, NULL};
+    k_set_vec[K_SET_AVXVNNI] = k_set_vec[K_SET_AVX2];
     k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx512, k_exp_shift_avx2,
                                           k_softmax_avx2, k_quant_side_q8_0_avx512};
 #endif
@@ -13304,7 +13403,7 @@ PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_get(void) {
     return &k_set_vec[k_active_set];
 }
 
-// Name of the set k_traits_get uses ("ref", "avx2", "avx512", "neon", "dotprod" or "i8mm").
+// Name of the set k_traits_get uses ("ref", "avx2", "avxvnni", "avx512", "neon", "dotprod" or "i8mm").
 PSV_MAYBE_UNUSED static const char *k_kernel_set_name(void) {
     pthread_once(&k_sets_once, k_sets_init);
     return k_set_names[k_active_set];

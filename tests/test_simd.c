@@ -854,6 +854,8 @@ static void test_choose(void) {
     v4.avx512f = v4.avx512bw = v4.avx512vl = v4.avx512vnni = true;
     plat_cpu v4_no_vnni = v4;
     v4_no_vnni.avx512vnni = false;
+    plat_cpu v3_vnni = v3, v4_avxvnni = v4; // Alder Lake and on; Sapphire Rapids
+    v3_vnni.avxvnni = v4_avxvnni.avxvnni = true;
     plat_cpu arm = none, arm_dp;
     arm.detected = arm.neon = true;
     arm_dp = arm;
@@ -875,6 +877,10 @@ static void test_choose(void) {
         {"neon", &v4, K_SET_AVX512, true},   {NULL, &v4_no_vnni, K_SET_AVX2, false},
         {"avx512", &v4_no_vnni, K_SET_AVX2, true}, {"dotprod", &v4, K_SET_AVX512, true},
         {"i8mm", &v4, K_SET_AVX512, true},   {NULL, &arm_mm, K_SET_REF, false},
+        {NULL, &v3_vnni, K_SET_AVXVNNI, false}, {"avx2", &v3_vnni, K_SET_AVX2, false},
+        {"avxvnni", &v3_vnni, K_SET_AVXVNNI, false}, {"avxvnni", &v3, K_SET_AVX2, true},
+        {"avxvnni", &v4, K_SET_AVX512, true}, {NULL, &v4_avxvnni, K_SET_AVX512, false},
+        {"avxvnni", &v4_avxvnni, K_SET_AVXVNNI, false}, {"avx512", &v3_vnni, K_SET_AVXVNNI, true},
 #elif defined(PSV_ARM64)
         {NULL, &arm, K_SET_NEON, false},     {NULL, &arm_dp, K_SET_DOTPROD, false},
         {"auto", &arm_dp, K_SET_DOTPROD, false}, {"neon", &arm_dp, K_SET_NEON, false},
@@ -883,8 +889,10 @@ static void test_choose(void) {
         {NULL, &arm_mm, K_SET_I8MM, false},  {"dotprod", &arm_mm, K_SET_DOTPROD, false},
         {"i8mm", &arm_dp, K_SET_DOTPROD, true}, {NULL, &arm_mm_only, K_SET_NEON, false},
         {"i8mm", &arm_mm_only, K_SET_NEON, true}, {NULL, &v4, K_SET_REF, false},
+        {"avxvnni", &v3_vnni, K_SET_REF, true}, {NULL, &v4_avxvnni, K_SET_REF, false},
 #else
         {NULL, &v4, K_SET_REF, false},       {"avx2", &v4, K_SET_REF, true},
+        {"avxvnni", &v4_avxvnni, K_SET_REF, true}, {NULL, &v3_vnni, K_SET_REF, false},
         {"avx512", &v4_no_vnni, K_SET_REF, true}, {NULL, &arm_dp, K_SET_REF, false},
         {NULL, &arm_mm, K_SET_REF, false},   {NULL, &arm_mm_only, K_SET_REF, false},
 #endif

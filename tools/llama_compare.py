@@ -14,8 +14,8 @@ Everything goes to $LLAMA_DIR (default /tmp/pensieve-llama); nothing enters the 
 `bench` runs `pensieve bench` and `llama-bench` on the same file with the same settings, in
 alternating rounds (this machine's speed drifts), and prints both with their ratio. A benchmark:
 it asserts nothing. `--variant NAME` measures one of the prebuilt CPU libraries instead (x64,
-haswell, icelake, zen4 or sapphirerapids: what llama.cpp's packaged builds load on such CPUs),
-through tools/llama_logits.c's bench mode, which times what llama-bench times. On Intel CPUs
+haswell, alderlake, icelake, zen4 or sapphirerapids: what llama.cpp's packaged builds load on
+such CPUs), through tools/llama_logits.c's bench mode, which times what llama-bench times. On Intel CPUs
 with AMX the build from source crashes in prompts (SIGILL in ggml's AMX matrix product, llama.cpp
 as of late 2026), where the prebuilt sapphirerapids library runs: `--variant sapphirerapids`.
 
@@ -40,7 +40,7 @@ NLC = "3.22.1"  # node-llama-cpp release whose llama.cpp is built (its bundle: l
 SRC = os.path.join(DIR, "llama.cpp")
 BIN = os.path.join(SRC, "build", "bin")
 VARIANTS = ("haswell", "x64")  # the prebuilt libraries `conformance` compares
-PREBUILT = ("x64", "haswell", "icelake", "zen4", "sapphirerapids")  # those `setup` links llama_logits against
+PREBUILT = ("x64", "haswell", "alderlake", "icelake", "zen4", "sapphirerapids")  # those `setup` links llama_logits against
 
 
 def run(cmd, **kw):
