@@ -13245,6 +13245,24 @@ static char k_active_note[160];
 static pthread_once_t k_sets_once = PTHREAD_ONCE_INIT;
 
 #if defined(PSV_X86)
+typedef struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } k_gemm_entry;
+
+// Installs an x86 set's GEMM kernels and packers, with what goes with them: the rows a call
+// takes, the bytes of a packed block (k_panel_layout; the AVX2 set's Q8_0: int16) and whether
+// the activation rows carry int16 quants (k_act_side_w16, for that Q8_0 kernel).
+static void k_fill_gemms(k_traits *t, k_set set, const k_gemm_entry *g, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t ty = g[i].type;
+        const bool w16 = set == K_SET_AVX2 && ty == T_Q8_0;
+        t[ty].gemm = g[i].gemm;
+        t[ty].pack = g[i].pack;
+        t[ty].gemm_rows = set != K_SET_AVX512 ? K_GEMM_ROWS
+                          : type_table[ty].blck_size == QK_K ? K_GEMM_ROWS_AVX512_K : K_GEMM_ROWS_AVX512;
+        t[ty].panel_blk = w16 ? K_PANEL_W16_BLK : k_panel_blk(k_panel_layout(set, ty));
+        t[ty].side_w16 = w16;
+    }
+}
+
 static void k_fill_avx2(k_traits *t) {
     static const struct { uint32_t type; k_vec_dot_fn dot; k_vec_dot_rows_fn rows; } dots[] = {
         {T_Q4_0, k_dot_q4_0_q8_0_avx2, k_dot_rows_q4_0_q8_0_avx2}, {T_Q4_1, k_dot_q4_1_q8_1_avx2, k_dot_rows_q4_1_q8_1_avx2},
@@ -13259,20 +13277,14 @@ static void k_fill_avx2(k_traits *t) {
         t[dots[i].type].vec_dot = dots[i].dot;
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
-    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
+    static const k_gemm_entry gemms[] = {
         {T_Q4_0, k_gemm_q4_0_avx2, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx2, k_pack_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_avx2, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx2, k_pack_q5_1_avx2},
         {T_Q2_K, k_gemm_q2_k_avx2, k_pack_q2_k_avx2}, {T_Q3_K, k_gemm_q3_k_avx2, k_pack_q3_k_avx2},
         {T_Q4_K, k_gemm_q4_k_avx2, k_pack_q4_k_avx2}, {T_Q5_K, k_gemm_q5_k_avx2, k_pack_q5_k_avx2},
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
-        t[gemms[i].type].gemm = gemms[i].gemm;
-        t[gemms[i].type].pack = gemms[i].pack;
-        t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
-        t[gemms[i].type].panel_blk = gemms[i].type == T_Q8_0 ? K_PANEL_W16_BLK : k_panel_blk(k_panel_layout(K_SET_AVX2, gemms[i].type));
-        t[gemms[i].type].side_w16 = gemms[i].type == T_Q8_0;
-    }
+    k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
@@ -13291,20 +13303,14 @@ static void k_fill_avx2(k_traits *t) {
 // CPUs from Alder Lake on without AVX-512; k_gemm_blk_avx2 with vnni).
 static void k_fill_avxvnni(k_traits *t) {
     k_fill_avx2(t);
-    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
+    static const k_gemm_entry gemms[] = {
         {T_Q4_0, k_gemm_q4_0_vnni, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_vnni, k_pack_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_vnni, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_vnni, k_pack_q5_1_avx2},
         {T_Q8_0, k_gemm_q8_0_vnni, k_pack_q8_0_vnni}, {T_Q2_K, k_gemm_q2_k_vnni, k_pack_q2_k_vnni},
         {T_Q3_K, k_gemm_q3_k_vnni, k_pack_q3_k_vnni}, {T_Q4_K, k_gemm_q4_k_vnni, k_pack_q4_k_vnni},
         {T_Q5_K, k_gemm_q5_k_vnni, k_pack_q5_k_vnni}, {T_Q6_K, k_gemm_q6_k_vnni, k_pack_q6_k_vnni},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
-        t[gemms[i].type].gemm = gemms[i].gemm;
-        t[gemms[i].type].pack = gemms[i].pack;
-        t[gemms[i].type].gemm_rows = K_GEMM_ROWS;
-        t[gemms[i].type].panel_blk = k_panel_blk(k_panel_layout(K_SET_AVXVNNI, gemms[i].type));
-        t[gemms[i].type].side_w16 = false;
-    }
+    k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms));
 }
 
 static void k_fill_avx512(k_traits *t) {
@@ -13320,20 +13326,14 @@ static void k_fill_avx512(k_traits *t) {
         t[dots[i].type].vec_dot = dots[i].dot;
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
-    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } gemms[] = {
+    static const k_gemm_entry gemms[] = {
         {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx512, k_pack_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
         {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
         {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx2},
         {T_Q5_K, k_gemm_q5_k_avx512, k_pack8_q5_k_avx2}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack8_q6_k_avx2},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
-        t[gemms[i].type].gemm = gemms[i].gemm;
-        t[gemms[i].type].pack = gemms[i].pack;
-        t[gemms[i].type].gemm_rows = type_table[gemms[i].type].blck_size == QK_K ? K_GEMM_ROWS_AVX512_K : K_GEMM_ROWS_AVX512;
-        t[gemms[i].type].panel_blk = k_panel_blk(gemms[i].type);
-        t[gemms[i].type].side_w16 = false;
-    }
+    k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
     t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
     t[T_Q4_0].gemv = k_gemv_q4_0_avx512;
