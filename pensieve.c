@@ -9824,6 +9824,12 @@ K_AVX2 K_INLINE void k_quants_store_avx2(__m256i v[8], uint8_t *dst, bool g8) {
     else k_transpose8_store_avx2(v, dst);
 }
 
+// int32 lanes holding int16 values -> each value in both halves of its lane (a vpmaddwd factor:
+// k_panel_sc16).
+K_AVX2 K_INLINE __m256i k_dup16_avx2(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
 // In the layout of set `set`'s panels: groups of eight quants (k_panel_g8) or of four, and
 // Q4_K's quants as bytes (k_panel_bytes4) or its quant bytes.
 K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel,
@@ -9895,27 +9901,14 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 memcpy(pb + dxo + 8 * r, &d, 8);
                 if (min) memcpy(pb + dxo + 64 + 8 * r, &dm, 8);
             }
-            if (type == T_Q4_K) { // the quant bytes, 32 per chunk: vectors 8c..8c+7
+            if (type == T_Q4_K && !k_panel_bytes4(set, type)) { // the quant bytes, 32 per chunk: vectors 8c..8c+7
                 for (int c = 0; c < 4; c++) {
                     __m256i v[8];
                     K_UNROLL
                     for (int r = 0; r < 8; r++) v[r] = r < nw ? k_load256(xb + (size_t)r * ws + 16 + 32 * c) : _mm256_setzero_si256();
-                    if (!k_panel_bytes4(set, type)) {
-                        k_quants_store_avx2(v, pb + 256 * c, g8);
-                        continue;
-                    }
-                    // as bytes: the nibbles of transposed vector s are steps 16c + s and 16c + 8 + s
-                    // (k_panel_split4)
-                    const __m256i m4 = _mm256_set1_epi8(15);
-                    k_transpose8_avx2(v);
-                    K_UNROLL
-                    for (int t = 0; t < 8; t++) {
-                        _mm256_storeu_si256((__m256i *)(void *)(pb + 32 * (16 * c + t)), _mm256_and_si256(v[t], m4));
-                        _mm256_storeu_si256((__m256i *)(void *)(pb + 32 * (16 * c + 8 + t)),
-                                            _mm256_and_si256(_mm256_srli_epi16(v[t], 4), m4));
-                    }
+                    k_quants_store_avx2(v, pb + 256 * c, g8);
                 }
-            } else {
+            } else { // the quants as bytes (Q4_K: k_panel_bytes4)
                 for (int c = 0; c < 8; c++) { // chunk c: the panel's steps 8c..8c+7
                     __m256i v[8];
                     K_UNROLL
@@ -9929,10 +9922,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             for (int r = 0; r < 8; r++) {
                 lo[r] = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[r]));
                 hi[r] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[r], 1));
-                if (k_panel_sc16(set)) { // each scale in both halves of its lane
-                    lo[r] = _mm256_or_si256(_mm256_and_si256(lo[r], _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(lo[r], 16));
-                    hi[r] = _mm256_or_si256(_mm256_and_si256(hi[r], _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi[r], 16));
-                }
+                if (k_panel_sc16(set)) lo[r] = k_dup16_avx2(lo[r]), hi[r] = k_dup16_avx2(hi[r]);
                 co[r] = _mm256_mullo_epi16(s16[r], noff);
             }
             k_transpose8_store_avx2(lo, pb + k_panel_sc(lt));
@@ -9988,8 +9978,9 @@ K_DEF_PACK8(q6_k, T_Q6_K)
 // multiplying by the k-quants' sub-block scales on the way (as int16; every scale fits: the
 // panel has each twice, k_panel_sc16). The double terms are formed for the eight weight rows in
 // two 4-lane vectors, exactly as the reference forms them, and added to accumulators kept in
-// memory (16 registers would not hold them). Two activation rows at a time. Q8_0 has a kernel of its own (k_gemm_q8_0_avx2): its
-// unsigned quants reach 255, and a vpmaddubsw pair sum could saturate.
+// memory (16 registers would not hold them). Two activation rows at a time. Q8_0 has a kernel
+// of its own (k_gemm_q8_0_avx2): its unsigned quants reach 255, and a vpmaddubsw pair sum could
+// saturate.
 
 K_AVX2 K_INLINE __m256i k_bcast4_avx2(const void *p) {
     int32_t v;
@@ -10114,7 +10105,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
     // `per` steps of four values to a scale vector (sub-blocks of 16 values; Q5_K's of 32 have
     // each scale twice, and Q4_K, whose quants are bytes here too (k_panel_bytes4), takes every
     // other one, for 32), in int16 runs of `run` steps
-    const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K && !vnni ? 8 : 4;
+    const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K ? 8 : 4;
     for (int k = 0; vnni && k < 16; k++) { // int32 sums of 16 values, each times its scale
         const __m256i sc = k_load256(psc + 32 * k);
         __m256i d[2];
