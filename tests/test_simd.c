@@ -274,8 +274,9 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack, regrouped, split or widened where the set wants it) against every count of activation rows, each result compared with the
-// reference vec_dot of its pair; nothing outside the panel's width may be written.
+// packed by k_panel_pack, regrouped, split or widened where the set wants it) against every
+// count of activation rows, each result compared with the reference vec_dot of its pair; nothing
+// outside the panel's width may be written.
 static void st_check_gemm(k_set set) {
     bool any = false;
     for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemm;
@@ -313,7 +314,7 @@ static void st_check_gemm(k_set set) {
                 }
                 k_panel_pack(wt, n, x, xs, nw, panel);
                 if (k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
-                if (k_panel_bytes4(set, wt)) { // the AVX2 set's Q4_K: bytes, in Q5_K's layout
+                if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
                     CHECK(pz == k_panel_size(T_Q5_K, n));
                     k_panel_split4(n, panel, want);
                 } else if (pz != k_panel_size(wt, n)) { // the AVX2 set's Q8_0: int16
