@@ -10017,7 +10017,7 @@ K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
 // vnni: the avxvnni set's kernel (its panels: k_panel_layout, without k_panel_sc16), where
 // vpdpbusd sums the products into int32 at once, with no int16 runs and no vpmaddwd to widen
-// them; it also takes Q8_0, from k_panel_pack's panels (quants plus 128, as the AVX-512 set).
+// them (its Q4_0, Q5_0 and Q8_0 have a kernel of their own, k_gemm_g_core_vnni).
 K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                      const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                      int64_t nb, double *acc) {
@@ -10052,7 +10052,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
             }
             K_UNROLL
             for (int r = 0; r < R; r++) is[r] = vnni ? p[r] : _mm256_madd_epi16(p[r], ones);
-        } else if (vnni) { // the 8 steps into int32 (Q8_0: at most 32 * 255 * 128)
+        } else if (vnni) { // the 8 steps into int32 (Q5_1: at most 32 * 31 * 128)
             K_UNROLL
             for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
             K_UNROLL
@@ -10222,16 +10222,107 @@ K_DEF_GEMM2(q3_k, T_Q3_K, avx2, false)
 K_DEF_GEMM2(q4_k, T_Q4_K, avx2, false)
 K_DEF_GEMM2(q5_k, T_Q5_K, avx2, false)
 K_DEF_GEMM2(q6_k, T_Q6_K, avx2, false)
-K_DEF_GEMM2(q4_0, T_Q4_0, vnni, true)
 K_DEF_GEMM2(q4_1, T_Q4_1, vnni, true)
-K_DEF_GEMM2(q5_0, T_Q5_0, vnni, true)
 K_DEF_GEMM2(q5_1, T_Q5_1, vnni, true)
-K_DEF_GEMM2(q8_0, T_Q8_0, vnni, true)
 K_DEF_GEMM2(q2_k, T_Q2_K, vnni, true)
 K_DEF_GEMM2(q3_k, T_Q3_K, vnni, true)
 K_DEF_GEMM2(q4_k, T_Q4_K, vnni, true)
 K_DEF_GEMM2(q5_k, T_Q5_K, vnni, true)
 K_DEF_GEMM2(q6_k, T_Q6_K, vnni, true)
+
+// ---- AVX-VNNI: GEMM of Q4_0, Q5_0 and Q8_0 ------------------------------------------------------
+// The avxvnni set's kernel for the types whose activation rows are Q8_0, on k_panel_pack's byte
+// panels (four quants of each of the eight rows a vector; the dx at k_panel_dx), four activation
+// rows a call. k_gemm_blk_avx2's sums, with cheaper terms:
+// - Each row's block comes from its K_ACT_G_BLK-byte block (k_act_side_g: quants, scale and
+//   2^52 + 2^31 - o), as in the AVX-512 kernel.
+// - The vpdpbusd sums start from 2^31, so that an int32 lane ends as the sum with its sign bit
+//   flipped; vpunpckldq / vpunpckhdq against 0x43300000 make it the low half of the double
+//   2^52 + 2^31 + sum (rows 0, 1, 4, 5, then rows 2, 3, 6, 7: the block scales are put in that
+//   order too), and less the bias that is sum + o, exact. Two shuffles and two subtractions,
+//   where vcvtdq2pd took four operations, an extraction and the offset's addition.
+// - The blocks of each lane (b % 4) are taken in a pass of their own, in block order, so the
+//   accumulators stay in registers. The terms are the reference's, added in its order.
+// On the Intel Xeon (Golden Cove cores), one thread, qwen2-0.5b pp128 against k_gemm_blk_avx2:
+// Q4_0 178-197 -> 218-232 t/s, Q8_0 165-169 -> 224; two rows a call, 203-209 for Q4_0. The same
+// scheme for the AVX2 set (vpmaddubsw, and Q8_0's int16 panels) was no faster for Q4_0 and
+// slower for Q8_0 (140 -> 108-116: its 16 ymm registers do not hold four rows' accumulators).
+#define K_GEMM_G_ROWS 4
+K_AVX2 K_INLINE void k_gemm_g_core_vnni(int R, int64_t n, const uint8_t *panel, size_t bb, size_t dxo, const uint8_t *side,
+                                        size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
+    const int64_t nb = n / 32;
+    const uint8_t *g[K_GEMM_G_ROWS];
+    double lanes[K_BLOCK_LANES][K_GEMM_G_ROWS][8]; // lane l of row r: the results of rows 0, 1, 4, 5, 2, 3, 6, 7
+    K_UNROLL
+    for (int r = 0; r < R; r++) g[r] = side + (size_t)r * side_stride + k_act_side_g(n);
+    const __m256i mh = _mm256_set1_epi32(0x43300000), base = _mm256_set1_epi32(INT32_MIN);
+    for (int l = 0; l < K_BLOCK_LANES; l++) {
+        __m256d acc[K_GEMM_G_ROWS][2];
+        K_UNROLL
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_pd();
+        for (int64_t b = l; b < nb; b += K_BLOCK_LANES) {
+            if (pf) k_prefetch_blks(pf, b, 1);
+            const uint8_t *pb = panel + (size_t)b * bb;
+            __m256i is[K_GEMM_G_ROWS];
+            K_UNROLL
+            for (int r = 0; r < R; r++) is[r] = base;
+            K_UNROLL
+            for (int s = 0; s < 8; s++) {
+                const __m256i w = k_load256(pb + 32 * s);
+                K_UNROLL
+                for (int r = 0; r < R; r++) is[r] = k_dpbusd_vex(is[r], w, k_bcast4_avx2(g[r] + (size_t)b * K_ACT_G_BLK + 4 * s));
+            }
+            const __m256d dx0 = _mm256_loadu_pd((const double *)(const void *)(pb + dxo));
+            const __m256d dx1 = _mm256_loadu_pd((const double *)(const void *)(pb + dxo + 32));
+            const __m256d da = _mm256_permute2f128_pd(dx0, dx1, 0x20), db = _mm256_permute2f128_pd(dx0, dx1, 0x31);
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                const uint8_t *gb = g[r] + (size_t)b * K_ACT_G_BLK;
+                const __m256d dy = _mm256_broadcast_sd((const double *)(const void *)(gb + 32));
+                const __m256d bias = _mm256_broadcast_sd((const double *)(const void *)(gb + 40));
+                const __m256d x0 = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_unpacklo_epi32(is[r], mh)), bias);
+                const __m256d x1 = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_unpackhi_epi32(is[r], mh)), bias);
+                // reference: (double)dx * (double)dy * (double)isum, exact (11 + 11 + 19 bits): one
+                // FMA rounds the sum as the reference's addition does
+                acc[r][0] = _mm256_fmadd_pd(_mm256_mul_pd(da, dy), x0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_pd(_mm256_mul_pd(db, dy), x1, acc[r][1]);
+            }
+        }
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_pd(lanes[l][r], acc[r][0]);
+            _mm256_storeu_pd(lanes[l][r] + 4, acc[r][1]);
+        }
+    }
+    static const int at[8] = {0, 1, 4, 5, 2, 3, 6, 7}; // where row i's result is in a lane's eight
+    for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        float res[8];
+        for (int i = 0; i < 8; i++) {
+            double v[K_BLOCK_LANES] = {lanes[0][r][at[i]], lanes[1][r][at[i]], lanes[2][r][at[i]], lanes[3][r][at[i]]};
+            res[i] = k_lanes_sum(v, K_BLOCK_LANES);
+        }
+        memcpy(out[r], res, (size_t)nw * sizeof(float));
+    }
+}
+
+#define K_DEF_GEMM_G(name, type)                                                                          \
+    K_AVX2 static void k_gemm_##name##_vnni(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
+                                            const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
+                                            const k_prefetch *pf) {                                        \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM_G_ROWS && nw >= 1 && nw <= K_PANEL);                            \
+        (void)y, (void)ys; /* the quants come from the side data */                                        \
+        const size_t bb = k_panel_blk(type), dxo = k_panel_dx(type);                                       \
+        switch (nr) { /* (a constant row count for each, so that the loops unroll) */                      \
+        case 4: k_gemm_g_core_vnni(4, n, panel, bb, dxo, side, side_stride, out, nw, pf); break;           \
+        case 3: k_gemm_g_core_vnni(3, n, panel, bb, dxo, side, side_stride, out, nw, pf); break;           \
+        case 2: k_gemm_g_core_vnni(2, n, panel, bb, dxo, side, side_stride, out, nw, pf); break;           \
+        default: k_gemm_g_core_vnni(1, n, panel, bb, dxo, side, side_stride, out, nw, pf); break;          \
+        }                                                                                                  \
+    }
+K_DEF_GEMM_G(q4_0, T_Q4_0)
+K_DEF_GEMM_G(q5_0, T_Q5_0)
+K_DEF_GEMM_G(q8_0, T_Q8_0)
+
 
 // ---- AVX2: Q8_0 GEMM on int16 panels -------------------------------------------------------------
 // Q8_0's quants take all of -128..127, so the AVX2 set packs them as int16 (k_panel_widen16's
