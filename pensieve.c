@@ -11349,14 +11349,13 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
 // each row's four accumulators. Bounds: the dot of 32 values is at most 32 * 255 * 128 < 2^21,
 // the k-quants' isum and msum are the reference's (section 11), far inside int32.
 
-// acc + d * sc, lane by lane, for a k-quant's sums d of a sub-block's quants and its scales sc
-// (int32). Where every sum fits in int16 and the scales are not negative (Q4_K: 16 products of
-// at most 15 * 128 a lane, 30720; Q2_K: 8 of 3 * 128), vpdpwssd does it in one multiply-add:
-// the sum's high half is then its sign and the scale's is zero. The other types' sums can reach
-// 2^16 (Q5_K, Q6_K) or their scales are signed (Q3_K, Q6_K): vpmulld.
-K_AVX512 K_INLINE __m512i k_scale_acc_avx512(uint32_t type, __m512i acc, __m512i d, __m512i sc) {
-    if (type == T_Q4_K || type == T_Q2_K) return _mm512_dpwssd_epi32(acc, d, sc);
-    return _mm512_add_epi32(acc, _mm512_mullo_epi32(d, sc));
+// The int16 words that weight vpackssdw(A, B) in k_gemm_blk_avx512's k-quant sums: the panel's
+// eight int32 scales of A's sub-block at sa (row r at word 2r, |scale| < 2^15) and of B's at
+// sb, as words [a(2L), a(2L), a(2L+1), a(2L+1), b(2L), b(2L), b(2L+1), b(2L+1)] in 128-bit lane L.
+K_AVX512 K_INLINE __m512i k_sc_words_avx512(const uint8_t *sa, const uint8_t *sb) {
+    const __m512i pick = _mm512_set_epi16(30, 30, 28, 28, 14, 14, 12, 12, 26, 26, 24, 24, 10, 10, 8, 8,
+                                          22, 22, 20, 20, 6, 6, 4, 4, 18, 18, 16, 16, 2, 2, 0, 0);
+    return _mm512_permutexvar_epi16(pick, _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(sa)), k_load256(sb), 1));
 }
 
 // Block b of the panel against R activation rows: the term of each, added to acc[r] (32-value
@@ -11449,13 +11448,20 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         return;
     }
     // k-quants, in groups of eight (k_panel_g8): each row's 64-bit lane gathers two int32 sums
-    // of a sub-block, which its scale (both int32 lanes of the row: a permutation of the panel's
-    // eight) multiplies; the two are added once per block. Q4_K/Q5_K: sub-blocks of 32 (the
-    // panel has each scale twice, as for 16-value sub-blocks).
+    // (its even and odd groups of four). Two such vectors A and B, whose every sum fits in int16,
+    // are packed to int16 (vpackssdw: A's four lanes then B's in each 128-bit lane, exact), and one
+    // vpdpwssd multiplies each row's two sums by its scale and adds them: the int32 lanes of a
+    // 128-bit lane L become rows 2L, 2L + 1 of A, then of B, each weighted by its own scale
+    // (k_sc_words_avx512). A and B: Q4_K sub-blocks 2c and 2c + 1 (the low and high nibbles of
+    // chunk c, 16 products of at most 15 * 128 a lane); Q5_K the two halves of a sub-block (8 of
+    // 31 * 128); Q6_K its two steps (4 of 63 * 128); Q2_K, Q3_K sub-blocks k and k + 1 (16 of 3 or
+    // 7 * 128). One multiply-add for two sums (vpmulld, two operations, took one sum before where
+    // the scales are signed or the sums reach 2^16).
     const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 8;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
-    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     __m512i iz[K_GEMM_ROWS_MAX];
+    K_UNROLL
+    for (int r = 0; r < R; r++) iz[r] = _mm512_setzero_si512();
     if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
         const __m512i m4 = _mm512_set1_epi8(15);
         for (int c = 0; c < 4; c++) {
@@ -11476,34 +11482,41 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                     d1[r] = _mm512_dpbusd_epi32(d1[r], hi, _mm512_set1_epi64(a1));
                 }
             }
-            const __m512i sc0 = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(k_load256(pb + k_panel_sc(type) + 32 * (4 * c))));
-            const __m512i sc1 = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(k_load256(pb + k_panel_sc(type) + 32 * (4 * c + 2))));
+            const uint8_t *sc = pb + k_panel_sc(type) + 32 * (4 * c);
+            const __m512i w = k_sc_words_avx512(sc, sc + 64);
             K_UNROLL
-            for (int r = 0; r < R; r++) iz[r] = k_scale_acc_avx512(type, k_scale_acc_avx512(type, c ? iz[r] : _mm512_setzero_si512(), d0[r], sc0), d1[r], sc1);
+            for (int r = 0; r < R; r++) iz[r] = _mm512_dpwssd_epi32(iz[r], _mm512_packs_epi32(d0[r], d1[r]), w);
         }
     } else {
-        for (int k = 0; k < QK_K / sub; k++) {
-            __m512i d[K_GEMM_ROWS_MAX];
+        // pairs of P steps: A the first P / 2, B the rest
+        const int P = type == T_Q6_K ? 2 : 4, H = P / 2;
+        for (int p = 0; p < QK_K / 8 / P; p++) {
+            __m512i d[2][K_GEMM_ROWS_MAX];
             K_UNROLL
-            for (int r = 0; r < R; r++) d[r] = _mm512_setzero_si512();
+            for (int r = 0; r < R; r++) d[0][r] = d[1][r] = _mm512_setzero_si512();
             K_UNROLL
-            for (int j = 0; j < steps; j++) {
-                const __m512i w = _mm512_loadu_si512((const void *)(pb + 64 * (k * steps + j)));
+            for (int j = 0; j < P; j++) {
+                const int st = p * P + j;
+                const __m512i w = _mm512_loadu_si512((const void *)(pb + 64 * st));
                 K_UNROLL
                 for (int r = 0; r < R; r++) {
                     int64_t a8;
-                    memcpy(&a8, yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + sub * k + 8 * j, 8);
-                    d[r] = _mm512_dpbusd_epi32(d[r], w, _mm512_set1_epi64(a8));
+                    memcpy(&a8, yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 8 * st, 8);
+                    d[j / H][r] = _mm512_dpbusd_epi32(d[j / H][r], w, _mm512_set1_epi64(a8));
                 }
             }
-            const __m512i sc = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(k_load256(pb + k_panel_sc(type) + 32 * (k * sub / 16))));
+            // each half's sub-block scale (entries of 16 values)
+            const uint8_t *sc = pb + k_panel_sc(type);
+            const __m512i w = k_sc_words_avx512(sc + 32 * (p * P / steps * sub / 16), sc + 32 * ((p * P + H) / steps * sub / 16));
             K_UNROLL
-            for (int r = 0; r < R; r++) iz[r] = k_scale_acc_avx512(type, k ? iz[r] : _mm512_setzero_si512(), d[r], sc);
+            for (int r = 0; r < R; r++) iz[r] = _mm512_dpwssd_epi32(iz[r], _mm512_packs_epi32(d[0][r], d[1][r]), w);
         }
     }
+    // row r's sums: lanes 0 + 2 and 1 + 3 of each 128-bit lane, rows 2L and 2L + 1
+    const __m512i two = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 12, 9, 8, 5, 4, 1, 0);
     K_UNROLL
-    for (int r = 0; r < R; r++) // row r's two int32 lanes added, into lane r
-        is[r] = _mm512_cvtepi64_epi32(_mm512_add_epi32(iz[r], _mm512_srli_epi64(iz[r], 32)));
+    for (int r = 0; r < R; r++)
+        is[r] = _mm512_castsi512_si256(_mm512_permutexvar_epi32(two, _mm512_add_epi32(iz[r], _mm512_shuffle_epi32(iz[r], _MM_PERM_BADC))));
     K_UNROLL
     for (int r = 0; r < R; r++) ms[r] = _mm256_setzero_si256();
     K_UNROLL

@@ -12,12 +12,13 @@
 //          quarter of it), for sets and types that have them.
 // and, for sets with GEMM kernels:
 //   pack   packing 8 rows of the matrix into a panel, in L1/L2, per weight value;
-//   gemm4  4 activation rows against that panel, per weight value and activation row;
+//   gemmR  the set's rows a call (k_traits.gemm_rows, R = 4 to 6) of activation rows against that
+//          panel, per weight value and activation row;
 //   mat4   the whole matrix against 4 activation rows as a decode step of 4 sequences does it
 //          (mm_gemm_task: pack a panel, prefetch the next while computing), per weight value and row.
 // Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
 // Times are this thread's CPU time, the best of several trials (the machine may be shared).
-// Usage: bench_simd [seconds per measurement, default 0.5]
+// Usage: bench_simd [seconds per measurement, default 0.5] [type ...: only these, e.g. Q4_K Q6_K]
 #define PSV_TESTING
 #define PSV_NO_MAIN
 #include "pensieve.c"
@@ -111,10 +112,11 @@ static void bs_pack(void *p) {
     bs_ctx *c = p;
     c->tr->pack(c->n, c->w, c->xs, K_PANEL, c->panel);
 }
-static void bs_gemm4(void *p) {
+static void bs_gemm(void *p) {
     bs_ctx *c = p;
-    float *out[4] = {c->out, c->out + 8, c->out + 16, c->out + 24};
-    c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, 4, out, K_PANEL, NULL);
+    float *out[K_GEMM_ROWS_MAX];
+    for (int r = 0; r < c->tr->gemm_rows; r++) out[r] = c->out + K_PANEL * r;
+    c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, c->tr->gemm_rows, out, K_PANEL, NULL);
 }
 static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on one thread
     bs_ctx *c = p;
@@ -150,13 +152,16 @@ int main(int argc, char **argv) {
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
     printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
-           "gemv1 ns/v", "pack ns/v", "gemm4 ns/v", "mat4 ns/v");
+           "gemv1 ns/v", "pack ns/v", "gemmR ns/v", "mat4 ns/v");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t wt = types[ti], at = k_traits_ref(wt)->vec_dot_type;
+        bool chosen = argc <= 2;
+        for (int i = 2; i < argc; i++) chosen |= strcmp(argv[i], type_get(wt)->name) == 0;
+        if (!chosen) continue;
         uint64_t xs = 0, ys = 0;
         type_row_size(wt, (uint64_t)n, &xs);
         type_row_size(at, (uint64_t)n, &ys);
-        uint8_t *w = bs_row(wt, n, n_out), *a = bs_row(at, n, 4);
+        uint8_t *w = bs_row(wt, n, n_out), *a = bs_row(at, n, K_GEMM_ROWS_MAX);
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
             static float out[4 * 16384];
@@ -179,16 +184,16 @@ int main(int argc, char **argv) {
             if (c.tr->gemm) {
                 c.side_stride = k_act_side_stride(c.tr, n, true);
                 c.panel = malloc(k_panel_bytes(c.tr, wt, n));
-                c.side = malloc(4 * c.side_stride);
+                c.side = malloc(K_GEMM_ROWS_MAX * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
-                for (int r = 0; r < 4; r++) {
+                for (int r = 0; r < K_GEMM_ROWS_MAX; r++) {
                     k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
                     if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
                 }
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * K_PANEL);
-                double gemm4 = bs_time(bs_gemm4, &c, secs) * 1e9 / (double)(n * K_PANEL * 4);
+                double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * K_PANEL * c.tr->gemm_rows);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
-                printf(" %10.4f %10.4f %10.4f", pack, gemm4, mat4);
+                printf(" %10.4f %10.4f %10.4f", pack, gemm, mat4);
                 free(c.panel);
                 free(c.side);
             }
@@ -198,6 +203,7 @@ int main(int argc, char **argv) {
         free(w);
         free(a);
     }
+    if (argc > 2) return 0; // (types named: only their rows)
     // activation quantizers: ns per value on a 4096-value row
     printf("\n%-6s %-7s %10s\n", "quant", "set", "ns/v");
     static const uint32_t acts[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16};
