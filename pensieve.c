@@ -11454,7 +11454,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     // 128-bit lane L become rows 2L, 2L + 1 of A, then of B, each weighted by its own scale
     // (k_sc_words_avx512). A and B: Q4_K sub-blocks 2c and 2c + 1 (the low and high nibbles of
     // chunk c, 16 products of at most 15 * 128 a lane); Q5_K the two halves of a sub-block (8 of
-    // 31 * 128); Q6_K its two steps (4 of 63 * 128); Q2_K, Q3_K sub-blocks k and k + 1 (16 of 3 or
+    // 31 * 128); Q6_K its two steps (4 of 63 * 128); Q2_K, Q3_K sub-blocks k and k + 1 (8 of 3 or
     // 7 * 128). One multiply-add for two sums (vpmulld, two operations, took one sum before where
     // the scales are signed or the sums reach 2^16).
     const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 8;
