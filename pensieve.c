@@ -11343,8 +11343,8 @@ K_AVX512 static void k_quant_side_q8_0_avx512(const float *x, uint8_t *y, int64_
 // row's 64-bit lane gathers two int32 sums (whole 512-bit vectors: on a CPU with full-width
 // AVX-512 units, such as Zen 5, a 256-bit vpdpbusd does half the work in the same slot; the
 // k-quants went from 130-145 to 190-225 GMAC/s in the cache there); the k-quants weight them by
-// their sub-block scales (k_scale_acc_avx512) and add the offset and minimum terms from the
-// activation's sums of 16 (vpdpwssd on int16 pairs). The block's double term is then formed for
+// their sub-block scales (k_sc_words_avx512: one vpdpwssd for two sums) and add the offset and
+// minimum terms from the activation's sums of 16 (vpdpwssd on int16 pairs). The block's double term is then formed for
 // the eight weight rows at once, exactly as the reference forms it, and added to lane b % 4 of
 // each row's four accumulators. Bounds: the dot of 32 values is at most 32 * 255 * 128 < 2^21,
 // the k-quants' isum and msum are the reference's (section 11), far inside int32.
@@ -11457,7 +11457,6 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     // 31 * 128); Q6_K its two steps (4 of 63 * 128); Q2_K, Q3_K sub-blocks k and k + 1 (8 of 3 or
     // 7 * 128). One multiply-add for two sums (vpmulld, two operations, took one sum before where
     // the scales are signed or the sums reach 2^16).
-    const int sub = type == T_Q4_K || type == T_Q5_K ? 32 : 16, steps = sub / 8;
     const bool cor = type == T_Q3_K || type == T_Q6_K;
     __m512i iz[K_GEMM_ROWS_MAX];
     K_UNROLL
@@ -11505,9 +11504,10 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
                     d[j / H][r] = _mm512_dpbusd_epi32(d[j / H][r], w, _mm512_set1_epi64(a8));
                 }
             }
-            // each half's sub-block scale (entries of 16 values)
+            // each half's scale: the panel's entry of the 16 values its first step's 8 are in
+            // (Q5_K's sub-blocks of 32 have theirs in two entries)
             const uint8_t *sc = pb + k_panel_sc(type);
-            const __m512i w = k_sc_words_avx512(sc + 32 * (p * P / steps * sub / 16), sc + 32 * ((p * P + H) / steps * sub / 16));
+            const __m512i w = k_sc_words_avx512(sc + 32 * (p * P / 2), sc + 32 * ((p * P + H) / 2));
             K_UNROLL
             for (int r = 0; r < R; r++) iz[r] = _mm512_dpwssd_epi32(iz[r], _mm512_packs_epi32(d[0][r], d[1][r]), w);
         }
