@@ -136,6 +136,10 @@
 #define PSV_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__x86_64__) && defined(__linux__)
+#define PSV_AMX 1 // Intel's tile unit: Linux lends it to a process that asks (arch_prctl)
+#include <sys/syscall.h>
+#endif
 #endif
 #if defined(__aarch64__) && defined(__AARCH64EL__) // (the kernels read little-endian blocks)
 #define PSV_ARM64 1
@@ -179,7 +183,7 @@ static int plat_n_cpus(void) {
 typedef struct {
     bool detected;
     bool sse3, ssse3, fma, f16c, avx, avx2, avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16,
-        avxvnni, sha_ni;
+        avxvnni, sha_ni, amx;
     bool neon, dotprod, i8mm, arm_sha2, fp16;
 } plat_cpu;
 
@@ -221,6 +225,14 @@ static void plat_cpu_detect_once(void) {
             c.avxvnni = c.avx2 && ((a1 >> 4) & 1);
             c.avx512bf16 = c.avx512f && ((a1 >> 5) & 1);
             PSV_UNUSED(b1); PSV_UNUSED(c1); PSV_UNUSED(d1);
+#if defined(PSV_AMX)
+            // AMX-TILE and AMX-INT8 (leaf 7 EDX bits 24 and 25), the OS saving the tiles' state
+            // (XCR0 bits 17 and 18: XTILECFG, XTILEDATA), and Linux granting this process the
+            // tile data (arch_prctl ARCH_REQ_XCOMP_PERM = 0x1023 for feature 18; without it the
+            // first tile instruction faults). Asked once, here, for every thread of the process.
+            c.amx = c.avx512f && ((d >> 24) & 1) && ((d >> 25) & 1) && (xcr0 & 0x60000) == 0x60000 &&
+                    syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
         }
     }
 #elif defined(PSV_ARM64)
@@ -7436,7 +7448,7 @@ typedef void (*k_gemv_fn)(int64_t n, float *s, int64_t s_stride, const uint8_t *
 // successive calls for successive groups continue the same four streams of rows.
 typedef void (*k_gemv1_fn)(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                            const uint8_t *y, const uint8_t *side);
-typedef struct {
+typedef struct k_traits_s {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
     k_vec_dot_fn vec_dot;   // x of this type, y of vec_dot_type; NULL for activation-only types
@@ -7449,6 +7461,11 @@ typedef struct {
     int gemm_rows;                  // the activation rows gemm takes at once (set with gemm)
     size_t panel_blk;               // bytes of a block in pack's layout (set with gemm; k_panel_bytes)
     bool side_w16;                  // gemm reads the activation's int16 quants (k_act_side_w16)
+    int panel_rows;                 // the weight rows of pack's panels (set with gemm; K_PANEL, or the amx set's 16)
+    // products of fewer than gemm_min rows take the traits gemm_few (same results; the amx set's
+    // Q4_K: the AVX-512 set's, whose GEMM costs less for a few rows); NULL: none
+    const struct k_traits_s *gemm_few;
+    int gemm_min;
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8365,21 +8382,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -8425,14 +8442,14 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   k_traits.pack/.gemm     panels of 8 weight rows against many activation rows (prompts)
 //   k_vec_get()             element-wise kernels: exp (softmax), SwiGLU, and attention's
 //                           products over the KV cache rows (dot_keys, axpy_rows)
-//   k_kernel_set_name()     "ref", "avx2", "avxvnni", "avx512", "neon", "dotprod" or "i8mm"; k_kernel_set_note(): why PSV_KERNELS was
+//   k_kernel_set_name()     "ref", "avx2", "avxvnni", "avx512", "amx", "neon", "dotprod" or "i8mm"; k_kernel_set_note(): why PSV_KERNELS was
 //                           not honoured, or NULL
 //   cli_cpu()               `pensieve info --cpu`
 // All x86 code is under PSV_X86 and the NEON kernels under PSV_ARM64; other targets get the
 // reference set only.
 
-typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVXVNNI, K_SET_AVX512, K_SET_NEON, K_SET_DOTPROD, K_SET_I8MM, K_SET_COUNT } k_set;
-static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avxvnni", "avx512", "neon", "dotprod", "i8mm"};
+typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVXVNNI, K_SET_AVX512, K_SET_AMX, K_SET_NEON, K_SET_DOTPROD, K_SET_I8MM, K_SET_COUNT } k_set;
+static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avxvnni", "avx512", "amx", "neon", "dotprod", "i8mm"};
 
 // Whether a CPU can run a kernel set (and this build has it).
 static bool k_set_supported(k_set s, const plat_cpu *c) {
@@ -8443,6 +8460,9 @@ static bool k_set_supported(k_set s, const plat_cpu *c) {
     case K_SET_AVXVNNI: return c->avx2 && c->fma && c->f16c && c->avxvnni;
     case K_SET_AVX512:
         return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
+#endif
+#if defined(PSV_AMX)
+    case K_SET_AMX: return k_set_supported(K_SET_AVX512, c) && c->amx;
 #endif
 #if defined(PSV_ARM64)
     case K_SET_NEON: return c->neon;
@@ -8474,13 +8494,14 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
         if (k_set_supported((k_set)s, c)) return (k_set)s;
         snprintf(note, note_size, "PSV_KERNELS=%s: this CPU lacks %s; using %s", req,
                  s == K_SET_AVX512 ? "AVX-512 F/BW/VL/VNNI" : s == K_SET_AVX2 ? "AVX2/FMA/F16C"
+                 : s == K_SET_AMX ? "AVX-512 VNNI with AMX-INT8 (or the OS did not grant its tiles)"
                  : s == K_SET_AVXVNNI ? "AVX2/FMA/F16C with AVX-VNNI" : s == K_SET_NEON ? "NEON"
                  : s == K_SET_DOTPROD ? "NEON with the dot product instructions (FEAT_DotProd)"
                  : s == K_SET_I8MM ? "NEON with the dot product and int8 matrix instructions (FEAT_DotProd, FEAT_I8MM)" : "it",
                  k_set_names[best]);
         return best;
     }
-    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avxvnni, avx512, neon, dotprod or i8mm); using %s",
+    snprintf(note, note_size, "PSV_KERNELS=%.40s: unknown kernel set (expected auto, ref, avx2, avxvnni, avx512, amx, neon, dotprod or i8mm); using %s",
              req, k_set_names[best]);
     return best;
 }
@@ -8539,7 +8560,8 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 // no faster; Q4_0 and Q8_0 the same with five or six).
 #define K_GEMM_ROWS_AVX512 5
 #define K_GEMM_ROWS_AVX512_K 6
-#define K_GEMM_ROWS_MAX 6
+#define K_GEMM_ROWS_AMX 32 // the amx set's k-quants: two tiles of 16 rows (see "AMX")
+#define K_GEMM_ROWS_MAX 32 // the most any set's gemm takes
 
 static bool k_panel_has(uint32_t type) {
     switch (type) {
@@ -8663,7 +8685,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 
 // Whether set `set` packs `type` in groups of eight quants (see "GEMM panels").
 PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
-    return set == K_SET_AVX512 && (type_table[type].blck_size == QK_K || !k_panel_nibbles(type));
+    return (set == K_SET_AVX512 || set == K_SET_AMX) && (type_table[type].blck_size == QK_K || !k_panel_nibbles(type));
 }
 
 // Whether set `set` packs Q4_K's quants as bytes, one value each, in Q5_K's panel layout (the
@@ -11368,12 +11390,12 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     const bool min = k_panel_min(type);
     const __m512d dx = _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type)));
     const __m512d dm = min ? _mm512_loadu_pd((const double *)(const void *)(pb + k_panel_dx(type) + 64)) : dx;
-    __m256i is[K_GEMM_ROWS_MAX], ms[K_GEMM_ROWS_MAX];
+    __m256i is[K_GEMM_ROWS_AVX512_K], ms[K_GEMM_ROWS_AVX512_K];
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
         if (k_panel_nibbles(type)) { // the high nibbles in a second chain of sums (shorter latency)
-            __m256i ih[K_GEMM_ROWS_MAX];
+            __m256i ih[K_GEMM_ROWS_AVX512_K];
             K_UNROLL
             for (int r = 0; r < R; r++) {
                 is[r] = k_panel_off(type) ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // (k_act_side)
@@ -11404,7 +11426,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         // even and the odd groups of four. Q8_0 rows (Q4_0, Q5_0, Q8_0): yr[r] is the row's
         // K_ACT_G_BLK-byte blocks (k_act_side), whose bias for the conversion below takes the
         // offset term; Q8_1 rows (Q5_1) have none (its weights carry a minimum instead).
-        __m512i z[K_GEMM_ROWS_MAX];
+        __m512i z[K_GEMM_ROWS_AVX512_K];
         K_UNROLL
         for (int r = 0; r < R; r++) z[r] = _mm512_setzero_si512();
         K_UNROLL
@@ -11458,13 +11480,13 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
     // 7 * 128). One multiply-add for two sums (vpmulld, two operations, took one sum before where
     // the scales are signed or the sums reach 2^16).
     const bool cor = type == T_Q3_K || type == T_Q6_K;
-    __m512i iz[K_GEMM_ROWS_MAX];
+    __m512i iz[K_GEMM_ROWS_AVX512_K];
     K_UNROLL
     for (int r = 0; r < R; r++) iz[r] = _mm512_setzero_si512();
     if (type == T_Q4_K) { // sub-blocks 2c and 2c + 1 from the low and high nibbles of chunk c
         const __m512i m4 = _mm512_set1_epi8(15);
         for (int c = 0; c < 4; c++) {
-            __m512i d0[K_GEMM_ROWS_MAX], d1[K_GEMM_ROWS_MAX];
+            __m512i d0[K_GEMM_ROWS_AVX512_K], d1[K_GEMM_ROWS_AVX512_K];
             K_UNROLL
             for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm512_setzero_si512();
             K_UNROLL
@@ -11490,7 +11512,7 @@ K_AVX512 K_INLINE void k_gemm_blk_avx512(uint32_t type, int R, const uint8_t *pb
         // pairs of P steps: A the first P / 2, B the rest
         const int P = type == T_Q6_K ? 2 : 4, H = P / 2;
         for (int p = 0; p < QK_K / 8 / P; p++) {
-            __m512i d[2][K_GEMM_ROWS_MAX];
+            __m512i d[2][K_GEMM_ROWS_AVX512_K];
             K_UNROLL
             for (int r = 0; r < R; r++) d[0][r] = d[1][r] = _mm512_setzero_si512();
             K_UNROLL
@@ -11552,11 +11574,11 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
                                           const k_prefetch *pf) {
     const int64_t nb = n / type_table[type].blck_size;
     const size_t bb = k_panel_blk(type);
-    const uint8_t *yr[K_GEMM_ROWS_MAX];
-    const int16_t *ar[K_GEMM_ROWS_MAX];
-    const double *dr[K_GEMM_ROWS_MAX];
-    const int32_t *ao[K_GEMM_ROWS_MAX];
-    __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS_MAX];
+    const uint8_t *yr[K_GEMM_ROWS_AVX512_K];
+    const int16_t *ar[K_GEMM_ROWS_AVX512_K];
+    const double *dr[K_GEMM_ROWS_AVX512_K];
+    const int32_t *ao[K_GEMM_ROWS_AVX512_K];
+    __m512d acc[K_BLOCK_LANES][K_GEMM_ROWS_AVX512_K];
     K_UNROLL
     for (int r = 0; r < R; r++) {
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
@@ -11576,7 +11598,7 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
                 k_gemm_blk_avx512(type, R, panel + (size_t)(b + l) * bb, b + l, yr, ar, dr, ao, nb, acc[l], NULL);
         }
     for (; b < nb; b++) {
-        __m512d t[K_GEMM_ROWS_MAX];
+        __m512d t[K_GEMM_ROWS_AVX512_K];
         if (pf) k_prefetch_blks(pf, b, 1);
         if (type_table[type].blck_size == 32) { // the last blocks of a row of 32-value blocks
             const uint8_t *pb = panel + (size_t)b * bb;
@@ -11627,6 +11649,277 @@ K_DEF_GEMM(q3_k, T_Q3_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q4_k, T_Q4_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q5_k, T_Q5_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
+
+#if defined(PSV_AMX)
+// ---- AMX: the k-quant GEMM on Intel's tile unit ---------------------------------------------------
+// AMX-INT8 (Intel Xeon from Sapphire Rapids on) multiplies a tile of up to 16 rows of 64 bytes by
+// a tile of 16 rows in the dot product layout (four bytes of each of 16 columns a row) into 16 x 16
+// int32 sums: 16 x 16 x 64 products an instruction, 17-18 cycles apart here, against the 1024 of a
+// 512-bit vpdpbusd. The tiles have no path to the vector registers: sums go through memory (a
+// tile store, then vector loads), so a tile's sums must be worth many products before they leave.
+// A k-quant's sub-block scales differ per weight row and sub-block, which would send every
+// sub-block's sums of 32 through memory. The amx set's Q4_K panels (k_panel_pack_amx) therefore
+// carry each quant already multiplied by its sub-block scale, split in two parts that fit a byte:
+// lo = q * (scale & 7) and hi = q * (scale >> 3), at most 15 * 7. A tile of activation bytes (16
+// rows, read in place from the Q8_K rows) against the lo tiles of a super-block's four chunks of 64
+// values gives sum(q * (scale & 7) * a) over the super-block, the hi tiles sum(q * (scale >> 3) *
+// a), and lo + 8 * hi is the reference's isum = sum over sub-blocks of scale * (its dot), exactly
+// (|isum| < 2^25). So a super-block's sums leave the tiles once, for 16 x 16 x 256 products. The
+// rest is the AVX-512 kernel's: msum from the activation's stored sums of 16 (vpdpwssd with the
+// panel's minimums), the double term dy * (dx * isum - dm * msum) added to lane b % 4 of each
+// result and the lanes summed at the end as the reference sums them, so the results are
+// bit-identical to vec_dot's. One call takes up to 32 activation rows (two tiles of 16; each
+// panel tile is loaded once for both) against 16 weight rows.
+// Intel Xeon (this machine), Q4_K, 32 rows a call against one panel in the cache: 0.0028 ns a
+// value and row, against the AVX-512 kernel's 0.0056 (six rows a call).
+//
+// The tile instructions are written as bytes (the operands in fixed registers: rax the address,
+// rcx the stride) so that no assembler needs to know them.
+#define K_AMX_BLK (8192 + 512 + 256) // a Q4_K super-block of 16 rows: lo, hi, mco, dx, dm
+#define K_AMX_HI 4096
+#define K_AMX_MCO 8192
+#define K_AMX_DX (8192 + 512)
+#define K_AMX_DM (8192 + 512 + 128)
+#define K_AMX_ROWS 16 // weight rows of a panel
+// Products of fewer rows go to the AVX-512 kernels (k_traits.gemm_few), which cost less there:
+// this kernel's packing is 2.7 times theirs per weight value (0.056 against 0.021 ns, bench_simd),
+// and a call of up to 16 rows costs nearly what one of 16 does (the panel tiles' loads and the
+// tile products take as long for fewer rows), so the two meet near 16 rows.
+#define K_AMX_MIN_ROWS 16
+#define K_AMX_LOAD(t, base, stride)                                                                    \
+    __asm__ volatile(".byte 0xc4, 0xe2, 0x7b, 0x4b, 0x04 + 8 * " #t ", 0x08" /* tileloadd (%rax,%rcx), %tmm t */ \
+                     ::"a"((const void *)(base)), "c"((long)(stride)) : "memory")
+#define K_AMX_STORE(t, base, stride)                                                                   \
+    __asm__ volatile(".byte 0xc4, 0xe2, 0x7a, 0x4b, 0x04 + 8 * " #t ", 0x08" /* tilestored %tmm t, (%rax,%rcx) */ \
+                     ::"a"((void *)(base)), "c"((long)(stride)) : "memory")
+#define K_AMX_ZERO(t) __asm__ volatile(".byte 0xc4, 0xe2, 0x7b, 0x49, 0xc0 + 8 * " #t) // tilezero %tmm t
+// tdpbsud: tile c += tile a (signed bytes) . tile b (unsigned bytes, the dot product layout)
+#define K_AMX_DPBSUD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x02 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
+
+// ldtilecfg's 64 bytes (palette 1): each tile's rows and bytes a row.
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} k_amx_cfg;
+
+// The amx set's Q4_K panel of nw (1..16) rows of n values (K_AMX_BLK bytes a super-block; lane
+// r: weight row r, lanes nw and up zero), in portable C (the layout's definition; the tests
+// check k_pack_q4_k_amx against it):
+//   lo   at 0, four chunks of 16 x 64 bytes: row kk of chunk c holds values 64c + 4kk .. + 3 of
+//        each weight row (row r at bytes 4r..4r+3), each q * (s & 7), s the scale of its
+//        sub-block of 32 (a tile in the dot product layout)
+//   hi   at K_AMX_HI, the same with q * (s >> 3)
+//   mco  at K_AMX_MCO, 8 vectors of 16 int16 pairs: the minimum of sub-block j of each row,
+//        twice (k_panel_pack's mco, for 16 rows)
+//   dx, dm at K_AMX_DX, K_AMX_DM: 16 doubles each, the block scale and the minimum's
+PSV_MAYBE_UNUSED static void k_panel_pack_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    const int64_t nb = n / QK_K;
+    memset(panel, 0, (size_t)nb * K_AMX_BLK);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
+        for (int r = 0; r < nw; r++) {
+            uint8_t q[QK_K];
+            int sc[16], cor[16], mco[16];
+            double dx, dm;
+            k_panel_unpack(T_Q4_K, w + (size_t)r * w_stride + (size_t)b * type_table[T_Q4_K].type_size, q, sc, cor, mco,
+                           &dx, &dm);
+            for (int v = 0; v < QK_K; v++) {
+                const size_t at = (size_t)1024 * (v / 64) + 64 * (v % 64 / 4) + 4 * r + v % 4;
+                pb[at] = (uint8_t)(q[v] * (sc[v / 16] & 7));
+                pb[K_AMX_HI + at] = (uint8_t)(q[v] * (sc[v / 16] >> 3));
+            }
+            for (int k = 0; k < 16; k++) wr_u16(pb + K_AMX_MCO + 64 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
+            memcpy(pb + K_AMX_DX + 8 * r, &dx, 8);
+            memcpy(pb + K_AMX_DM + 8 * r, &dm, 8);
+        }
+    }
+}
+
+// Bytes q * s of the quant bytes q (each at most 15) and the multipliers s (at most 7) of their
+// dword columns, s in each int16 half (s * 0x10001): vpmullw, as no byte's product (at most 105)
+// carries into the next byte.
+K_AVX512 K_INLINE __m512i k_amx_mul(__m512i q, __m512i s) { return _mm512_mullo_epi16(q, s); }
+
+// k_panel_pack_amx with AVX-512: per chunk of 64 values, the 16 rows' 32 quant bytes as eight
+// vectors of two rows (r and r + 8 in the halves), transposed by dwords (in each half, dword k of
+// the eight rows), so that vector k holds bytes 4k..4k+3 of each row's chunk: its low nibbles are
+// row k of the chunk's tile, its high nibbles row 8 + k; then multiplied by the parts of the scales.
+K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    static const uint8_t zero[144];
+    const int64_t nb = n / QK_K;
+    const size_t xs = type_table[T_Q4_K].type_size;
+    const __m512i lo_nib = _mm512_set1_epi8(15), lo_half = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0),
+                  hi_half = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
+        const uint8_t *x[K_AMX_ROWS];
+        _Alignas(64) uint64_t scq[16], mq[16]; // each row's eight 6-bit scales and minimums, a byte each
+        _Alignas(64) double dx[16], dm[16];
+        for (int r = 0; r < K_AMX_ROWS; r++) {
+            x[r] = r < nw ? w + (size_t)r * w_stride + (size_t)b * xs : zero;
+            // k_scale_min_k4 of the eight sub-blocks, four bytes at a time (k_scale_min_k4_avx2)
+            const uint32_t u0 = ld_u32(x[r] + 4), u1 = ld_u32(x[r] + 8), u2 = ld_u32(x[r] + 12);
+            scq[r] = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u)) << 32;
+            mq[r] = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u)) << 32;
+            dx[r] = r < nw ? (double)k_ld_f16(x[r]) : 0.0;
+            dm[r] = r < nw ? (double)k_ld_f16(x[r] + 2) : 0.0;
+        }
+        for (int i = 0; i < 2; i++) {
+            _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DX + 64 * i), _mm512_load_pd(dx + 8 * i));
+            _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DM + 64 * i), _mm512_load_pd(dm + 8 * i));
+        }
+        // sub-block j's scales and minimums of the 16 rows as int32 lanes: both int16 halves of
+        // the scale's parts (k_amx_mul) and of the minimum (mco)
+        __m512i slo[8], shi[8];
+        const __m512i s0 = _mm512_load_si512((const void *)scq), s1 = _mm512_load_si512((const void *)(scq + 8)),
+                      m0 = _mm512_load_si512((const void *)mq), m1 = _mm512_load_si512((const void *)(mq + 8));
+        const __m512i b6 = _mm512_set1_epi32(63), b3 = _mm512_set1_epi32(7);
+        K_UNROLL
+        for (int j = 0; j < 8; j++) {
+#define K_AMX_BYTE(v0, v1) /* byte j of each row's qword, as 16 int32 */                                      \
+    _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(v0, 8 * j))), \
+                                        _mm512_cvtepi64_epi32(_mm512_srli_epi64(v1, 8 * j)), 1),                  \
+                     b6)
+            const __m512i sj = K_AMX_BYTE(s0, s1), mj = K_AMX_BYTE(m0, m1);
+#undef K_AMX_BYTE
+            const __m512i lo = _mm512_and_si512(sj, b3), hi = _mm512_srli_epi32(sj, 3);
+            slo[j] = _mm512_or_si512(lo, _mm512_slli_epi32(lo, 16));
+            shi[j] = _mm512_or_si512(hi, _mm512_slli_epi32(hi, 16));
+            _mm512_storeu_si512((void *)(pb + K_AMX_MCO + 64 * j), _mm512_or_si512(mj, _mm512_slli_epi32(mj, 16)));
+        }
+        for (int c = 0; c < 4; c++) {
+            __m512i z[8], t[8];
+            K_UNROLL
+            for (int i = 0; i < 8; i++)
+                z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(x[i] + 16 + 32 * c)), k_load256(x[i + 8] + 16 + 32 * c), 1);
+            K_UNROLL
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+                t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+            }
+            // u[0..3]: dwords 0/4, 1/5, 2/6, 3/7 (by 128-bit lane) of rows 0-3; u[4..7] of rows 4-7
+            __m512i u[8];
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+                u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+                u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+                u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+            }
+            const __m512i slo0 = slo[2 * c], slo1 = slo[2 * c + 1], shi0 = shi[2 * c], shi1 = shi[2 * c + 1];
+            uint8_t *lo = pb + 1024 * c, *hi = pb + K_AMX_HI + 1024 * c;
+            K_UNROLL
+            for (int k = 0; k < 8; k++) { // dword k of the eight rows of each half: rows 0-3 from u[k % 4], 4-7 from u[4 + k % 4]
+                const __m512i v = _mm512_permutex2var_epi64(u[k % 4], k < 4 ? lo_half : hi_half, u[4 + k % 4]);
+                const __m512i l = _mm512_and_si512(v, lo_nib), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo_nib);
+                _mm512_storeu_si512((void *)(lo + 64 * k), k_amx_mul(l, slo0));
+                _mm512_storeu_si512((void *)(lo + 64 * (8 + k)), k_amx_mul(h, slo1));
+                _mm512_storeu_si512((void *)(hi + 64 * k), k_amx_mul(l, shi0));
+                _mm512_storeu_si512((void *)(hi + 64 * (8 + k)), k_amx_mul(h, shi1));
+            }
+        }
+    }
+}
+
+// nr (1..K_GEMM_ROWS_AMX) activation rows y + r * ys (Q8_K), with their k_act_side at side + r *
+// side_stride, against a panel of nw (1..16) weight rows (k_panel_pack_amx's layout): results to
+// out[r][0..nw-1]. The tiles: 0-3 the sums (rows 0-15 against lo, hi; rows 16-31 against lo,
+// hi), 4 and 5 the two groups' activation bytes, 6 and 7 the panel's lo and hi of a chunk.
+K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(n % QK_K == 0 && nr >= 1 && nr <= K_GEMM_ROWS_AMX && nw >= 1 && nw <= K_AMX_ROWS);
+    const int64_t nb = n / QK_K;
+    const int g1 = nr > 16 ? nr - 16 : 0, g0 = nr - g1; // the rows of each group
+    _Alignas(64) k_amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64;
+    cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = (uint8_t)g0;
+    cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = (uint8_t)(g1 ? g1 : 1);
+    cfg.rows[6] = cfg.rows[7] = 16;
+    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(&cfg) : "memory"); // ldtilecfg (%rax)
+    _Alignas(64) int32_t c[4][16][16];
+    _Alignas(64) double acc[K_BLOCK_LANES][K_GEMM_ROWS_AMX][16];
+    for (int l = 0; l < K_BLOCK_LANES; l++)
+        for (int r = 0; r < nr; r++) {
+            _mm512_store_pd(acc[l][r], _mm512_setzero_pd());
+            _mm512_store_pd(acc[l][r] + 8, _mm512_setzero_pd());
+        }
+    const double *dr[K_GEMM_ROWS_AMX];
+    for (int r = 0; r < nr; r++) dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf) k_prefetch_blks(pf, b, 1);
+        const uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
+        const uint8_t *a0 = y + (size_t)b * K_Q8_K_SIZE + 4, *a1 = a0 + 16 * ys; // the quants of rows 0 and 16
+        K_AMX_ZERO(0);
+        K_AMX_ZERO(1);
+        if (g1) {
+            K_AMX_ZERO(2);
+            K_AMX_ZERO(3);
+        }
+        for (int k = 0; k < 4; k++) {
+            K_AMX_LOAD(6, pb + 1024 * k, 64);
+            K_AMX_LOAD(7, pb + K_AMX_HI + 1024 * k, 64);
+            K_AMX_LOAD(4, a0 + 64 * k, ys);
+            K_AMX_DPBSUD(0, 4, 6);
+            K_AMX_DPBSUD(1, 4, 7);
+            if (g1) {
+                K_AMX_LOAD(5, a1 + 64 * k, ys);
+                K_AMX_DPBSUD(2, 5, 6);
+                K_AMX_DPBSUD(3, 5, 7);
+            }
+        }
+        K_AMX_STORE(0, c[0], 64);
+        K_AMX_STORE(1, c[1], 64);
+        if (g1) {
+            K_AMX_STORE(2, c[2], 64);
+            K_AMX_STORE(3, c[3], 64);
+        }
+        const __m512d dx0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DX)),
+                      dx1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DX + 64)),
+                      dm0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DM)),
+                      dm1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DM + 64));
+        double(*al)[16] = acc[b % K_BLOCK_LANES];
+        for (int r = 0; r < nr; r++) {
+            const int g = r >> 4, rr = r & 15;
+            const __m512i is = _mm512_add_epi32(_mm512_load_si512((const void *)c[2 * g][rr]),
+                                                _mm512_slli_epi32(_mm512_load_si512((const void *)c[2 * g + 1][rr]), 3));
+            const uint8_t *bs = y + (size_t)r * ys + (size_t)b * K_Q8_K_SIZE + 260; // its stored sums of 16
+            __m512i ms = _mm512_setzero_si512();
+            K_UNROLL
+            for (int j = 0; j < 8; j++)
+                ms = _mm512_dpwssd_epi32(ms, _mm512_loadu_si512((const void *)(pb + K_AMX_MCO + 64 * j)),
+                                         _mm512_set1_epi32((int32_t)ld_u32(bs + 4 * j)));
+            const __m512d dy = _mm512_set1_pd(dr[r][b]);
+            // the reference: dy * (dx * isum - dmin * msum), for weight rows 0-7 and 8-15
+            __m512d t0 = _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx0, _mm512_cvtepi32_pd(_mm512_castsi512_si256(is))),
+                                                         _mm512_mul_pd(dm0, _mm512_cvtepi32_pd(_mm512_castsi512_si256(ms)))));
+            __m512d t1 = _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx1, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1))),
+                                                         _mm512_mul_pd(dm1, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(ms, 1)))));
+            t0 = k_no_fuse_pd512(t0);
+            t1 = k_no_fuse_pd512(t1);
+            _mm512_store_pd(al[r], _mm512_add_pd(_mm512_load_pd(al[r]), t0));
+            _mm512_store_pd(al[r] + 8, _mm512_add_pd(_mm512_load_pd(al[r] + 8), t1));
+        }
+    }
+    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory"); // tilerelease: no tile state kept
+    const __mmask16 mask = (__mmask16)((1u << nw) - 1);
+    for (int r = 0; r < nr; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        __m256 h[2];
+        for (int i = 0; i < 2; i++)
+            h[i] = _mm512_cvtpd_ps(_mm512_add_pd(
+                _mm512_add_pd(_mm512_add_pd(_mm512_load_pd(acc[0][r] + 8 * i), _mm512_load_pd(acc[1][r] + 8 * i)),
+                              _mm512_load_pd(acc[2][r] + 8 * i)),
+                _mm512_load_pd(acc[3][r] + 8 * i)));
+        const __m512 v = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(h[0])), _mm256_castps_pd(h[1]), 1));
+        _mm512_mask_storeu_ps(out[r], mask, v);
+    }
+}
+#endif // PSV_AMX
 
 // ---- AVX-512: attention's dot products -----------------------------------------------------------
 // k_dot_keys_avx2's scheme with a whole block of K_KEY_BLOCK = 8 keys in a register, for up to
@@ -13225,7 +13518,7 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
         if (dp)
-            k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS,
+            k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS, k->panel_rows = K_PANEL,
             k->panel_blk = k_panel_blk(dots[i].type);
     }
     if (dp) {
@@ -13351,6 +13644,7 @@ static void k_fill_gemms(k_traits *t, k_set set, const k_gemm_entry *g, size_t n
         const bool w16 = set == K_SET_AVX2 && ty == T_Q8_0;
         t[ty].gemm = g[i].gemm;
         t[ty].pack = g[i].pack;
+        t[ty].panel_rows = K_PANEL;
         t[ty].gemm_rows = set != K_SET_AVX512 ? K_GEMM_ROWS
                           : type_table[ty].blck_size == QK_K ? K_GEMM_ROWS_AVX512_K : K_GEMM_ROWS_AVX512;
         t[ty].panel_blk = w16 ? K_PANEL_W16_BLK : k_panel_blk(k_panel_layout(set, ty));
@@ -13440,6 +13734,20 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
+
+#if defined(PSV_AMX)
+// The AVX-512 set with the tile unit's GEMM for Q4_K (see "AMX").
+static void k_fill_amx(k_traits *t) {
+    k_fill_avx512(t);
+    t[T_Q4_K].gemm = k_gemm_q4_k_amx;
+    t[T_Q4_K].pack = k_pack_q4_k_amx;
+    t[T_Q4_K].gemm_rows = K_GEMM_ROWS_AMX;
+    t[T_Q4_K].panel_rows = K_AMX_ROWS;
+    t[T_Q4_K].panel_blk = K_AMX_BLK;
+    t[T_Q4_K].gemm_few = &k_set_tables[K_SET_AVX512][T_Q4_K];
+    t[T_Q4_K].gemm_min = K_AMX_MIN_ROWS;
+}
+#endif
 #endif
 
 static void k_sets_init(void) {
@@ -13451,11 +13759,15 @@ static void k_sets_init(void) {
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avxvnni(k_set_tables[K_SET_AVXVNNI]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
+#if defined(PSV_AMX)
+    k_fill_amx(k_set_tables[K_SET_AMX]);
+#endif
     k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2,
                                         k_softmax_avx2, NULL};
     k_set_vec[K_SET_AVXVNNI] = k_set_vec[K_SET_AVX2];
     k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx512, k_exp_shift_avx2,
                                           k_softmax_avx2, k_quant_side_q8_0_avx512};
+    k_set_vec[K_SET_AMX] = k_set_vec[K_SET_AVX512];
 #endif
 #if defined(PSV_ARM64)
     k_fill_neon(k_set_tables[K_SET_NEON], false, false);
@@ -13542,7 +13854,7 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
         {"avx2", c->avx2},         {"fma", c->fma},         {"f16c", c->f16c},
         {"avx512f", c->avx512f},   {"avx512bw", c->avx512bw}, {"avx512vl", c->avx512vl},
         {"avx512vnni", c->avx512vnni}, {"avx512bf16", c->avx512bf16}, {"avxvnni", c->avxvnni},
-        {"sha_ni", c->sha_ni},     {"neon", c->neon},       {"dotprod", c->dotprod},
+        {"amx", c->amx},           {"sha_ni", c->sha_ni},   {"neon", c->neon},       {"dotprod", c->dotprod},
         {"i8mm", c->i8mm},         {"fp16", c->fp16},       {"sha2", c->arm_sha2},
     };
     int shown = 0;
@@ -14311,14 +14623,15 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     s->qbuf_size = B * (size_t)widest_in * 5 + 1024;
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
-    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 18 bytes per value (the AVX2 set's
-    // Q8_0, K_PANEL_W16_BLK a block of 32; the others at most 11.5)
+    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 35 bytes per value of a row (the amx
+    // set's Q4_K, K_AMX_BLK a super-block of 256 for 16 rows; of the others the AVX2 set's Q8_0
+    // most, 18: K_PANEL_W16_BLK a block of 32)
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
-        s->panel_size = ((size_t)widest_in * 18 + 127) & ~(size_t)63; // whole cache lines
+        s->panel_size = ((size_t)widest_in * 35 + 127) & ~(size_t)63; // whole cache lines
         // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));
@@ -14336,7 +14649,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
 // Activations are quantized once to the weight type's dot-product type; threads split the
 // output rows so each weight row is read once per call and reused across all tokens. From
 // MM_GEMM_MIN rows on, and where the kernel set has them, the GEMM kernels do the products:
-// each thread packs K_PANEL weight rows at a time into its panel buffer and runs every
+// each thread packs a panel's weight rows at a time (k_traits.panel_rows) into its panel buffer and runs every
 // activation row against it (results bit-identical to the one-row kernels either way).
 typedef struct {
     const mtensor *w;
@@ -14360,6 +14673,11 @@ typedef struct {
     _Atomic int64_t next_chunk; // the next chunk of rows (or panels) a thread takes
     pool_t *pool;               // its ranges: the gemv1 kernels' (mm_gemv1_groups)
 } mm_job;
+
+// The traits a product of n_tok activation rows takes (k_traits.gemm_few).
+static const k_traits *mm_traits(const k_traits *tr, int64_t n_tok) {
+    return tr && tr->gemm_few && n_tok < tr->gemm_min ? tr->gemm_few : tr;
+}
 
 // Product p of job j (0: w into y, then the also_ ones).
 static const mtensor *mm_part_w(const mm_job *j, int p) { return p ? j->also_w[p - 1] : j->w; }
@@ -14409,10 +14727,11 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
     const mtensor *w = j->w;
     int64_t lo, hi;
     uint8_t *panel = j->panels + (size_t)ith * j->panel_size;
-    while (pool_next_guided(&j->next_chunk, (w->n_out + K_PANEL - 1) / K_PANEL, nth, &lo, &hi)) {
+    const int P = j->tr->panel_rows;
+    while (pool_next_guided(&j->next_chunk, (w->n_out + P - 1) / P, nth, &lo, &hi)) {
         for (int64_t p = lo; p < hi; p++) {
-            int64_t o = p * K_PANEL;
-            int nw = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o);
+            int64_t o = p * P;
+            int nw = (int)PSV_MIN((int64_t)P, w->n_out - o);
             j->tr->pack(w->n_in, w->data + (size_t)o * w->row_size, w->row_size, nw, panel);
             // The next panel's weights come from memory while this one computes: call c asks
             // for its row c (the last call for all rows left), spread over the calls rather than
@@ -14421,7 +14740,7 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
             // and pack together 2-3 % fewer samples)
             k_prefetch next = {.p = w->data, .stride = w->row_size, .blk = type_table[w->type].type_size};
             if (p + 1 < hi)
-                next.p += (size_t)(o + K_PANEL) * w->row_size, next.rows = (int)PSV_MIN((int64_t)K_PANEL, w->n_out - o - K_PANEL);
+                next.p += (size_t)(o + P) * w->row_size, next.rows = (int)PSV_MIN((int64_t)P, w->n_out - o - P);
             int nr, c = 0;
             for (int64_t t = 0; t < j->n_tok; t += nr, c++) {
                 nr = mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
@@ -14576,7 +14895,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
                           float *y, int64_t y_stride, float *const *y_rows, bool same_x, const mtensor *const *also_w,
                           float *const *also_y, int n_also) {
     PSV_ASSERT(n_also >= 0 && n_also <= MM_ALSO_MAX && (!y_rows || n_also == 0));
-    mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .y_rows = y_rows, .tr = eng_traits(w->type), .x = x};
+    mm_job j = {.w = w, .n_tok = n_tok, .y = y, .y_stride = y_stride, .y_rows = y_rows, .tr = mm_traits(eng_traits(w->type), n_tok), .x = x};
     uint64_t rs;
     PSV_ASSERT(type_row_size(j.tr->vec_dot_type, (uint64_t)w->n_in, &rs));
     j.xq_row = (size_t)rs;
@@ -16517,7 +16836,7 @@ static void bench_cpu_features(char *out, size_t cap) {
     const plat_cpu *c = plat_cpu_get();
     const struct { bool on; const char *name; } f[] = {
         {c->avx2, "avx2"}, {c->fma, "fma"}, {c->f16c, "f16c"}, {c->avx512f, "avx512f"}, {c->avx512bw, "avx512bw"},
-        {c->avx512vnni, "avx512vnni"}, {c->avx512bf16, "avx512bf16"}, {c->avxvnni, "avxvnni"}, {c->neon, "neon"},
+        {c->avx512vnni, "avx512vnni"}, {c->avx512bf16, "avx512bf16"}, {c->avxvnni, "avxvnni"}, {c->amx, "amx"}, {c->neon, "neon"},
         {c->dotprod, "dotprod"}, {c->i8mm, "i8mm"}, {c->fp16, "fp16"},
     };
     size_t k = 0;

@@ -11,9 +11,10 @@
 //          it (the set's gemv1 kernels: the whole matrix a call, four rows a step, one from each
 //          quarter of it), for sets and types that have them.
 // and, for sets with GEMM kernels:
-//   pack   packing 8 rows of the matrix into a panel, in L1/L2, per weight value;
-//   gemmR  the set's rows a call (k_traits.gemm_rows, R = 4 to 6) of activation rows against that
-//          panel, per weight value and activation row;
+//   pack   packing a panel's rows of the matrix (k_traits.panel_rows: 8, or the amx set's 16), in
+//          L1/L2, per weight value;
+//   gemmR  the set's rows a call (k_traits.gemm_rows, R = 4 to 6, the amx set's 32) of activation
+//          rows against that panel, per weight value and activation row;
 //   mat4   the whole matrix against 4 activation rows as a decode step of 4 sequences does it
 //          (mm_gemm_task: pack a panel, prefetch the next while computing), per weight value and row.
 // Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
@@ -110,18 +111,18 @@ static void bs_gemv1(void *p) {
 }
 static void bs_pack(void *p) {
     bs_ctx *c = p;
-    c->tr->pack(c->n, c->w, c->xs, K_PANEL, c->panel);
+    c->tr->pack(c->n, c->w, c->xs, c->tr->panel_rows, c->panel);
 }
 static void bs_gemm(void *p) {
     bs_ctx *c = p;
     float *out[K_GEMM_ROWS_MAX];
-    for (int r = 0; r < c->tr->gemm_rows; r++) out[r] = c->out + K_PANEL * r;
-    c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, c->tr->gemm_rows, out, K_PANEL, NULL);
+    for (int r = 0; r < c->tr->gemm_rows; r++) out[r] = c->out + c->tr->panel_rows * r;
+    c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, c->tr->gemm_rows, out, c->tr->panel_rows, NULL);
 }
 static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on one thread
     bs_ctx *c = p;
     mtensor w = {.data = c->w, .type = c->wt, .n_in = c->n, .n_out = c->n_out, .row_size = c->xs, .name = "bench"};
-    mm_job j = {.w = &w, .xq = c->a, .xq_row = c->ys, .n_tok = 4, .y = c->out, .y_stride = c->n_out, .tr = c->tr,
+    mm_job j = {.w = &w, .xq = c->a, .xq_row = c->ys, .n_tok = 4, .y = c->out, .y_stride = c->n_out, .tr = mm_traits(c->tr, 4),
                 .sides = c->side, .side_stride = c->side_stride, .panels = c->panel, .panel_size = k_panel_bytes(c->tr, c->wt, c->n)};
     mm_gemm_task(&j, 0, 1);
 }
@@ -183,15 +184,15 @@ int main(int argc, char **argv) {
             }
             if (c.tr->gemm) {
                 c.side_stride = k_act_side_stride(c.tr, n, true);
-                c.panel = malloc(k_panel_bytes(c.tr, wt, n));
+                c.panel = aligned_alloc(64, (k_panel_bytes(c.tr, wt, n) + 63) & ~(size_t)63); // as the engine's
                 c.side = malloc(K_GEMM_ROWS_MAX * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
                 for (int r = 0; r < K_GEMM_ROWS_MAX; r++) {
                     k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
                     if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
                 }
-                double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * K_PANEL);
-                double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * K_PANEL * c.tr->gemm_rows);
+                double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows);
+                double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows * c.tr->gemm_rows);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
                 printf(" %10.4f %10.4f %10.4f", pack, gemm, mat4);
                 free(c.panel);

@@ -274,7 +274,8 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack, regrouped, split or widened where the set wants it) against every
+// packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's Q4_K:
+// 1..16 rows, k_panel_pack_amx) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
 // outside the panel's width may be written.
 static void st_check_gemm(k_set set) {
@@ -295,7 +296,9 @@ static void st_check_gemm(k_set set) {
             size_t xs = st_row_bytes(wt, n), ys = st_row_bytes(at, n);
             const int nrow = K_GEMM_ROWS_MAX + 1;
             const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
-            uint8_t *x = malloc(xs * K_PANEL), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
+            const int P = sk->panel_rows; // the set's panel width
+            CHECK(P == K_PANEL || (set == K_SET_AMX && P == 16));
+            uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
                     *want = malloc(pz), *panel2 = malloc(pz);
             const size_t ss = k_act_side_stride(sk, n, true);
             uint8_t *sides = malloc(ss * nrow);
@@ -303,8 +306,8 @@ static void st_check_gemm(k_set set) {
             int reps = n >= 4096 ? 4 : 12;
             for (int rep = 0; rep < reps; rep++) {
                 bool wild = rep % 5 == 4;
-                int nw = 1 + rep % K_PANEL;
-                if (rep == reps - 1) nw = K_PANEL;
+                int nw = 1 + rep % P;
+                if (rep == reps - 1) nw = P;
                 for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xs, wild);
                 for (int r = 0; r < nrow; r++) st_random_row(at, n, y + (size_t)r * ys, wild);
                 if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nrow, ys);
@@ -312,9 +315,14 @@ static void st_check_gemm(k_set set) {
                     k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
                     if (sk->side_w16) k_act_side_w16(y + (size_t)r * ys, n, sides + (size_t)r * ss);
                 }
-                k_panel_pack(wt, n, x, xs, nw, panel);
-                if (k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
-                if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
+                if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
+                if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
+                if (P != K_PANEL) { // the amx set's Q4_K: 16 rows, the quants times the parts of their scales
+#if defined(PSV_AMX)
+                    CHECK(wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK);
+                    k_panel_pack_amx(n, x, xs, nw, want);
+#endif
+                } else if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
                     CHECK(pz == k_panel_size(T_Q5_K, n));
                     k_panel_split4(n, panel, want);
                 } else if (pz != k_panel_size(wt, n)) { // the AVX2 set's Q8_0: int16
@@ -335,10 +343,10 @@ static void st_check_gemm(k_set set) {
                 k_prefetch pf = {.p = x, .stride = xs, .blk = type_get(wt)->type_size, .rows = nw};
                 CHECK(sk->gemm_rows >= 1 && sk->gemm_rows <= K_GEMM_ROWS_MAX);
                 for (int nr = 1; nr <= sk->gemm_rows; nr++) {
-                    float res[K_GEMM_ROWS_MAX][K_PANEL + 1], *out[K_GEMM_ROWS_MAX];
+                    float res[K_GEMM_ROWS_MAX][16 + 1], *out[K_GEMM_ROWS_MAX];
                     for (int r = 0; r < K_GEMM_ROWS_MAX; r++) {
                         out[r] = res[r];
-                        for (int i = 0; i <= K_PANEL; i++) res[r][i] = -1.0f;
+                        for (int i = 0; i <= 16; i++) res[r][i] = -1.0f;
                     }
                     int r0 = nrow - nr; // the last nr rows
                     sk->gemm(n, want, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw, nr % 2 ? &pf : NULL);
