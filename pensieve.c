@@ -8560,7 +8560,8 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 // no faster; Q4_0 and Q8_0 the same with five or six).
 #define K_GEMM_ROWS_AVX512 5
 #define K_GEMM_ROWS_AVX512_K 6
-#define K_GEMM_ROWS_AMX 32 // the amx set's k-quants: two tiles of 16 rows (see "AMX")
+#define K_GEMM_ROWS_AMX 32 // the amx set's Q4_K: two tiles of 16 rows (see "AMX")
+#define K_GEMM_ROWS_AMX6 16 // its Q6_K: one
 #define K_GEMM_ROWS_MAX 32 // the most any set's gemm takes
 
 static bool k_panel_has(uint32_t type) {
@@ -11824,6 +11825,25 @@ K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_strid
     }
 }
 
+// The results of an AMX kernel's lanes acc + l * lane_stride (l < K_BLOCK_LANES; row r's 16
+// doubles at r * 16): the reference's ((lane0 + lane1) + lane2) + lane3, rounded once, for nr rows
+// and the panel's nw weight rows.
+K_AVX512 K_INLINE void k_amx_out(int nr, int nw, const double *acc, size_t lane_stride, float *const *out) {
+    const __mmask16 mask = (__mmask16)((1u << nw) - 1);
+    for (int r = 0; r < nr; r++) {
+        __m256 h[2];
+        for (int i = 0; i < 2; i++) {
+            const double *a = acc + (size_t)r * 16 + 8 * i;
+            h[i] = _mm512_cvtpd_ps(_mm512_add_pd(
+                _mm512_add_pd(_mm512_add_pd(_mm512_load_pd(a), _mm512_load_pd(a + lane_stride)), _mm512_load_pd(a + 2 * lane_stride)),
+                _mm512_load_pd(a + 3 * lane_stride)));
+        }
+        const __m512 v = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(h[0])), _mm256_castps_pd(h[1]), 1));
+        _mm512_mask_storeu_ps(out[r], mask, v);
+    }
+}
+
 // nr (1..K_GEMM_ROWS_AMX) activation rows y + r * ys (Q8_K), with their k_act_side at side + r *
 // side_stride, against a panel of nw (1..16) weight rows (k_panel_pack_amx's layout): results to
 // out[r][0..nw-1]. The tiles: 0-3 the sums (rows 0-15 against lo, hi; rows 16-31 against lo,
@@ -11906,18 +11926,190 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
         }
     }
     __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory"); // tilerelease: no tile state kept
-    const __mmask16 mask = (__mmask16)((1u << nw) - 1);
-    for (int r = 0; r < nr; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
-        __m256 h[2];
-        for (int i = 0; i < 2; i++)
-            h[i] = _mm512_cvtpd_ps(_mm512_add_pd(
-                _mm512_add_pd(_mm512_add_pd(_mm512_load_pd(acc[0][r] + 8 * i), _mm512_load_pd(acc[1][r] + 8 * i)),
-                              _mm512_load_pd(acc[2][r] + 8 * i)),
-                _mm512_load_pd(acc[3][r] + 8 * i)));
-        const __m512 v = _mm512_castpd_ps(
-            _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(h[0])), _mm256_castps_pd(h[1]), 1));
-        _mm512_mask_storeu_ps(out[r], mask, v);
+    k_amx_out(nr, nw, &acc[0][0][0], K_GEMM_ROWS_AMX * 16, out);
+}
+// The amx set's Q6_K panels (k_panel_pack_amx6, K_AMX6_BLK bytes a super-block of 16 rows): its
+// scales are signed bytes, so they are split into three signed digits, s = d0 + 8 d1 + 64 d2
+// with each in -3..4 (k_amx_digits), whose products with the signed quants q = stored - 32 fit a
+// signed byte (-128..124); tdpbssd sums each part against the activation bytes and isum = C0 +
+// 8 C1 + 64 C2 exactly (|isum| < 2^27). Part k at 4096k: row kk (0..63) holds values 4kk..4kk+3
+// of each weight row (row r at bytes 4r..4r+3), each q * dk of its sub-block of 16; then dx, 16
+// doubles.
+#define K_AMX6_BLK (3 * 4096 + 128)
+#define K_AMX6_DX (3 * 4096)
+#define K_AMX_DPBSSD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x03 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
+
+// The digits d[0..2] of s (-128..127): s = d0 + 8 d1 + 64 d2, each in -3..4.
+static void k_amx_digits(int s, int d[3]) {
+    for (int k = 0; k < 2; k++) {
+        d[k] = ((s + 3) % 8 + 8) % 8 - 3;
+        s = (s - d[k]) / 8;
     }
+    d[2] = s;
+}
+
+// The layout's definition, in portable C (the tests check k_pack_q6_k_amx against it).
+PSV_MAYBE_UNUSED static void k_panel_pack_amx6(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    const int64_t nb = n / QK_K;
+    memset(panel, 0, (size_t)nb * K_AMX6_BLK);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * K_AMX6_BLK;
+        for (int r = 0; r < nw; r++) {
+            uint8_t q[QK_K];
+            int sc[16], cor[16], mco[16];
+            double dx, dm;
+            k_panel_unpack(T_Q6_K, w + (size_t)r * w_stride + (size_t)b * type_table[T_Q6_K].type_size, q, sc, cor, mco,
+                           &dx, &dm);
+            for (int v = 0; v < QK_K; v++) {
+                int d[3];
+                k_amx_digits(sc[v / 16], d);
+                for (int k = 0; k < 3; k++)
+                    pb[(size_t)4096 * k + 64 * (v / 4) + 4 * r + v % 4] = (uint8_t)(int8_t)((q[v] - 32) * d[k]);
+            }
+            memcpy(pb + K_AMX6_DX + 8 * r, &dx, 8);
+        }
+    }
+}
+
+// k_panel_pack_amx6 with AVX-512: each row's quants unpacked (k_wk_unpack_q_avx2), then per
+// chunk of 32 values the transpose of k_pack_q4_k_amx, and the products with the digits as
+// int16 (even and odd bytes apart: vpmullw would carry a negative byte's product into the next).
+K_AVX512 static void k_pack_q6_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    const int64_t nb = n / QK_K;
+    const size_t xs = type_table[T_Q6_K].type_size;
+    const __m512i lo_half = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi_half = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    const __m512i off = _mm512_set1_epi8(32), low = _mm512_set1_epi16(0xff);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * K_AMX6_BLK;
+        _Alignas(64) uint8_t q[K_AMX_ROWS][QK_K];
+        _Alignas(64) int8_t sc[K_AMX_ROWS + 1][16]; // (a row more: the gather reads 4 bytes)
+        _Alignas(64) double dx[16];
+        for (int r = 0; r < K_AMX_ROWS; r++) {
+            if (r >= nw) {
+                memset(q[r], 32, QK_K); // q = 0
+                memset(sc[r], 0, 16);
+                dx[r] = 0;
+                continue;
+            }
+            const uint8_t *x = w + (size_t)r * w_stride + (size_t)b * xs;
+            k_wk_avx2 u;
+            k_wk_unpack_q_avx2(T_Q6_K, x, &u);
+            for (int c = 0; c < 8; c++) _mm256_store_si256((__m256i *)(void *)(q[r] + 32 * c), u.q[c]);
+            memcpy(sc[r], x + 192, 16);
+            dx[r] = (double)u.d;
+        }
+        for (int i = 0; i < 2; i++) _mm512_storeu_pd((double *)(void *)(pb + K_AMX6_DX + 64 * i), _mm512_load_pd(dx + 8 * i));
+        // each sub-block's digits of the 16 rows' scales, as int16 pairs: dig[j][k]
+        __m512i dig[16][3];
+        K_UNROLL
+        for (int j = 0; j < 16; j++) {
+            const __m512i idx = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+            __m512i s = _mm512_srai_epi32(_mm512_slli_epi32(_mm512_i32gather_epi32(idx, (const void *)(&sc[0][j]), 1), 24), 24);
+            for (int k = 0; k < 2; k++) {
+                const __m512i d = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(s, _mm512_set1_epi32(3)), _mm512_set1_epi32(7)),
+                                                   _mm512_set1_epi32(3));
+                dig[j][k] = d;
+                s = _mm512_srai_epi32(_mm512_sub_epi32(s, d), 3);
+            }
+            dig[j][2] = s;
+            for (int k = 0; k < 3; k++)
+                dig[j][k] = _mm512_or_si512(_mm512_and_si512(dig[j][k], _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(dig[j][k], 16));
+        }
+        for (int c = 0; c < 8; c++) { // values 32c..32c+31: rows 8c..8c+7 of each part
+            __m512i z[8], t[8], u[8];
+            K_UNROLL
+            for (int i = 0; i < 8; i++)
+                z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(q[i] + 32 * c)), k_load256(q[i + 8] + 32 * c), 1);
+            K_UNROLL
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+                t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+            }
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+                u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+                u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+                u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+            }
+            K_UNROLL
+            for (int k = 0; k < 8; k++) {
+                const int kk = 8 * c + k, j = kk / 4; // the tile row and its sub-block
+                const __m512i v = _mm512_sub_epi8(_mm512_permutex2var_epi64(u[k % 4], k < 4 ? lo_half : hi_half, u[4 + k % 4]), off);
+                const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8), odd = _mm512_srai_epi16(v, 8);
+                K_UNROLL
+                for (int p = 0; p < 3; p++) {
+                    const __m512i pe = _mm512_mullo_epi16(even, dig[j][p]), po = _mm512_mullo_epi16(odd, dig[j][p]);
+                    _mm512_storeu_si512((void *)(pb + 4096 * p + 64 * kk),
+                                        _mm512_ternarylogic_epi32(pe, _mm512_slli_epi16(po, 8), low, 0xec)); // (pe & low) | po << 8
+                }
+            }
+        }
+    }
+}
+
+// nr (1..16) activation rows (Q8_K) against a panel of nw (1..16) rows of k_panel_pack_amx6's
+// layout. Tiles: 0-2 the parts' sums, 3 the activation bytes, 4-6 the parts of a chunk.
+K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(n % QK_K == 0 && nr >= 1 && nr <= K_GEMM_ROWS_AMX6 && nw >= 1 && nw <= K_AMX_ROWS);
+    const int64_t nb = n / QK_K;
+    _Alignas(64) k_amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = (uint8_t)(t < 4 ? nr : 16);
+    }
+    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(&cfg) : "memory"); // ldtilecfg (%rax)
+    _Alignas(64) int32_t c[3][16][16];
+    _Alignas(64) double acc[K_BLOCK_LANES][16][16];
+    for (int l = 0; l < K_BLOCK_LANES; l++)
+        for (int r = 0; r < nr; r++) {
+            _mm512_store_pd(acc[l][r], _mm512_setzero_pd());
+            _mm512_store_pd(acc[l][r] + 8, _mm512_setzero_pd());
+        }
+    const double *dr[16];
+    for (int r = 0; r < nr; r++) dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf) k_prefetch_blks(pf, b, 1);
+        const uint8_t *pb = panel + (size_t)b * K_AMX6_BLK, *a = y + (size_t)b * K_Q8_K_SIZE + 4;
+        K_AMX_ZERO(0);
+        K_AMX_ZERO(1);
+        K_AMX_ZERO(2);
+        for (int k = 0; k < 4; k++) {
+            K_AMX_LOAD(3, a + 64 * k, ys);
+            K_AMX_LOAD(4, pb + 1024 * k, 64);
+            K_AMX_LOAD(5, pb + 4096 + 1024 * k, 64);
+            K_AMX_LOAD(6, pb + 8192 + 1024 * k, 64);
+            K_AMX_DPBSSD(0, 3, 4);
+            K_AMX_DPBSSD(1, 3, 5);
+            K_AMX_DPBSSD(2, 3, 6);
+        }
+        K_AMX_STORE(0, c[0], 64);
+        K_AMX_STORE(1, c[1], 64);
+        K_AMX_STORE(2, c[2], 64);
+        const __m512d dx0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX6_DX)),
+                      dx1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX6_DX + 64));
+        double(*al)[16] = acc[b % K_BLOCK_LANES];
+        for (int r = 0; r < nr; r++) {
+            const __m512i is = _mm512_add_epi32(_mm512_load_si512((const void *)c[0][r]),
+                                                _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)c[1][r]), 3),
+                                                                 _mm512_slli_epi32(_mm512_load_si512((const void *)c[2][r]), 6)));
+            const __m512d dy = _mm512_set1_pd(dr[r][b]);
+            // the reference: dx * dy * isum, for weight rows 0-7 and 8-15
+            __m512d t0 = _mm512_mul_pd(_mm512_mul_pd(dx0, dy), _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)));
+            __m512d t1 = _mm512_mul_pd(_mm512_mul_pd(dx1, dy), _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)));
+            t0 = k_no_fuse_pd512(t0);
+            t1 = k_no_fuse_pd512(t1);
+            _mm512_store_pd(al[r], _mm512_add_pd(_mm512_load_pd(al[r]), t0));
+            _mm512_store_pd(al[r] + 8, _mm512_add_pd(_mm512_load_pd(al[r] + 8), t1));
+        }
+    }
+    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory"); // tilerelease
+    k_amx_out(nr, nw, &acc[0][0][0], 16 * 16, out);
 }
 #endif // PSV_AMX
 
@@ -13736,7 +13928,7 @@ static void k_fill_avx512(k_traits *t) {
 }
 
 #if defined(PSV_AMX)
-// The AVX-512 set with the tile unit's GEMM for Q4_K (see "AMX").
+// The AVX-512 set with the tile unit's GEMM for Q4_K and Q6_K (see "AMX").
 static void k_fill_amx(k_traits *t) {
     k_fill_avx512(t);
     t[T_Q4_K].gemm = k_gemm_q4_k_amx;
@@ -13746,6 +13938,13 @@ static void k_fill_amx(k_traits *t) {
     t[T_Q4_K].panel_blk = K_AMX_BLK;
     t[T_Q4_K].gemm_few = &k_set_tables[K_SET_AVX512][T_Q4_K];
     t[T_Q4_K].gemm_min = K_AMX_MIN_ROWS;
+    t[T_Q6_K].gemm = k_gemm_q6_k_amx;
+    t[T_Q6_K].pack = k_pack_q6_k_amx;
+    t[T_Q6_K].gemm_rows = K_GEMM_ROWS_AMX6;
+    t[T_Q6_K].panel_rows = K_AMX_ROWS;
+    t[T_Q6_K].panel_blk = K_AMX6_BLK;
+    t[T_Q6_K].gemm_few = &k_set_tables[K_SET_AVX512][T_Q6_K];
+    t[T_Q6_K].gemm_min = K_AMX_MIN_ROWS;
 }
 #endif
 #endif
@@ -14623,15 +14822,15 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     s->qbuf_size = B * (size_t)widest_in * 5 + 1024;
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
-    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 35 bytes per value of a row (the amx
-    // set's Q4_K, K_AMX_BLK a super-block of 256 for 16 rows; of the others the AVX2 set's Q8_0
-    // most, 18: K_PANEL_W16_BLK a block of 32)
+    // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 49 bytes per value of a row (the amx
+    // set's Q6_K, K_AMX6_BLK a super-block of 256 for 16 rows; its Q4_K 35; of the others the
+    // AVX2 set's Q8_0 most, 18: K_PANEL_W16_BLK a block of 32)
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
-        s->panel_size = ((size_t)widest_in * 35 + 127) & ~(size_t)63; // whole cache lines
+        s->panel_size = ((size_t)widest_in * 49 + 127) & ~(size_t)63; // whole cache lines
         // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));

@@ -274,8 +274,8 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's Q4_K:
-// 1..16 rows, k_panel_pack_amx) against every
+// packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's Q4_K
+// and Q6_K: 1..16 rows, k_panel_pack_amx and _amx6) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
 // outside the panel's width may be written.
 static void st_check_gemm(k_set set) {
@@ -317,10 +317,11 @@ static void st_check_gemm(k_set set) {
                 }
                 if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
                 if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
-                if (P != K_PANEL) { // the amx set's Q4_K: 16 rows, the quants times the parts of their scales
+                if (P != K_PANEL) { // the amx set's Q4_K and Q6_K: 16 rows, the quants times parts of their scales
 #if defined(PSV_AMX)
-                    CHECK(wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK);
-                    k_panel_pack_amx(n, x, xs, nw, want);
+                    CHECK((wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK) || (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK));
+                    if (wt == T_Q4_K) k_panel_pack_amx(n, x, xs, nw, want);
+                    else k_panel_pack_amx6(n, x, xs, nw, want);
 #endif
                 } else if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
                     CHECK(pz == k_panel_size(T_Q5_K, n));
