@@ -11744,17 +11744,40 @@ PSV_MAYBE_UNUSED static void k_panel_pack_amx(int64_t n, const uint8_t *w, size_
 // carries into the next byte.
 K_AVX512 K_INLINE __m512i k_amx_mul(__m512i q, __m512i s) { return _mm512_mullo_epi16(q, s); }
 
-// k_panel_pack_amx with AVX-512: per chunk of 64 values, the 16 rows' 32 quant bytes as eight
-// vectors of two rows (r and r + 8 in the halves), transposed by dwords (in each half, dword k of
-// the eight rows), so that vector k holds bytes 4k..4k+3 of each row's chunk: its low nibbles are
-// row k of the chunk's tile, its high nibbles row 8 + k; then multiplied by the parts of the scales.
+// The 32 bytes at p[r] + off of 16 rows (r < 16) as tile rows: v[k] holds bytes 4k..4k+3 of
+// each row, row r at bytes 4r..4r+3 (the two halves of eight rows side by side in the vectors,
+// then a transpose of 8 x 8 dwords in each half).
+K_AVX512 K_INLINE void k_amx_rows8(const uint8_t *const *p, size_t off, __m512i v[8]) {
+    const __m512i lo_half = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi_half = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    __m512i z[8], t[8], u[8];
+    K_UNROLL
+    for (int i = 0; i < 8; i++) z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(p[i] + off)), k_load256(p[i + 8] + off), 1);
+    K_UNROLL
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+    }
+    // u[0..3]: dwords 0/4, 1/5, 2/6, 3/7 (by 128-bit lane) of rows 0-3 of each half; u[4..7] of rows 4-7
+    K_UNROLL
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    K_UNROLL
+    for (int k = 0; k < 8; k++) v[k] = _mm512_permutex2var_epi64(u[k % 4], k < 4 ? lo_half : hi_half, u[4 + k % 4]);
+}
+
+// k_panel_pack_amx with AVX-512: per chunk of 64 values, the 16 rows' 32 quant bytes as tile rows
+// (k_amx_rows8): vector k holds bytes 4k..4k+3 of each row's chunk, whose low nibbles are row k of
+// the chunk's tile and high nibbles row 8 + k; then multiplied by the parts of the scales.
 K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     static const uint8_t zero[144];
     const int64_t nb = n / QK_K;
     const size_t xs = type_table[T_Q4_K].type_size;
-    const __m512i lo_nib = _mm512_set1_epi8(15), lo_half = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0),
-                  hi_half = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    const __m512i lo_nib = _mm512_set1_epi8(15);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
         const uint8_t *x[K_AMX_ROWS];
@@ -11793,30 +11816,13 @@ K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_strid
             _mm512_storeu_si512((void *)(pb + K_AMX_MCO + 64 * j), _mm512_or_si512(mj, _mm512_slli_epi32(mj, 16)));
         }
         for (int c = 0; c < 4; c++) {
-            __m512i z[8], t[8];
-            K_UNROLL
-            for (int i = 0; i < 8; i++)
-                z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(x[i] + 16 + 32 * c)), k_load256(x[i + 8] + 16 + 32 * c), 1);
-            K_UNROLL
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
-                t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
-            }
-            // u[0..3]: dwords 0/4, 1/5, 2/6, 3/7 (by 128-bit lane) of rows 0-3; u[4..7] of rows 4-7
-            __m512i u[8];
-            K_UNROLL
-            for (int h = 0; h < 2; h++) {
-                u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-                u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-                u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-                u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-            }
+            __m512i v[8];
+            k_amx_rows8(x, 16 + 32 * (size_t)c, v);
             const __m512i slo0 = slo[2 * c], slo1 = slo[2 * c + 1], shi0 = shi[2 * c], shi1 = shi[2 * c + 1];
             uint8_t *lo = pb + 1024 * c, *hi = pb + K_AMX_HI + 1024 * c;
             K_UNROLL
-            for (int k = 0; k < 8; k++) { // dword k of the eight rows of each half: rows 0-3 from u[k % 4], 4-7 from u[4 + k % 4]
-                const __m512i v = _mm512_permutex2var_epi64(u[k % 4], k < 4 ? lo_half : hi_half, u[4 + k % 4]);
-                const __m512i l = _mm512_and_si512(v, lo_nib), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo_nib);
+            for (int k = 0; k < 8; k++) { // its low nibbles are the chunk's tile row k, its high ones row 8 + k
+                const __m512i l = _mm512_and_si512(v[k], lo_nib), h = _mm512_and_si512(_mm512_srli_epi16(v[k], 4), lo_nib);
                 _mm512_storeu_si512((void *)(lo + 64 * k), k_amx_mul(l, slo0));
                 _mm512_storeu_si512((void *)(lo + 64 * (8 + k)), k_amx_mul(h, slo1));
                 _mm512_storeu_si512((void *)(hi + 64 * k), k_amx_mul(l, shi0));
@@ -11974,13 +11980,12 @@ PSV_MAYBE_UNUSED static void k_panel_pack_amx6(int64_t n, const uint8_t *w, size
 }
 
 // k_panel_pack_amx6 with AVX-512: each row's quants unpacked (k_wk_unpack_q_avx2), then per
-// chunk of 32 values the transpose of k_pack_q4_k_amx, and the products with the digits as
+// chunk of 32 values as tile rows (k_amx_rows8), and the products with the digits as
 // int16 (even and odd bytes apart: vpmullw would carry a negative byte's product into the next).
 K_AVX512 static void k_pack_q6_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
     const size_t xs = type_table[T_Q6_K].type_size;
-    const __m512i lo_half = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi_half = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
     const __m512i off = _mm512_set1_epi8(32), low = _mm512_set1_epi16(0xff);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * K_AMX6_BLK;
@@ -12018,27 +12023,15 @@ K_AVX512 static void k_pack_q6_k_amx(int64_t n, const uint8_t *w, size_t w_strid
             for (int k = 0; k < 3; k++)
                 dig[j][k] = _mm512_or_si512(_mm512_and_si512(dig[j][k], _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(dig[j][k], 16));
         }
+        const uint8_t *qr[K_AMX_ROWS];
+        for (int r = 0; r < K_AMX_ROWS; r++) qr[r] = q[r];
         for (int c = 0; c < 8; c++) { // values 32c..32c+31: rows 8c..8c+7 of each part
-            __m512i z[8], t[8], u[8];
-            K_UNROLL
-            for (int i = 0; i < 8; i++)
-                z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(q[i] + 32 * c)), k_load256(q[i + 8] + 32 * c), 1);
-            K_UNROLL
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
-                t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
-            }
-            K_UNROLL
-            for (int h = 0; h < 2; h++) {
-                u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-                u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-                u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-                u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-            }
+            __m512i u[8];
+            k_amx_rows8(qr, 32 * (size_t)c, u);
             K_UNROLL
             for (int k = 0; k < 8; k++) {
                 const int kk = 8 * c + k, j = kk / 4; // the tile row and its sub-block
-                const __m512i v = _mm512_sub_epi8(_mm512_permutex2var_epi64(u[k % 4], k < 4 ? lo_half : hi_half, u[4 + k % 4]), off);
+                const __m512i v = _mm512_sub_epi8(u[k], off);
                 const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8), odd = _mm512_srai_epi16(v, 8);
                 K_UNROLL
                 for (int p = 0; p < 3; p++) {
