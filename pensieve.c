@@ -11695,8 +11695,13 @@ K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
     __asm__ volatile(".byte 0xc4, 0xe2, 0x7a, 0x4b, 0x04 + 8 * " #t ", 0x08" /* tilestored %tmm t, (%rax,%rcx) */ \
                      ::"a"((void *)(base)), "c"((long)(stride)) : "memory")
 #define K_AMX_ZERO(t) __asm__ volatile(".byte 0xc4, 0xe2, 0x7b, 0x49, 0xc0 + 8 * " #t) // tilezero %tmm t
-// tdpbsud: tile c += tile a (signed bytes) . tile b (unsigned bytes, the dot product layout)
+// tdpbsud: tile c += tile a (signed bytes) . tile b (unsigned bytes, the dot product layout);
+// tdpbssd: the same with b signed too
 #define K_AMX_DPBSUD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x02 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
+#define K_AMX_DPBSSD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x03 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
+#define K_AMX_CONFIG(cfg) __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(cfg) : "memory") // ldtilecfg (%rax)
+// tilerelease: the thread keeps no tile state once a kernel is done
+#define K_AMX_RELEASE() __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory")
 
 // ldtilecfg's 64 bytes (palette 1): each tile's rows and bytes a row.
 typedef struct {
@@ -11784,13 +11789,13 @@ K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_strid
         _Alignas(64) uint64_t scq[16], mq[16]; // each row's eight 6-bit scales and minimums, a byte each
         _Alignas(64) double dx[16], dm[16];
         for (int r = 0; r < K_AMX_ROWS; r++) {
-            x[r] = r < nw ? w + (size_t)r * w_stride + (size_t)b * xs : zero;
-            // k_scale_min_k4 of the eight sub-blocks, four bytes at a time (k_scale_min_k4_avx2)
-            const uint32_t u0 = ld_u32(x[r] + 4), u1 = ld_u32(x[r] + 8), u2 = ld_u32(x[r] + 12);
-            scq[r] = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u)) << 32;
-            mq[r] = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u)) << 32;
-            dx[r] = r < nw ? (double)k_ld_f16(x[r]) : 0.0;
-            dm[r] = r < nw ? (double)k_ld_f16(x[r] + 2) : 0.0;
+            x[r] = r < nw ? w + (size_t)r * w_stride + (size_t)b * xs : zero; // (a missing row's scales: 0)
+            __m128i sc8, m8;
+            k_scale_min_k4_avx2(x[r], &sc8, &m8);
+            scq[r] = (uint64_t)_mm_cvtsi128_si64(sc8);
+            mq[r] = (uint64_t)_mm_cvtsi128_si64(m8);
+            dx[r] = (double)k_ld_f16(x[r]);
+            dm[r] = (double)k_ld_f16(x[r] + 2);
         }
         for (int i = 0; i < 2; i++) {
             _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DX + 64 * i), _mm512_load_pd(dx + 8 * i));
@@ -11867,7 +11872,7 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
     cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = (uint8_t)g0;
     cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = (uint8_t)(g1 ? g1 : 1);
     cfg.rows[6] = cfg.rows[7] = 16;
-    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(&cfg) : "memory"); // ldtilecfg (%rax)
+    K_AMX_CONFIG(&cfg);
     _Alignas(64) int32_t c[4][16][16];
     _Alignas(64) double acc[K_BLOCK_LANES][K_GEMM_ROWS_AMX][16];
     for (int l = 0; l < K_BLOCK_LANES; l++)
@@ -11932,7 +11937,7 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
             _mm512_store_pd(al[r] + 8, _mm512_add_pd(_mm512_load_pd(al[r] + 8), t1));
         }
     }
-    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory"); // tilerelease: no tile state kept
+    K_AMX_RELEASE();
     k_amx_out(nr, nw, &acc[0][0][0], K_GEMM_ROWS_AMX * 16, out);
 }
 // The amx set's Q6_K panels (k_panel_pack_amx6, K_AMX6_BLK bytes a super-block of 16 rows): its
@@ -11944,7 +11949,6 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
 // doubles.
 #define K_AMX6_BLK (3 * 4096 + 128)
 #define K_AMX6_DX (3 * 4096)
-#define K_AMX_DPBSSD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x03 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
 
 // The digits d[0..2] of s (-128..127): s = d0 + 8 d1 + 64 d2, each in -3..4.
 static void k_amx_digits(int s, int d[3]) {
@@ -11968,12 +11972,11 @@ PSV_MAYBE_UNUSED static void k_panel_pack_amx6(int64_t n, const uint8_t *w, size
             double dx, dm;
             k_panel_unpack(T_Q6_K, w + (size_t)r * w_stride + (size_t)b * type_table[T_Q6_K].type_size, q, sc, cor, mco,
                            &dx, &dm);
-            for (int v = 0; v < QK_K; v++) {
-                int d[3];
-                k_amx_digits(sc[v / 16], d);
+            int d[16][3];
+            for (int j = 0; j < 16; j++) k_amx_digits(sc[j], d[j]);
+            for (int v = 0; v < QK_K; v++)
                 for (int k = 0; k < 3; k++)
-                    pb[(size_t)4096 * k + 64 * (v / 4) + 4 * r + v % 4] = (uint8_t)(int8_t)((q[v] - 32) * d[k]);
-            }
+                    pb[(size_t)4096 * k + 64 * (v / 4) + 4 * r + v % 4] = (uint8_t)(int8_t)((q[v] - 32) * d[v / 16][k]);
             memcpy(pb + K_AMX6_DX + 8 * r, &dx, 8);
         }
     }
@@ -12057,7 +12060,7 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
         cfg.colsb[t] = 64;
         cfg.rows[t] = (uint8_t)(t < 4 ? nr : 16);
     }
-    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(&cfg) : "memory"); // ldtilecfg (%rax)
+    K_AMX_CONFIG(&cfg);
     _Alignas(64) int32_t c[3][16][16];
     _Alignas(64) double acc[K_BLOCK_LANES][16][16];
     for (int l = 0; l < K_BLOCK_LANES; l++)
@@ -12102,7 +12105,7 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
             _mm512_store_pd(al[r] + 8, _mm512_add_pd(_mm512_load_pd(al[r] + 8), t1));
         }
     }
-    __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory"); // tilerelease
+    K_AMX_RELEASE();
     k_amx_out(nr, nw, &acc[0][0][0], 16 * 16, out);
 }
 #endif // PSV_AMX
@@ -13924,21 +13927,21 @@ static void k_fill_avx512(k_traits *t) {
 #if defined(PSV_AMX)
 // The AVX-512 set with the tile unit's GEMM for Q4_K and Q6_K (see "AMX").
 static void k_fill_amx(k_traits *t) {
+    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; int rows; size_t blk; } gemms[] = {
+        {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK},
+        {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK},
+    };
     k_fill_avx512(t);
-    t[T_Q4_K].gemm = k_gemm_q4_k_amx;
-    t[T_Q4_K].pack = k_pack_q4_k_amx;
-    t[T_Q4_K].gemm_rows = K_GEMM_ROWS_AMX;
-    t[T_Q4_K].panel_rows = K_AMX_ROWS;
-    t[T_Q4_K].panel_blk = K_AMX_BLK;
-    t[T_Q4_K].gemm_few = &k_set_tables[K_SET_AVX512][T_Q4_K];
-    t[T_Q4_K].gemm_min = K_AMX_MIN_ROWS;
-    t[T_Q6_K].gemm = k_gemm_q6_k_amx;
-    t[T_Q6_K].pack = k_pack_q6_k_amx;
-    t[T_Q6_K].gemm_rows = K_GEMM_ROWS_AMX6;
-    t[T_Q6_K].panel_rows = K_AMX_ROWS;
-    t[T_Q6_K].panel_blk = K_AMX6_BLK;
-    t[T_Q6_K].gemm_few = &k_set_tables[K_SET_AVX512][T_Q6_K];
-    t[T_Q6_K].gemm_min = K_AMX_MIN_ROWS;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
+        k_traits *k = &t[gemms[i].type];
+        k->gemm = gemms[i].gemm;
+        k->pack = gemms[i].pack;
+        k->gemm_rows = gemms[i].rows;
+        k->panel_rows = K_AMX_ROWS;
+        k->panel_blk = gemms[i].blk;
+        k->gemm_few = &k_set_tables[K_SET_AVX512][gemms[i].type];
+        k->gemm_min = K_AMX_MIN_ROWS;
+    }
 }
 #endif
 #endif
