@@ -14765,13 +14765,20 @@ typedef struct {
 #define MM_GEMV1_MIN ((int64_t)32 << 10)
 #endif
 
+// The tokens of a prompt whose query heads that share a KV head take the key and value rows
+// together (att_tile): as many as make up to ATT_TILE_Q queries, the widest the AVX-512 key
+// products take at once.
+#define ATT_TILE_Q 8
+static int64_t att_tile_tokens(const psv_model *m) { return PSV_MAX((int64_t)1, ATT_TILE_Q / (m->n_head / m->n_head_kv)); }
+
 // Scratch for forward passes of up to n_batch tokens, carved once (no allocation per pass).
 typedef struct {
     int64_t n_batch, n_ctx_max;
     float *x, *xn, *q, *att, *ffa, *tmp;                // (n_batch, dim) activations
     float *ffb;                                         // (n_batch, n_embd) phi2's feed-forward output
     float *rope_cs;                                     // (n_batch, n_rot/2, 2) cos, sin
-    float *scores;                                      // (n_threads, n_head / n_head_kv, n_ctx_max)
+    float *scores;                                      // (n_threads, att_tile_tokens * n_head / n_head_kv, n_ctx_max)
+    float *att_buf;                                     // (n_threads, 2, att_tile_tokens * n_head / n_head_kv, head_dim)
     uint8_t *qbuf;                                      // quantized activations
     size_t qbuf_size;
     // what qbuf and sides hold: the rows of qbuf_x for weights of qbuf_type and width qbuf_n
@@ -14791,7 +14798,7 @@ typedef struct {
 static void scratch_free(fwd_scratch *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->att);
-    free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
+    free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->att_buf); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
     free(s->sides); free(s->panels);
     memset(s, 0, sizeof *s);
 }
@@ -14811,7 +14818,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     bool ok = ALLOC(x, B * m->n_embd) && ALLOC(xn, B * m->n_embd) && ALLOC(q, B * (nq + 2 * nkv)) &&
               ALLOC(att, B * nq) && ALLOC(ffa, B * m->n_ff) && ALLOC(ffb, B * m->n_embd) && ALLOC(tmp, B * widest) &&
               ALLOC(rope_cs, B * m->n_rot) &&
-              ALLOC(scores, (size_t)s->n_threads * (size_t)(m->n_head / m->n_head_kv) * n_ctx_max) && (s->out_rows = calloc(B, sizeof *s->out_rows)) &&
+              ALLOC(scores, (size_t)s->n_threads * (size_t)(att_tile_tokens(m) * (m->n_head / m->n_head_kv)) * n_ctx_max) &&
+              ALLOC(att_buf, (size_t)s->n_threads * 2 * (size_t)(att_tile_tokens(m) * (m->n_head / m->n_head_kv) * m->head_dim)) && (s->out_rows = calloc(B, sizeof *s->out_rows)) &&
               (s->out_item_of = calloc(B, sizeof *s->out_item_of));
 #undef ALLOC
     // Quantized activations: at most 4 bytes per value (F32) plus block headers; 4.5 covers all.
@@ -15260,17 +15268,108 @@ typedef struct {
     _Atomic int64_t next_chunk; // tasks taken in guided chunks (a token's cost grows with its position)
 } att_job;
 
+// The query heads of one token that share a KV head (h0 .. h0 + nh - 1 of token t): their
+// scores, softmax weights and weighted sums of the value rows, into the attention output.
+static void att_one(const att_job *j, const k_vec_ops *vec, float *scores, int64_t t, int64_t kvh, int64_t h0, int64_t nh) {
+    const psv_model *m = j->m;
+    const int64_t hd = m->head_dim;
+    const float scale = (float)(1.0 / psv_sqrt((double)hd));
+    const size_t sc_stride = (size_t)j->s->n_ctx_max;
+    const fwd_item *it = &j->items[t];
+    const kv_seq *kv = it->kv;
+    const float *q0 = j->q + t * j->q_stride + h0 * hd;
+    const int64_t n_kv = it->pos + 1;
+    const size_t base = kv_v_at(kv, j->il, 0) + (size_t)kvh * (size_t)hd;
+    if (kv->type == PSV_KV_F16) {
+        for (int64_t g = 0; g < nh; g++)
+            for (int64_t p = 0; p < n_kv; p++) {
+                float d = 0;
+                const float *q = q0 + g * hd;
+                const uint16_t *kr = (const uint16_t *)kv->k + kv_k_at(kv, j->il, p, kvh * hd);
+                for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[(size_t)i * K_KEY_BLOCK]);
+                scores[(size_t)g * sc_stride + (size_t)p] = d;
+            }
+    } else {
+        const float *k0 = (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK;
+        vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, k0, (size_t)kv->kv_dim * K_KEY_BLOCK, n_kv, hd);
+    }
+    float *out0 = j->s->att + t * m->n_head * hd + h0 * hd;
+    for (int64_t g = 0; g < nh; g++) {
+        vec->softmax(scores + (size_t)g * sc_stride, n_kv, scale); // the weights
+        for (int64_t i = 0; i < hd; i++) out0[g * hd + i] = 0;
+    }
+    if (kv->type == PSV_KV_F16) {
+        for (int64_t g = 0; g < nh; g++)
+            for (int64_t p = 0; p < n_kv; p++) {
+                const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
+                const float wp = scores[(size_t)g * sc_stride + (size_t)p];
+                for (int64_t i = 0; i < hd; i++) out0[g * hd + i] += wp * psv_fp16_to_f32(vr[i]);
+            }
+    } else {
+        vec->axpy_rows(out0, (size_t)hd, scores, sc_stride, (int)nh, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
+    }
+}
+
+// The query heads that share KV head kvh of nt tokens t0 .. t0 + nt - 1 at consecutive positions
+// of one sequence (F32 KV cache), together: each key and value row is read once for all of them
+// (nt * group queries, at most ATT_TILE_Q). Token t0 + i attends to i more positions than t0:
+// the scores are made for the last token's positions for all (the extra ones unused), the
+// weighted sums over t0's positions for all, then each token's further positions for its own
+// heads, in position order, so every result is att_one's.
+static void att_tile(const att_job *j, const k_vec_ops *vec, float *scores, float *buf, int64_t t0, int64_t nt, int64_t kvh) {
+    const psv_model *m = j->m;
+    const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv, h0 = kvh * group, nq = nt * group;
+    const float scale = (float)(1.0 / psv_sqrt((double)hd));
+    const size_t sc_stride = (size_t)j->s->n_ctx_max;
+    const kv_seq *kv = j->items[t0].kv;
+    const int64_t n0 = j->items[t0].pos + 1, n1 = n0 + nt - 1; // the first and last token's positions
+    float *qb = buf, *yb = buf + (size_t)nq * (size_t)hd; // the queries and sums, query (i, g) at i * group + g
+    for (int64_t i = 0; i < nt; i++)
+        memcpy(qb + (size_t)(i * group) * (size_t)hd, j->q + (t0 + i) * j->q_stride + h0 * hd, (size_t)(group * hd) * sizeof(float));
+    const float *k0 = (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK;
+    vec->dot_keys(scores, sc_stride, qb, (size_t)hd, (int)nq, k0, (size_t)kv->kv_dim * K_KEY_BLOCK, n1, hd);
+    for (int64_t g = 0; g < nq; g++) {
+        vec->softmax(scores + (size_t)g * sc_stride, n0 + g / group, scale);
+        memset(yb + (size_t)g * (size_t)hd, 0, (size_t)hd * sizeof(float));
+    }
+    const float *v0 = (const float *)kv->v + kv_v_at(kv, j->il, 0) + (size_t)kvh * (size_t)hd;
+    vec->axpy_rows(yb, (size_t)hd, scores, sc_stride, (int)nq, v0, (size_t)kv->kv_dim, n0, hd);
+    for (int64_t i = 1; i < nt; i++)
+        vec->axpy_rows(yb + (size_t)(i * group) * (size_t)hd, (size_t)hd, scores + (size_t)(i * group) * sc_stride + (size_t)n0, sc_stride,
+                       (int)group, v0 + (size_t)n0 * (size_t)kv->kv_dim, (size_t)kv->kv_dim, i, hd);
+    for (int64_t i = 0; i < nt; i++)
+        memcpy(j->s->att + (t0 + i) * m->n_head * hd + h0 * hd, yb + (size_t)(i * group) * (size_t)hd, (size_t)(group * hd) * sizeof(float));
+}
+
 static void att_task(void *arg, int ith, int nth) {
     att_job *j = arg;
     const psv_model *m = j->m;
-    const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv;
-    const float scale = (float)(1.0 / psv_sqrt((double)hd));
+    const int64_t group = m->n_head / m->n_head_kv, T = att_tile_tokens(m);
     const size_t sc_stride = (size_t)j->s->n_ctx_max;
-    float *scores = j->s->scores + (size_t)ith * (size_t)group * sc_stride;
+    float *scores = j->s->scores + (size_t)ith * (size_t)(T * group) * sc_stride;
+    float *buf = j->s->att_buf + (size_t)ith * 2 * (size_t)(T * group * m->head_dim);
     const k_vec_ops *vec = k_vec_get();
-    // a task: the query heads of one token that share a KV head, so that the key products read
-    // each key row once for all of them; split further only when there are fewer groups than
-    // threads (generation)
+    // a task: the query heads of one token that share a KV head, or of T tokens of a prompt
+    // (att_tile), so that the key products read each key row once for all of them; split
+    // further only when there are fewer groups than threads (generation)
+    const int64_t tiles = (j->n + T - 1) / T;
+    if (T > 1 && tiles * m->n_head_kv >= nth) {
+        int64_t lo, hi;
+        // the last tokens first (in a prompt they attend to the most positions), in guided chunks
+        while (pool_next_guided(&j->next_chunk, tiles * m->n_head_kv, nth, &lo, &hi)) {
+            for (int64_t task = lo; task < hi; task++) {
+                const int64_t k = task / m->n_head_kv, kvh = task % m->n_head_kv;
+                const int64_t t1 = j->n - k * T, t0 = PSV_MAX((int64_t)0, t1 - T); // tokens t0 .. t1 - 1
+                bool tile = t1 - t0 > 1 && j->items[t0].kv->type != PSV_KV_F16;
+                for (int64_t t = t0 + 1; t < t1 && tile; t++)
+                    tile = j->items[t].kv == j->items[t0].kv && j->items[t].pos == j->items[t0].pos + (t - t0);
+                if (tile) att_tile(j, vec, scores, buf, t0, t1 - t0, kvh);
+                else
+                    for (int64_t t = t1 - 1; t >= t0; t--) att_one(j, vec, scores, t, kvh, kvh * group, group);
+            }
+        }
+        return;
+    }
     const int64_t groups = j->n * m->n_head_kv;
     const int64_t parts = PSV_MIN(group, (nth + groups - 1) / groups), per = (group + parts - 1) / parts;
     int64_t lo, hi;
@@ -15281,40 +15380,7 @@ static void att_task(void *arg, int ith, int nth) {
             const int64_t kvh = task / parts % m->n_head_kv, part = task % parts;
             const int64_t h0 = kvh * group + part * per, nh = PSV_MIN(per, (kvh + 1) * group - h0);
             if (nh <= 0) continue;
-            const fwd_item *it = &j->items[t];
-            const kv_seq *kv = it->kv;
-            const float *q0 = j->q + t * j->q_stride + h0 * hd;
-            const int64_t n_kv = it->pos + 1;
-            const size_t base = kv_v_at(kv, j->il, 0) + (size_t)kvh * (size_t)hd;
-            if (kv->type == PSV_KV_F16) {
-                for (int64_t g = 0; g < nh; g++)
-                    for (int64_t p = 0; p < n_kv; p++) {
-                        float d = 0;
-                        const float *q = q0 + g * hd;
-                        const uint16_t *kr = (const uint16_t *)kv->k + kv_k_at(kv, j->il, p, kvh * hd);
-                        for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[(size_t)i * K_KEY_BLOCK]);
-                        scores[(size_t)g * sc_stride + (size_t)p] = d;
-                    }
-            } else {
-                const float *k0 = (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK;
-                vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, k0, (size_t)kv->kv_dim * K_KEY_BLOCK, n_kv, hd);
-            }
-            float *out0 = j->s->att + t * m->n_head * hd + h0 * hd;
-            for (int64_t g = 0; g < nh; g++) {
-                vec->softmax(scores + (size_t)g * sc_stride, n_kv, scale); // the weights
-                for (int64_t i = 0; i < hd; i++) out0[g * hd + i] = 0;
-            }
-            if (kv->type == PSV_KV_F16) {
-                for (int64_t g = 0; g < nh; g++)
-                    for (int64_t p = 0; p < n_kv; p++) {
-                        const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
-                        const float wp = scores[(size_t)g * sc_stride + (size_t)p];
-                        for (int64_t i = 0; i < hd; i++) out0[g * hd + i] += wp * psv_fp16_to_f32(vr[i]);
-                    }
-            } else {
-                vec->axpy_rows(out0, (size_t)hd, scores, sc_stride, (int)nh, (const float *)kv->v + base, (size_t)kv->kv_dim,
-                               n_kv, hd);
-            }
+            att_one(j, vec, scores, t, kvh, h0, nh);
         }
     }
 }
