@@ -12163,13 +12163,14 @@ K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q
     }
 }
 
-// k_axpy_rows_avx2 in 512-bit vectors: 64 values of up to four queries in registers across all
-// the value rows, a tail of n % 16 values masked.
+// k_axpy_rows_avx2 in 512-bit vectors: 64 values of up to K_AXPY_Q_AVX512 queries in registers
+// across all the value rows, a tail of n % 16 values masked.
+#define K_AXPY_Q_AVX512 6
 K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const float *w, size_t ws, const float *v,
                                        size_t stride, int64_t nk, int64_t n) {
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        __m512 a[4][4];
+        __m512 a[K_AXPY_Q_AVX512][4];
         K_UNROLL
         for (int g = 0; g < c; g++)
             K_UNROLL
@@ -12192,7 +12193,7 @@ K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const f
     }
     for (; i < n; i += 16) {
         const __mmask16 mask = (__mmask16)(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
-        __m512 a[4];
+        __m512 a[K_AXPY_Q_AVX512];
         K_UNROLL
         for (int g = 0; g < c; g++) a[g] = _mm512_maskz_loadu_ps(mask, y + (size_t)g * ys + (size_t)i);
         const float *vp = v + i;
@@ -12208,7 +12209,7 @@ K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const f
 
 K_AVX512 static void k_axpy_rows_avx512(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v,
                                         size_t stride, int64_t nk, int64_t n) {
-    const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
+    const int chunks = (nq + K_AXPY_Q_AVX512 - 1) / K_AXPY_Q_AVX512, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
     for (int g0 = 0; g0 < nq; g0 += per) {
         const int c = PSV_MIN(per, nq - g0);
         float *yg = y + (size_t)g0 * ys;
@@ -12217,7 +12218,9 @@ K_AVX512 static void k_axpy_rows_avx512(float *y, size_t ys, const float *w, siz
         case 1: k_axpy_q_avx512(1, yg, ys, wg, ws, v, stride, nk, n); break;
         case 2: k_axpy_q_avx512(2, yg, ys, wg, ws, v, stride, nk, n); break;
         case 3: k_axpy_q_avx512(3, yg, ys, wg, ws, v, stride, nk, n); break;
-        default: k_axpy_q_avx512(4, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 4: k_axpy_q_avx512(4, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 5: k_axpy_q_avx512(5, yg, ys, wg, ws, v, stride, nk, n); break;
+        default: k_axpy_q_avx512(6, yg, ys, wg, ws, v, stride, nk, n); break;
         }
     }
 }

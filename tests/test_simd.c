@@ -745,7 +745,7 @@ static void st_check_vec(k_set set) {
             }
             // several queries against the same keys (the query heads sharing a KV head), rows
             // q_stride apart, results s_stride apart
-            static const int nqs[] = {1, 2, 3, 4, 5, 7, 8};
+            static const int nqs[] = {1, 2, 3, 4, 5, 6, 7, 8};
             const int nq = nqs[(li + ci) % PSV_ARRAY_LEN(nqs)];
             const size_t q_stride = (size_t)n + (size_t)(li % 3), s_stride = (size_t)nk + 1 + (size_t)(ci % 4);
             PSV_ASSERT((size_t)nq * q_stride <= CAP && (size_t)nq * s_stride <= 2048);
