@@ -15271,12 +15271,18 @@ typedef struct {
     _Atomic int64_t next_chunk; // tasks taken in guided chunks (a token's cost grows with its position)
 } att_job;
 
+// Where KV head kvh's keys start in layer il of an F32 cache (blocks of K_KEY_BLOCK positions).
+static const float *att_keys(const att_job *j, const kv_seq *kv, int64_t kvh) {
+    return (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * j->m->head_dim) * K_KEY_BLOCK;
+}
+
 // The query heads of one token that share a KV head (h0 .. h0 + nh - 1 of token t): their
-// scores, softmax weights and weighted sums of the value rows, into the attention output.
-static void att_one(const att_job *j, const k_vec_ops *vec, float *scores, int64_t t, int64_t kvh, int64_t h0, int64_t nh) {
+// scores, softmax weights (scale: the scores' factor) and weighted sums of the value rows, into
+// the attention output.
+static void att_one(const att_job *j, const k_vec_ops *vec, float *scores, float scale, int64_t t, int64_t kvh, int64_t h0,
+                    int64_t nh) {
     const psv_model *m = j->m;
     const int64_t hd = m->head_dim;
-    const float scale = (float)(1.0 / psv_sqrt((double)hd));
     const size_t sc_stride = (size_t)j->s->n_ctx_max;
     const fwd_item *it = &j->items[t];
     const kv_seq *kv = it->kv;
@@ -15293,8 +15299,7 @@ static void att_one(const att_job *j, const k_vec_ops *vec, float *scores, int64
                 scores[(size_t)g * sc_stride + (size_t)p] = d;
             }
     } else {
-        const float *k0 = (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK;
-        vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, k0, (size_t)kv->kv_dim * K_KEY_BLOCK, n_kv, hd);
+        vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, att_keys(j, kv, kvh), (size_t)kv->kv_dim * K_KEY_BLOCK, n_kv, hd);
     }
     float *out0 = j->s->att + t * m->n_head * hd + h0 * hd;
     for (int64_t g = 0; g < nh; g++) {
@@ -15319,18 +15324,17 @@ static void att_one(const att_job *j, const k_vec_ops *vec, float *scores, int64
 // the scores are made for the last token's positions for all (the extra ones unused), the
 // weighted sums over t0's positions for all, then each token's further positions for its own
 // heads, in position order, so every result is att_one's.
-static void att_tile(const att_job *j, const k_vec_ops *vec, float *scores, float *buf, int64_t t0, int64_t nt, int64_t kvh) {
+static void att_tile(const att_job *j, const k_vec_ops *vec, float *scores, float scale, float *buf, int64_t t0, int64_t nt,
+                     int64_t kvh) {
     const psv_model *m = j->m;
     const int64_t hd = m->head_dim, group = m->n_head / m->n_head_kv, h0 = kvh * group, nq = nt * group;
-    const float scale = (float)(1.0 / psv_sqrt((double)hd));
     const size_t sc_stride = (size_t)j->s->n_ctx_max;
     const kv_seq *kv = j->items[t0].kv;
     const int64_t n0 = j->items[t0].pos + 1, n1 = n0 + nt - 1; // the first and last token's positions
     float *qb = buf, *yb = buf + (size_t)nq * (size_t)hd; // the queries and sums, query (i, g) at i * group + g
     for (int64_t i = 0; i < nt; i++)
         memcpy(qb + (size_t)(i * group) * (size_t)hd, j->q + (t0 + i) * j->q_stride + h0 * hd, (size_t)(group * hd) * sizeof(float));
-    const float *k0 = (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK;
-    vec->dot_keys(scores, sc_stride, qb, (size_t)hd, (int)nq, k0, (size_t)kv->kv_dim * K_KEY_BLOCK, n1, hd);
+    vec->dot_keys(scores, sc_stride, qb, (size_t)hd, (int)nq, att_keys(j, kv, kvh), (size_t)kv->kv_dim * K_KEY_BLOCK, n1, hd);
     for (int64_t g = 0; g < nq; g++) {
         vec->softmax(scores + (size_t)g * sc_stride, n0 + g / group, scale);
         memset(yb + (size_t)g * (size_t)hd, 0, (size_t)hd * sizeof(float));
@@ -15348,6 +15352,7 @@ static void att_task(void *arg, int ith, int nth) {
     att_job *j = arg;
     const psv_model *m = j->m;
     const int64_t group = m->n_head / m->n_head_kv, T = att_tile_tokens(m);
+    const float scale = (float)(1.0 / psv_sqrt((double)m->head_dim));
     const size_t sc_stride = (size_t)j->s->n_ctx_max;
     float *scores = j->s->scores + (size_t)ith * (size_t)(T * group) * sc_stride;
     float *buf = j->s->att_buf + (size_t)ith * 2 * (size_t)(T * group * m->head_dim);
@@ -15366,9 +15371,9 @@ static void att_task(void *arg, int ith, int nth) {
                 bool tile = t1 - t0 > 1 && j->items[t0].kv->type != PSV_KV_F16;
                 for (int64_t t = t0 + 1; t < t1 && tile; t++)
                     tile = j->items[t].kv == j->items[t0].kv && j->items[t].pos == j->items[t0].pos + (t - t0);
-                if (tile) att_tile(j, vec, scores, buf, t0, t1 - t0, kvh);
+                if (tile) att_tile(j, vec, scores, scale, buf, t0, t1 - t0, kvh);
                 else
-                    for (int64_t t = t1 - 1; t >= t0; t--) att_one(j, vec, scores, t, kvh, kvh * group, group);
+                    for (int64_t t = t1 - 1; t >= t0; t--) att_one(j, vec, scores, scale, t, kvh, kvh * group, group);
             }
         }
         return;
@@ -15383,7 +15388,7 @@ static void att_task(void *arg, int ith, int nth) {
             const int64_t kvh = task / parts % m->n_head_kv, part = task % parts;
             const int64_t h0 = kvh * group + part * per, nh = PSV_MIN(per, (kvh + 1) * group - h0);
             if (nh <= 0) continue;
-            att_one(j, vec, scores, t, kvh, h0, nh);
+            att_one(j, vec, scores, scale, t, kvh, h0, nh);
         }
     }
 }
