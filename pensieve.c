@@ -7461,6 +7461,8 @@ typedef struct k_traits_s {
     int gemm_rows;                  // the activation rows gemm takes at once (set with gemm)
     size_t panel_blk;               // bytes of a block in pack's layout (set with gemm; k_panel_bytes)
     bool side_w16;                  // gemm reads the activation's int16 quants (k_act_side_w16)
+    bool act_vnni;                  // gemm takes the activation rows 16 at a time in k_act_vnni's layout
+    void (*gemm_done)(void);        // optional: what a thread calls once done with gemm calls for now
     int panel_rows;                 // the weight rows of pack's panels (set with gemm; K_PANEL, or the amx set's 16)
     // products of fewer than gemm_min rows take the traits gemm_few (same results; the amx set's
     // Q4_K: the AVX-512 set's, whose GEMM costs less for a few rows); NULL: none
@@ -8382,21 +8384,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, 0, NULL, 0},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -8826,6 +8828,38 @@ static void k_act_side_w16(const uint8_t *y, int64_t n, uint8_t *side) {
     for (int64_t i = 0; i < n; i++) wr_u16(w + 2 * i, (uint16_t)(int16_t)(int8_t)y[(i / 32) * K_Q8_0_SIZE + 2 + i % 32]);
 }
 
+// The activations of the amx set's Q4_0 and Q8_0 GEMM (k_traits.act_vnni): the Q8_0 rows of a
+// product, 16 at a time, in the tile unit's dot product layout, written as the rows are quantized
+// (each row its own columns) and read by every panel's tile products. Group g holds rows 16g ..
+// 16g + 15, k_act_vnni_size bytes; its block b (K_VNNI_BLK bytes at b * K_VNNI_BLK) holds 8 rows of
+// 64 bytes, row kk (0..7) holding quants 4kk .. 4kk + 3 of the group's row t at bytes 4c .. 4c + 3,
+// c = k_vnni_col(t), then at K_VNNI_D the 16 rows' scales as doubles (row t at 8t). Rows 0-7 and
+// 8-15 alternate in the columns so that a 64-bit lane of a stored tile row holds the sums of rows
+// t and t + 8. A group's rows past a product's last are zero (k_act_vnni_clear).
+#define K_VNNI_BLK 640
+#define K_VNNI_D 512
+static int k_vnni_col(int t) { return t < 8 ? 2 * t : 2 * (t - 8) + 1; }
+static size_t k_act_vnni_size(int64_t n) { return (size_t)(n / 32) * K_VNNI_BLK; }
+
+// Row t (0..15) of a group: the Q8_0 row y of n values.
+static void k_act_vnni(const uint8_t *y, int64_t n, int t, uint8_t *grp) {
+    const int c = k_vnni_col(t);
+    for (int64_t b = 0; b < n / 32; b++, y += K_Q8_0_SIZE, grp += K_VNNI_BLK) {
+        for (int kk = 0; kk < 8; kk++) memcpy(grp + 64 * kk + 4 * c, y + 2 + 4 * kk, 4);
+        const double d = k_ld_f16(y);
+        memcpy(grp + K_VNNI_D + 8 * t, &d, 8);
+    }
+}
+
+// Rows t0..15 of a group zero (a product's rows end at t0 of its last group).
+static void k_act_vnni_clear(int64_t n, int t0, uint8_t *grp) {
+    for (int64_t b = 0; b < n / 32; b++, grp += K_VNNI_BLK)
+        for (int t = t0; t < 16; t++) {
+            for (int kk = 0; kk < 8; kk++) memset(grp + 64 * kk + 4 * k_vnni_col(t), 0, 4);
+            memset(grp + K_VNNI_D + 8 * t, 0, 8);
+        }
+}
+
 // How far apart the side data of a product's activation rows are, the product of n values on
 // traits tr running on its GEMM kernels (gemm) or not.
 static size_t k_act_side_stride(const k_traits *tr, int64_t n, bool gemm) {
@@ -8894,8 +8928,10 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
 // unroll fully, which needs a constant trip count (it warns otherwise).
 #if defined(__clang__)
 #define K_UNROLL _Pragma("clang loop unroll(full)")
+#define K_UNROLL16 _Pragma("clang loop unroll(full)")
 #else
 #define K_UNROLL _Pragma("GCC unroll 8")
+#define K_UNROLL16 _Pragma("GCC unroll 16")
 #endif
 
 // Where the GEMM kernels find an activation row y of n values and the parts of its side data
@@ -11700,8 +11736,7 @@ K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
 #define K_AMX_DPBSUD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x02 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
 #define K_AMX_DPBSSD(c, a, b) __asm__ volatile(".byte 0xc4, 0xe2, 0x03 + 8 * (15 - " #b "), 0x5e, 0xc0 + 8 * " #c " + " #a)
 #define K_AMX_CONFIG(cfg) __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(cfg) : "memory") // ldtilecfg (%rax)
-// tilerelease: the thread keeps no tile state once a kernel is done
-#define K_AMX_RELEASE() __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory")
+#define K_AMX_RELEASE() __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory") // tilerelease
 
 // ldtilecfg's 64 bytes (palette 1): each tile's rows and bytes a row.
 typedef struct {
@@ -11709,6 +11744,31 @@ typedef struct {
     uint16_t colsb[16];
     uint8_t rows[16];
 } k_amx_cfg;
+
+// The tile configuration a thread has loaded: a kernel loads its own only when it differs (a
+// ldtilecfg and tilerelease cost about 45 ns, 4 % of a Q4_0 call of 16 rows by 896 values), and
+// the thread gives the tile state back once its products are done (k_amx_done, the amx set's
+// k_traits.gemm_done).
+// A kernel whose configuration is always the same passes a static one (fixed), found by its
+// address: comparing the bytes of one built on the stack just before waited on its stores (7 % of
+// qwen2-0.5b Q4_0 prompts).
+static _Thread_local k_amx_cfg k_amx_cur;
+static _Thread_local const k_amx_cfg *k_amx_cur_fixed; // the static one loaded, or NULL
+static _Thread_local bool k_amx_loaded;
+
+static void k_amx_config(const k_amx_cfg *cfg, bool fixed) {
+    if (k_amx_loaded && (fixed ? cfg == k_amx_cur_fixed : memcmp(cfg, &k_amx_cur, sizeof *cfg) == 0)) return;
+    K_AMX_CONFIG(cfg);
+    k_amx_cur = *cfg;
+    k_amx_cur_fixed = fixed ? cfg : NULL;
+    k_amx_loaded = true;
+}
+
+static void k_amx_done(void) {
+    if (!k_amx_loaded) return;
+    K_AMX_RELEASE();
+    k_amx_loaded = false;
+}
 
 // The amx set's Q4_K panel of nw (1..16) rows of n values (K_AMX_BLK bytes a super-block; lane
 // r: weight row r, lanes nw and up zero), in portable C (the layout's definition; the tests
@@ -11872,7 +11932,7 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
     cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = (uint8_t)g0;
     cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = (uint8_t)(g1 ? g1 : 1);
     cfg.rows[6] = cfg.rows[7] = 16;
-    K_AMX_CONFIG(&cfg);
+    k_amx_config(&cfg, false);
     _Alignas(64) int32_t c[4][16][16];
     _Alignas(64) double acc[K_BLOCK_LANES][K_GEMM_ROWS_AMX][16];
     for (int l = 0; l < K_BLOCK_LANES; l++)
@@ -11937,7 +11997,6 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
             _mm512_store_pd(al[r] + 8, _mm512_add_pd(_mm512_load_pd(al[r] + 8), t1));
         }
     }
-    K_AMX_RELEASE();
     k_amx_out(nr, nw, &acc[0][0][0], K_GEMM_ROWS_AMX * 16, out);
 }
 // The amx set's Q6_K panels (k_panel_pack_amx6, K_AMX6_BLK bytes a super-block of 16 rows): its
@@ -12060,7 +12119,7 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
         cfg.colsb[t] = 64;
         cfg.rows[t] = (uint8_t)(t < 4 ? nr : 16);
     }
-    K_AMX_CONFIG(&cfg);
+    k_amx_config(&cfg, false);
     _Alignas(64) int32_t c[3][16][16];
     _Alignas(64) double acc[K_BLOCK_LANES][16][16];
     for (int l = 0; l < K_BLOCK_LANES; l++)
@@ -12105,8 +12164,215 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
             _mm512_store_pd(al[r] + 8, _mm512_add_pd(_mm512_load_pd(al[r] + 8), t1));
         }
     }
-    K_AMX_RELEASE();
     k_amx_out(nr, nw, &acc[0][0][0], 16 * 16, out);
+}
+
+// ---- AMX: the GEMM of Q4_0 and Q8_0 -----------------------------------------------------------------
+// A block of 32 values has its own scale in each weight row and each activation row, so its sums
+// leave the tiles every block: the tile product of 16 weight rows (tile A: a block's quants as
+// signed bytes, the panel's) and 16 activation rows (tile B: the group's block in k_act_vnni's
+// layout) over one block, tdpbssd, stored as 16 weight rows of 16 int32 sums. The double terms the
+// reference adds (dx * dy * isum to lane b % 4) are then formed from the stored sums with three
+// exact operations for eight of them:
+//   M = 2^52 + 2^31 + isum, as a double, is the sum's 32 bits in the low half of a 64-bit lane,
+//       sign flipped, under the exponent of 2^52 (vpternlogq, the high half masked off; activation
+//       rows 8-15 are in the high halves, k_vnni_col, and shifted down first);
+//   x = M * dx - (2^52 + 2^31) * dx, one FMA, is isum * dx exactly (bdx, the panel's second
+//       product, is exact: 22 + 11 bits; isum * dx needs at most 20 + 11, so the FMA's one
+//       rounding changes nothing);
+//   acc + x * dy, one FMA: the reference's addition of its term dx * dy * isum (exact, 42 bits).
+// A block with an infinite or NaN scale (x would be inf - inf) takes isum = M - (2^52 + 2^31) and
+// its product with dx instead, as IEEE arithmetic has it (the whole call again, when a total
+// comes out infinite or NaN).
+// The tile unit and the vector unit's double arithmetic do not overlap here: after any tile
+// instruction, this Xeon runs 512-bit FMAs at half rate for about 90 ns (a tilezero every 1024
+// FMAs cost them a tenth of their speed, one every 16 half). So the blocks go in chunks: the tile
+// products of a chunk's blocks, then the chunk's terms, lane by lane (b = l, l + 4, ...) and by
+// half (activation rows 0-7, then 8-15), with the 16 weight rows' accumulators of one lane and half
+// in registers.
+#define K_AMX0_BLK 768 // a block of 16 weight rows: the quants (512 bytes), dx, bdx
+#define K_AMX0_DX 512
+#define K_AMX0_BDX 640
+#define K_AMX0_CHUNK 8 // blocks of a chunk: a multiple of K_BLOCK_LANES
+#define K_GEMM_ROWS_AMX0 16 // activation rows a call: one group of k_act_vnni
+
+// The panel layout, in portable C (the tests check the packers against it): for each block of 32
+// values, weight row r's quants less the type's offset as signed bytes at 32r, then the rows' dx
+// and dx * (2^52 + 2^31), 16 doubles each. Rows nw and up are zero.
+PSV_MAYBE_UNUSED static void k_panel_pack_amx0(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw,
+                                               uint8_t *panel) {
+    PSV_ASSERT((type == T_Q4_0 || type == T_Q8_0) && n % 32 == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    const size_t xs = type_table[type].type_size;
+    memset(panel, 0, (size_t)(n / 32) * K_AMX0_BLK);
+    for (int64_t b = 0; b < n / 32; b++) {
+        uint8_t *pb = panel + (size_t)b * K_AMX0_BLK;
+        for (int r = 0; r < nw; r++) {
+            const uint8_t *x = w + (size_t)r * w_stride + (size_t)b * xs;
+            for (int v = 0; v < 32; v++)
+                pb[32 * r + v] = type == T_Q8_0 ? x[2 + v] : (uint8_t)(((v < 16 ? x[2 + v] & 15 : x[2 + v - 16] >> 4)) - 8);
+            const double dx = k_ld_f16(x), bdx = dx * 4503601774854144.0;
+            memcpy(pb + K_AMX0_DX + 8 * r, &dx, 8);
+            memcpy(pb + K_AMX0_BDX + 8 * r, &bdx, 8);
+        }
+    }
+}
+
+K_AVX512 K_INLINE void k_pack_amx0(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    static const uint8_t zero[K_Q8_0_SIZE];
+    const int64_t nb = n / 32;
+    const size_t xs = type_table[type].type_size;
+    const __m512d bias = _mm512_set1_pd(4503601774854144.0);
+    const __m512i m4 = _mm512_set1_epi8(15), e8 = _mm512_set1_epi8(8);
+    const uint8_t *x[K_AMX_ROWS];
+    for (int r = 0; r < K_AMX_ROWS; r++) x[r] = r < nw ? w + (size_t)r * w_stride : NULL;
+    // the rows' scales are gathered (16-bit stores and a vector load of them stalled the pack a
+    // third of its time): row r's at r * w_stride from the block
+    PSV_ASSERT(w_stride <= INT32_MAX / K_AMX_ROWS);
+    const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32((int)w_stride));
+    const __mmask16 rows = (__mmask16)((1u << nw) - 1);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * K_AMX0_BLK;
+        const size_t o = (size_t)b * xs;
+        for (int r = 0; r < K_AMX_ROWS; r += 2) { // two rows a vector: 32 bytes each
+            const uint8_t *x0 = r < nw ? x[r] + o : zero, *x1 = r + 1 < nw ? x[r + 1] + o : zero;
+            __m512i q;
+            if (type == T_Q8_0) {
+                q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(x0 + 2))),
+                                       _mm256_loadu_si256((const __m256i *)(const void *)(x1 + 2)), 1);
+            } else {
+                const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(x0 + 2))),
+                                                          _mm_loadu_si128((const __m128i *)(const void *)(x1 + 2)), 1);
+                const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1); // lo0 lo1 hi0 hi1
+                q = _mm512_sub_epi8(_mm512_and_si512(_mm512_shuffle_i64x2(u, u, 0xd8), m4), e8);              // lo0 hi0 lo1 hi1
+                // a missing row's zero block would give -8s: it stays zero
+                q = _mm512_maskz_mov_epi8((__mmask64)((r < nw ? 0xffffffffull : 0) | (r + 1 < nw ? 0xffffffff00000000ull : 0)), q);
+            }
+            _mm512_storeu_si512((void *)(pb + 32 * r), q);
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, w + o, 1))); // exactly the fp16 scales
+        for (int i = 0; i < 2; i++) {
+            const __m512d dd = _mm512_cvtps_pd(i ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)) : _mm512_castps512_ps256(d));
+            _mm512_storeu_pd((double *)(void *)(pb + K_AMX0_DX + 64 * i), dd);
+            _mm512_storeu_pd((double *)(void *)(pb + K_AMX0_BDX + 64 * i), _mm512_mul_pd(dd, bias));
+        }
+    }
+}
+K_AVX512 static void k_pack_q4_0_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_amx0(T_Q4_0, n, w, w_stride, nw, panel);
+}
+K_AVX512 static void k_pack_q8_0_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_amx0(T_Q8_0, n, w, w_stride, nw, panel);
+}
+
+// The terms of half h (activation rows 0-7 or 8-15) of block b, whose sums are at cb, added to the
+// 16 weight rows' accumulators a[0..15].
+#define K_AMX0_HALF(h, cb, pb, dy, a)                                                                  \
+    do {                                                                                               \
+        const double *dxr = (const double *)(const void *)((pb) + K_AMX0_DX),                         \
+                     *bxr = (const double *)(const void *)((pb) + K_AMX0_BDX);                        \
+        K_UNROLL16                                                                                     \
+        for (int r = 0; r < 16; r++) {                                                                 \
+            __m512i s = _mm512_load_si512((const void *)(cb)[r]);                                      \
+            if (h) s = _mm512_shuffle_epi32(s, _MM_PERM_DDBB); /* (a shuffle: vpsrlq has one port) */ \
+            const __m512d mm = _mm512_castsi512_pd(_mm512_ternarylogic_epi64(s, lo32, magic, 0x6a));   \
+            const __m512d dx = _mm512_set1_pd(dxr[r]);                                                 \
+            const __m512d x = finite ? _mm512_fmsub_pd(mm, dx, _mm512_set1_pd(bxr[r])) : _mm512_mul_pd(_mm512_sub_pd(mm, bias), dx); \
+            a[r] = _mm512_fmadd_pd(x, dy, a[r]);                                                       \
+            __asm__ volatile("" ::: "memory"); /* a row at a time: else gcc loads all 16 rows first */ \
+        }                                                                                              \
+    } while (0)
+
+// The tile product of a block: tile c the sums of tiles a (the panel's block pb) and b (the group's
+// block gb), stored at cb.
+#define K_AMX0_TILE(c, a, b, pb, gb, cb)                                                               \
+    do {                                                                                               \
+        K_AMX_LOAD(a, pb, 32);                                                                         \
+        K_AMX_LOAD(b, gb, 64);                                                                         \
+        K_AMX_ZERO(c);                                                                                 \
+        K_AMX_DPBSSD(c, a, b);                                                                         \
+        K_AMX_STORE(c, cb, 64);                                                                        \
+    } while (0)
+
+// One group's products (see above): lane sums of weight row r and activation row t to tot[r][t].
+// finite: every dx is finite.
+K_AVX512 K_INLINE void k_gemm_amx0_run(int64_t n, const uint8_t *panel, const uint8_t *grp, double tot[16][16],
+                                       const k_prefetch *pf, bool finite) {
+    const int64_t nb = n / 32;
+    _Alignas(64) int32_t c[K_AMX0_CHUNK][16][16];
+    _Alignas(64) double acc[2][K_BLOCK_LANES][16][8];
+    const __m512i lo32 = _mm512_set1_epi64(0xffffffffLL), magic = _mm512_set1_epi64(0x4330000080000000LL);
+    const __m512d bias = _mm512_set1_pd(4503601774854144.0);
+    for (int64_t c0 = 0; c0 < nb; c0 += K_AMX0_CHUNK) {
+        const int64_t c1 = PSV_MIN(nb, c0 + K_AMX0_CHUNK);
+        for (int64_t b = c0; b < c1; b++) { // four tiles of sums in turn, so that a block need not wait for the last
+            if (pf) k_prefetch_blks(pf, b, 1);
+            const uint8_t *pb = panel + (size_t)b * K_AMX0_BLK, *gb = grp + (size_t)b * K_VNNI_BLK;
+            int32_t(*cb)[16] = c[b - c0];
+            switch (b & 3) {
+            case 0: K_AMX0_TILE(0, 4, 6, pb, gb, cb); break;
+            case 1: K_AMX0_TILE(1, 5, 7, pb, gb, cb); break;
+            case 2: K_AMX0_TILE(2, 4, 6, pb, gb, cb); break;
+            default: K_AMX0_TILE(3, 5, 7, pb, gb, cb); break;
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < K_BLOCK_LANES; l++) {
+                __m512d a[16];
+                K_UNROLL16
+                for (int r = 0; r < 16; r++) a[r] = c0 ? _mm512_load_pd(acc[h][l][r]) : _mm512_setzero_pd();
+                for (int64_t b = c0 + l; b < c1; b += K_BLOCK_LANES) {
+                    const uint8_t *pb = panel + (size_t)b * K_AMX0_BLK;
+                    const __m512d dy = _mm512_loadu_pd((const double *)(const void *)(grp + (size_t)b * K_VNNI_BLK + K_VNNI_D + 64 * h));
+                    if (h) K_AMX0_HALF(1, c[b - c0], pb, dy, a);
+                    else K_AMX0_HALF(0, c[b - c0], pb, dy, a);
+                }
+                K_UNROLL16
+                for (int r = 0; r < 16; r++) _mm512_store_pd(acc[h][l][r], a[r]);
+            }
+    }
+    // the reference's ((lane0 + lane1) + lane2) + lane3
+    for (int r = 0; r < 16; r++)
+        for (int h = 0; h < 2; h++)
+            _mm512_store_pd(tot[r] + 8 * h, _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(_mm512_load_pd(acc[h][0][r]), _mm512_load_pd(acc[h][1][r])),
+                                                                        _mm512_load_pd(acc[h][2][r])),
+                                                          _mm512_load_pd(acc[h][3][r])));
+}
+#undef K_AMX0_HALF
+#undef K_AMX0_TILE
+
+// k_gemm_fn of the amx set's Q4_0 and Q8_0 (k_traits.act_vnni): y is a group of nr (1..16)
+// activation rows in k_act_vnni's layout (ys and the side data unused), against a panel of nw
+// (1..16) weight rows of k_panel_pack_amx0's layout; results to out[t][0..nw-1].
+K_AVX512 static void k_gemm_amx0(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                 size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(n % 32 == 0 && nr >= 1 && nr <= K_GEMM_ROWS_AMX0 && nw >= 1 && nw <= K_AMX_ROWS);
+    (void)ys, (void)side, (void)side_stride;
+    // tiles 0-3: the sums (weight rows of 16 activation rows' int32); 4, 5: the panel's block; 6, 7:
+    // the group's block (missing rows of either are zero)
+    static const k_amx_cfg cfg = {.palette = 1,
+                                  .colsb = {64, 64, 64, 64, 32, 32, 64, 64},
+                                  .rows = {16, 16, 16, 16, 16, 16, 8, 8}};
+    k_amx_config(&cfg, true);
+    _Alignas(64) double tot[16][16];
+    k_gemm_amx0_run(n, panel, y, tot, pf, true);
+    // a total that is infinite or NaN may come from an infinite scale: the call again as IEEE
+    // arithmetic has isum * dx
+    const __m512d inf = _mm512_castsi512_pd(_mm512_set1_epi64(0x7ff0000000000000LL));
+    const __mmask8 valid0 = (__mmask8)((1u << PSV_MIN(nr, 8)) - 1), valid1 = (__mmask8)(nr > 8 ? (1u << (nr - 8)) - 1 : 0);
+    bool fin = true;
+    for (int r = 0; r < nw; r++)
+        fin = fin && (_mm512_mask_cmp_pd_mask(valid0, _mm512_abs_pd(_mm512_load_pd(tot[r])), inf, _CMP_LT_OQ) == valid0) &&
+              (_mm512_mask_cmp_pd_mask(valid1, _mm512_abs_pd(_mm512_load_pd(tot[r] + 8)), inf, _CMP_LT_OQ) == valid1);
+    if (!fin) k_gemm_amx0_run(n, panel, y, tot, NULL, false);
+    _Alignas(64) float ft[16][16]; // weight row r's results at ft[r]: out[t] is column t
+    for (int r = 0; r < 16; r++)
+        _mm512_store_ps(ft[r], _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_load_pd(tot[r])))),
+                                                                   _mm256_castps_pd(_mm512_cvtpd_ps(_mm512_load_pd(tot[r] + 8))), 1)));
+    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+    const __mmask16 mask = (__mmask16)((1u << nw) - 1);
+    for (int t = 0; t < nr; t++)
+        _mm512_mask_storeu_ps(out[t], mask, _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(t)), &ft[0][0], 4));
 }
 #endif // PSV_AMX
 
@@ -13933,6 +14199,8 @@ static void k_fill_amx(k_traits *t) {
     static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; int rows; size_t blk; } gemms[] = {
         {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK},
         {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK},
+        {T_Q4_0, k_gemm_amx0, k_pack_q4_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK},
+        {T_Q8_0, k_gemm_amx0, k_pack_q8_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK},
     };
     k_fill_avx512(t);
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
@@ -13944,6 +14212,8 @@ static void k_fill_amx(k_traits *t) {
         k->panel_blk = gemms[i].blk;
         k->gemm_few = &k_set_tables[K_SET_AVX512][gemms[i].type];
         k->gemm_min = K_AMX_MIN_ROWS;
+        k->act_vnni = gemms[i].gemm == k_gemm_amx0;
+        k->gemm_done = k_amx_done;
     }
 }
 #endif
@@ -14791,6 +15061,8 @@ typedef struct {
     uint8_t *sides;       // (n_batch) k_act_side of the quantized activations, side_size bytes each
     uint8_t *panels;      // (n_threads) GEMM panel buffers of panel_size bytes
     size_t panel_size;
+    uint8_t *vnni;        // the activation rows' groups of GEMM kernels with k_traits.act_vnni, vnni_size bytes
+    size_t vnni_size;
     int n_threads;
     float **out_rows;       // (n_batch) logits destinations of the output product
     int64_t *out_item_of;   // (n_batch) the item each row of the output product belongs to
@@ -14802,7 +15074,7 @@ static void scratch_free(fwd_scratch *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->att);
     free(s->ffa); free(s->ffb); free(s->tmp); free(s->rope_cs); free(s->scores); free(s->att_buf); free(s->qbuf); free(s->out_rows); free(s->out_item_of);
-    free(s->sides); free(s->panels);
+    free(s->sides); free(s->panels); free(s->vnni);
     memset(s, 0, sizeof *s);
 }
 
@@ -14842,6 +15114,11 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
         // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));
+        // (64-byte aligned: the tile loads of its blocks are whole cache lines)
+        if (eng_traits(T_Q4_0)->act_vnni || eng_traits(T_Q8_0)->act_vnni) {
+            s->vnni_size = (B + 15) / 16 * k_act_vnni_size(widest_in);
+            ok = ok && (s->vnni = aligned_alloc(64, s->vnni_size));
+        }
     }
     if (!ok) {
         scratch_free(s);
@@ -14872,6 +15149,7 @@ typedef struct {
     size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
+    uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows' groups (k_act_vnni)
     // more products of the same activations in this job, without panels (q, k and v; gate and
     // up): weights of w's type and width, also_y[i] taking also_w[i]'s results as y takes w's
     const mtensor *also_w[MM_ALSO_MAX];
@@ -14910,6 +15188,7 @@ static void mm_quant_task(void *arg, int ith, int nth) {
             if (j->sides) k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, side, one_row);
         }
         if (w16) k_act_side_w16(row, j->w->n_in, side);
+        if (j->vnni) k_act_vnni(row, j->w->n_in, (int)(t % 16), j->vnni + (size_t)(t / 16) * k_act_vnni_size(j->w->n_in));
     }
 }
 
@@ -14950,18 +15229,19 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
                 next.p += (size_t)(o + P) * w->row_size, next.rows = (int)PSV_MIN((int64_t)P, w->n_out - o - P);
             int nr, c = 0;
             for (int64_t t = 0; t < j->n_tok; t += nr, c++) {
-                nr = mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
+                nr = j->vnni ? (int)PSV_MIN(16, j->n_tok - t) : mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
                 float *out[K_GEMM_ROWS_MAX];
                 for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
                 const bool last = t + nr >= j->n_tok;
                 k_prefetch one = next;
                 if (c < next.rows) one.p += (size_t)c * next.stride, one.rows = last ? next.rows - c : 1;
-                j->tr->gemm(w->n_in, panel, j->xq + (size_t)t * j->xq_row, j->xq_row,
+                j->tr->gemm(w->n_in, panel, j->vnni ? j->vnni + (size_t)(t / 16) * k_act_vnni_size(w->n_in) : j->xq + (size_t)t * j->xq_row, j->xq_row,
                             j->sides + (size_t)t * j->side_stride, j->side_stride, nr, out, nw,
                             c < next.rows ? &one : NULL);
             }
         }
     }
+    if (j->tr->gemm_done) j->tr->gemm_done();
 }
 
 // Rows [lo, hi) of the one-row-kernel paths' product w -> y (mm_dot_task), one weight row at a
@@ -15117,12 +15397,17 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
         j.side_stride = k_act_side_stride(j.tr, w->n_in, true);
         j.panels = s->panels;
         j.panel_size = s->panel_size;
+        if (j.tr->act_vnni) {
+            PSV_ASSERT(s->vnni && (size_t)(n_tok + 15) / 16 * k_act_vnni_size(w->n_in) <= s->vnni_size);
+            j.vnni = s->vnni;
+        }
     }
 #ifdef PSV_TESTING
     test_note_ties(s, x, n_tok, w->n_in, j.tr->vec_dot_type);
 #endif
     if (!(same_x && s->qbuf_x == x && s->qbuf_tok == n_tok && s->qbuf_n == w->n_in && s->qbuf_type == w->type)) {
         // a few rows quantize faster on this thread than a hand-off to the pool costs
+        if (j.vnni && n_tok % 16) k_act_vnni_clear(w->n_in, (int)(n_tok % 16), j.vnni + (size_t)(n_tok / 16) * k_act_vnni_size(w->n_in));
         if (n_tok <= 4) mm_quant_task(&j, 0, 1);
         else pool_run(m->pool, mm_quant_task, &j);
         s->qbuf_x = x, s->qbuf_tok = n_tok, s->qbuf_n = w->n_in, s->qbuf_type = w->type;

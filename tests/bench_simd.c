@@ -90,6 +90,7 @@ typedef struct {
     uint8_t *q;
     uint8_t *panel, *side; // GEMM: a panel buffer, the activation rows' k_act_side
     size_t side_stride;
+    uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows as one group (k_act_vnni)
 } bs_ctx;
 
 static void bs_hot(void *p) {
@@ -117,7 +118,8 @@ static void bs_gemm(void *p) {
     bs_ctx *c = p;
     float *out[K_GEMM_ROWS_MAX];
     for (int r = 0; r < c->tr->gemm_rows; r++) out[r] = c->out + c->tr->panel_rows * r;
-    c->tr->gemm(c->n, c->panel, c->a, c->ys, c->side, c->side_stride, c->tr->gemm_rows, out, c->tr->panel_rows, NULL);
+    c->tr->gemm(c->n, c->panel, c->vnni ? c->vnni : c->a, c->ys, c->side, c->side_stride, c->tr->gemm_rows, out,
+                c->tr->panel_rows, NULL);
 }
 static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on one thread
     bs_ctx *c = p;
@@ -191,12 +193,18 @@ int main(int argc, char **argv) {
                     k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
                     if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
                 }
+                if (c.tr->act_vnni) {
+                    PSV_ASSERT(c.tr->gemm_rows == 16 && (c.vnni = aligned_alloc(64, k_act_vnni_size(n))));
+                    for (int r = 0; r < 16; r++) k_act_vnni(a + (size_t)r * ys, n, r, c.vnni);
+                }
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows);
                 double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows * c.tr->gemm_rows);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
                 printf(" %10.4f %10.4f %10.4f", pack, gemm, mat4);
                 free(c.panel);
                 free(c.side);
+                free(c.vnni);
+                c.vnni = NULL;
             }
             printf("\n");
             bs_sink = out[0];

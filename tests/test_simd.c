@@ -275,7 +275,8 @@ static void st_check_dots(k_set set) {
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
 // packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's Q4_K
-// and Q6_K: 1..16 rows, k_panel_pack_amx and _amx6) against every
+// and Q6_K: 1..16 rows, k_panel_pack_amx and _amx6; its Q4_0 and Q8_0: k_panel_pack_amx0, with the
+// activation rows as a group of k_act_vnni, its rows past the last zero) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
 // outside the panel's width may be written.
 static void st_check_gemm(k_set set) {
@@ -301,8 +302,8 @@ static void st_check_gemm(k_set set) {
             uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
                     *want = malloc(pz), *panel2 = malloc(pz);
             const size_t ss = k_act_side_stride(sk, n, true);
-            uint8_t *sides = malloc(ss * nrow);
-            PSV_ASSERT(x && y && panel && want && panel2 && sides);
+            uint8_t *sides = malloc(ss * nrow), *grp = malloc(k_act_vnni_size(n));
+            PSV_ASSERT(x && y && panel && want && panel2 && sides && grp);
             int reps = n >= 4096 ? 4 : 12;
             for (int rep = 0; rep < reps; rep++) {
                 bool wild = rep % 5 == 4;
@@ -319,9 +320,12 @@ static void st_check_gemm(k_set set) {
                 if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
                 if (P != K_PANEL) { // the amx set's Q4_K and Q6_K: 16 rows, the quants times parts of their scales
 #if defined(PSV_AMX)
-                    CHECK((wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK) || (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK));
+                    CHECK((wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK) || (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK) ||
+                          ((wt == T_Q4_0 || wt == T_Q8_0) && pz == (size_t)(n / 32) * K_AMX0_BLK));
+                    CHECK(sk->act_vnni == (wt == T_Q4_0 || wt == T_Q8_0));
                     if (wt == T_Q4_K) k_panel_pack_amx(n, x, xs, nw, want);
-                    else k_panel_pack_amx6(n, x, xs, nw, want);
+                    else if (wt == T_Q6_K) k_panel_pack_amx6(n, x, xs, nw, want);
+                    else k_panel_pack_amx0(wt, n, x, xs, nw, want);
 #endif
                 } else if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
                     CHECK(pz == k_panel_size(T_Q5_K, n));
@@ -350,7 +354,13 @@ static void st_check_gemm(k_set set) {
                         for (int i = 0; i <= 16; i++) res[r][i] = -1.0f;
                     }
                     int r0 = nrow - nr; // the last nr rows
-                    sk->gemm(n, want, y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw, nr % 2 ? &pf : NULL);
+                    if (sk->act_vnni) { // the rows as one group, as the engine's quantizer writes them
+                        memset(grp, 0xa5, k_act_vnni_size(n));
+                        for (int r = 0; r < nr; r++) k_act_vnni(y + (size_t)(r0 + r) * ys, n, r, grp);
+                        if (nr < 16) k_act_vnni_clear(n, nr, grp);
+                    }
+                    sk->gemm(n, want, sk->act_vnni ? grp : y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw,
+                             nr % 2 ? &pf : NULL);
                     for (int r = 0; r < nr; r++) {
                         for (int i = 0; i < nw; i++) {
                             float want;
@@ -371,6 +381,8 @@ static void st_check_gemm(k_set set) {
             free(want);
             free(panel2);
             free(sides);
+            free(grp);
+            if (sk->gemm_done) sk->gemm_done();
         }
         CHECKF(mismatches == 0, "%s gemm %s: %d of %d products differ from the reference", k_set_names[set],
                type_get(wt)->name, mismatches, checked);
