@@ -8828,7 +8828,7 @@ static void k_act_side_w16(const uint8_t *y, int64_t n, uint8_t *side) {
     for (int64_t i = 0; i < n; i++) wr_u16(w + 2 * i, (uint16_t)(int16_t)(int8_t)y[(i / 32) * K_Q8_0_SIZE + 2 + i % 32]);
 }
 
-// The activations of the amx set's Q4_0 and Q8_0 GEMM (k_traits.act_vnni): the Q8_0 rows of a
+// The activations of the amx set's Q4_0, Q5_0 and Q8_0 GEMM (k_traits.act_vnni): the Q8_0 rows of a
 // product, 16 at a time, in the tile unit's dot product layout, written as the rows are quantized
 // (each row its own columns) and read by every panel's tile products. Group g holds rows 16g ..
 // 16g + 15, k_act_vnni_size bytes; its block b (K_VNNI_BLK bytes at b * K_VNNI_BLK) holds 8 rows of
@@ -12167,7 +12167,7 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
     k_amx_out(nr, nw, &acc[0][0][0], 16 * 16, out);
 }
 
-// ---- AMX: the GEMM of Q4_0 and Q8_0 -----------------------------------------------------------------
+// ---- AMX: the GEMM of Q4_0, Q5_0 and Q8_0 -----------------------------------------------------------------
 // A block of 32 values has its own scale in each weight row and each activation row, so its sums
 // leave the tiles every block: the tile product of 16 weight rows (tile A: a block's quants as
 // signed bytes, the panel's) and 16 activation rows (tile B: the group's block in k_act_vnni's
@@ -12189,7 +12189,11 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
 // FMAs cost them a tenth of their speed, one every 16 half). So the blocks go in chunks: the tile
 // products of a chunk's blocks, then the chunk's terms, lane by lane (b = l, l + 4, ...) and by
 // half (activation rows 0-7, then 8-15), with the 16 weight rows' accumulators of one lane and half
-// in registers.
+// in registers. Intel Xeon (this machine), bench_simd, ns a value and row: 0.0041 at n = 4864
+// (0.0049 at 896) against the AVX-512 kernel's 0.0066, of which about 0.0031 the terms and 0.0017
+// the tile products; a block's tile product issued between the terms of the chunk before read
+// 0.0057, two groups of activation rows a call (each panel tile loaded once for both) 0.0047, and
+// chunks of 4, 12, 16 or 32 blocks no less than 8 (32: 0.0065, its sums no longer in the L1 cache).
 #define K_AMX0_BLK 768 // a block of 16 weight rows: the quants (512 bytes), dx, bdx
 #define K_AMX0_DX 512
 #define K_AMX0_BDX 640
@@ -12201,7 +12205,7 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
 // and dx * (2^52 + 2^31), 16 doubles each. Rows nw and up are zero.
 PSV_MAYBE_UNUSED static void k_panel_pack_amx0(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw,
                                                uint8_t *panel) {
-    PSV_ASSERT((type == T_Q4_0 || type == T_Q8_0) && n % 32 == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+    PSV_ASSERT((type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0) && n % 32 == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const size_t xs = type_table[type].type_size;
     memset(panel, 0, (size_t)(n / 32) * K_AMX0_BLK);
     for (int64_t b = 0; b < n / 32; b++) {
@@ -12209,7 +12213,9 @@ PSV_MAYBE_UNUSED static void k_panel_pack_amx0(uint32_t type, int64_t n, const u
         for (int r = 0; r < nw; r++) {
             const uint8_t *x = w + (size_t)r * w_stride + (size_t)b * xs;
             for (int v = 0; v < 32; v++)
-                pb[32 * r + v] = type == T_Q8_0 ? x[2 + v] : (uint8_t)(((v < 16 ? x[2 + v] & 15 : x[2 + v - 16] >> 4)) - 8);
+                pb[32 * r + v] = type == T_Q8_0   ? x[2 + v]
+                                 : type == T_Q5_0 ? (uint8_t)(k_q5_value(x + 6, ld_u32(x + 2), v) - 16)
+                                                  : (uint8_t)(((v < 16 ? x[2 + v] & 15 : x[2 + v - 16] >> 4)) - 8);
             const double dx = k_ld_f16(x), bdx = dx * 4503601774854144.0;
             memcpy(pb + K_AMX0_DX + 8 * r, &dx, 8);
             memcpy(pb + K_AMX0_BDX + 8 * r, &bdx, 8);
@@ -12223,7 +12229,8 @@ K_AVX512 K_INLINE void k_pack_amx0(uint32_t type, int64_t n, const uint8_t *w, s
     const int64_t nb = n / 32;
     const size_t xs = type_table[type].type_size;
     const __m512d bias = _mm512_set1_pd(4503601774854144.0);
-    const __m512i m4 = _mm512_set1_epi8(15), e8 = _mm512_set1_epi8(8);
+    const __m512i m4 = _mm512_set1_epi8(15), off = _mm512_set1_epi8(type == T_Q5_0 ? 16 : 8), b4 = _mm512_set1_epi8(16);
+    const int qo = type == T_Q5_0 ? 6 : 2; // where a block's quants start
     const uint8_t *x[K_AMX_ROWS];
     for (int r = 0; r < K_AMX_ROWS; r++) x[r] = r < nw ? w + (size_t)r * w_stride : NULL;
     // the rows' scales are gathered (16-bit stores and a vector load of them stalled the pack a
@@ -12241,11 +12248,14 @@ K_AVX512 K_INLINE void k_pack_amx0(uint32_t type, int64_t n, const uint8_t *w, s
                 q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(x0 + 2))),
                                        _mm256_loadu_si256((const __m256i *)(const void *)(x1 + 2)), 1);
             } else {
-                const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(x0 + 2))),
-                                                          _mm_loadu_si128((const __m128i *)(const void *)(x1 + 2)), 1);
+                const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(x0 + qo))),
+                                                          _mm_loadu_si128((const __m128i *)(const void *)(x1 + qo)), 1);
                 const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1); // lo0 lo1 hi0 hi1
-                q = _mm512_sub_epi8(_mm512_and_si512(_mm512_shuffle_i64x2(u, u, 0xd8), m4), e8);              // lo0 hi0 lo1 hi1
-                // a missing row's zero block would give -8s: it stays zero
+                q = _mm512_and_si512(_mm512_shuffle_i64x2(u, u, 0xd8), m4);                                  // lo0 hi0 lo1 hi1
+                if (type == T_Q5_0) // the fifth bits: qh's bit j is value j's
+                    q = _mm512_mask_add_epi8(q, (__mmask64)ld_u32(x0 + 2) | (__mmask64)ld_u32(x1 + 2) << 32, q, b4);
+                q = _mm512_sub_epi8(q, off);
+                // a missing row's zero block would give -8s (-16s): it stays zero
                 q = _mm512_maskz_mov_epi8((__mmask64)((r < nw ? 0xffffffffull : 0) | (r + 1 < nw ? 0xffffffff00000000ull : 0)), q);
             }
             _mm512_storeu_si512((void *)(pb + 32 * r), q);
@@ -12260,6 +12270,9 @@ K_AVX512 K_INLINE void k_pack_amx0(uint32_t type, int64_t n, const uint8_t *w, s
 }
 K_AVX512 static void k_pack_q4_0_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
     k_pack_amx0(T_Q4_0, n, w, w_stride, nw, panel);
+}
+K_AVX512 static void k_pack_q5_0_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_amx0(T_Q5_0, n, w, w_stride, nw, panel);
 }
 K_AVX512 static void k_pack_q8_0_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
     k_pack_amx0(T_Q8_0, n, w, w_stride, nw, panel);
@@ -12341,7 +12354,7 @@ K_AVX512 K_INLINE void k_gemm_amx0_run(int64_t n, const uint8_t *panel, const ui
 #undef K_AMX0_HALF
 #undef K_AMX0_TILE
 
-// k_gemm_fn of the amx set's Q4_0 and Q8_0 (k_traits.act_vnni): y is a group of nr (1..16)
+// k_gemm_fn of the amx set's Q4_0, Q5_0 and Q8_0 (k_traits.act_vnni): y is a group of nr (1..16)
 // activation rows in k_act_vnni's layout (ys and the side data unused), against a panel of nw
 // (1..16) weight rows of k_panel_pack_amx0's layout; results to out[t][0..nw-1].
 K_AVX512 static void k_gemm_amx0(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
@@ -12373,6 +12386,18 @@ K_AVX512 static void k_gemm_amx0(int64_t n, const uint8_t *panel, const uint8_t 
     const __mmask16 mask = (__mmask16)((1u << nw) - 1);
     for (int t = 0; t < nr; t++)
         _mm512_mask_storeu_ps(out[t], mask, _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(t)), &ft[0][0], 4));
+}
+K_AVX512 static void k_gemm_q4_0_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_amx0(n, panel, y, ys, side, side_stride, nr, out, nw, pf);
+}
+K_AVX512 static void k_gemm_q5_0_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_amx0(n, panel, y, ys, side, side_stride, nr, out, nw, pf);
+}
+K_AVX512 static void k_gemm_q8_0_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_amx0(n, panel, y, ys, side, side_stride, nr, out, nw, pf);
 }
 #endif // PSV_AMX
 
@@ -14194,13 +14219,14 @@ static void k_fill_avx512(k_traits *t) {
 }
 
 #if defined(PSV_AMX)
-// The AVX-512 set with the tile unit's GEMM for Q4_K and Q6_K (see "AMX").
+// The AVX-512 set with the tile unit's GEMM for Q4_K and Q6_K (see "AMX") and Q4_0, Q5_0 and Q8_0.
 static void k_fill_amx(k_traits *t) {
-    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; int rows; size_t blk; } gemms[] = {
-        {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK},
-        {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK},
-        {T_Q4_0, k_gemm_amx0, k_pack_q4_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK},
-        {T_Q8_0, k_gemm_amx0, k_pack_q8_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK},
+    static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; int rows; size_t blk; bool vnni; } gemms[] = {
+        {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK, false},
+        {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK, false},
+        {T_Q4_0, k_gemm_q4_0_amx, k_pack_q4_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
+        {T_Q5_0, k_gemm_q5_0_amx, k_pack_q5_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
+        {T_Q8_0, k_gemm_q8_0_amx, k_pack_q8_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
     };
     k_fill_avx512(t);
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
@@ -14212,7 +14238,7 @@ static void k_fill_amx(k_traits *t) {
         k->panel_blk = gemms[i].blk;
         k->gemm_few = &k_set_tables[K_SET_AVX512][gemms[i].type];
         k->gemm_min = K_AMX_MIN_ROWS;
-        k->act_vnni = gemms[i].gemm == k_gemm_amx0;
+        k->act_vnni = gemms[i].vnni;
         k->gemm_done = k_amx_done;
     }
 }

@@ -275,7 +275,7 @@ static void st_check_dots(k_set set) {
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
 // packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's Q4_K
-// and Q6_K: 1..16 rows, k_panel_pack_amx and _amx6; its Q4_0 and Q8_0: k_panel_pack_amx0, with the
+// and Q6_K: 1..16 rows, k_panel_pack_amx and _amx6; its Q4_0, Q5_0 and Q8_0: k_panel_pack_amx0, with the
 // activation rows as a group of k_act_vnni, its rows past the last zero) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
 // outside the panel's width may be written.
@@ -321,8 +321,8 @@ static void st_check_gemm(k_set set) {
                 if (P != K_PANEL) { // the amx set's Q4_K and Q6_K: 16 rows, the quants times parts of their scales
 #if defined(PSV_AMX)
                     CHECK((wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK) || (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK) ||
-                          ((wt == T_Q4_0 || wt == T_Q8_0) && pz == (size_t)(n / 32) * K_AMX0_BLK));
-                    CHECK(sk->act_vnni == (wt == T_Q4_0 || wt == T_Q8_0));
+                          ((wt == T_Q4_0 || wt == T_Q5_0 || wt == T_Q8_0) && pz == (size_t)(n / 32) * K_AMX0_BLK));
+                    CHECK(sk->act_vnni == (wt == T_Q4_0 || wt == T_Q5_0 || wt == T_Q8_0));
                     if (wt == T_Q4_K) k_panel_pack_amx(n, x, xs, nw, want);
                     else if (wt == T_Q6_K) k_panel_pack_amx6(n, x, xs, nw, want);
                     else k_panel_pack_amx0(wt, n, x, xs, nw, want);
