@@ -14544,7 +14544,13 @@ static void pool_run(pool_t *pl, pool_fn fn, void *arg) {
     pool_spin_while_pending(&pl->pending);
     if (atomic_load(&pl->pending) > 0) {
         pthread_mutex_lock(&pl->mu);
-        atomic_store(&pl->caller_sleeps, 1);
+        // an exchange, not a store: the worker that ends the job reads caller_sleeps after its
+        // decrement of pending, and this thread reads pending after this write, so the two must
+        // not pass each other. A seq_cst store promises that, but qemu-aarch64 on x86 runs its
+        // stlr as a plain store that a later ldar may pass, and test_model under it then stopped
+        // with every thread asleep (about 1 in 10 runs on a busy machine); the read-modify-write
+        // is a full barrier there too, and costs no more than the store elsewhere.
+        (void)atomic_exchange(&pl->caller_sleeps, 1);
         while (atomic_load(&pl->pending) > 0) pthread_cond_wait(&pl->cv_done, &pl->mu);
         atomic_store(&pl->caller_sleeps, 0);
         pthread_mutex_unlock(&pl->mu);
