@@ -12387,18 +12387,6 @@ K_AVX512 static void k_gemm_amx0(int64_t n, const uint8_t *panel, const uint8_t 
     for (int t = 0; t < nr; t++)
         _mm512_mask_storeu_ps(out[t], mask, _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(t)), &ft[0][0], 4));
 }
-K_AVX512 static void k_gemm_q4_0_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
-                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
-    k_gemm_amx0(n, panel, y, ys, side, side_stride, nr, out, nw, pf);
-}
-K_AVX512 static void k_gemm_q5_0_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
-                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
-    k_gemm_amx0(n, panel, y, ys, side, side_stride, nr, out, nw, pf);
-}
-K_AVX512 static void k_gemm_q8_0_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
-                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
-    k_gemm_amx0(n, panel, y, ys, side, side_stride, nr, out, nw, pf);
-}
 #endif // PSV_AMX
 
 // ---- AVX-512: attention's dot products -----------------------------------------------------------
@@ -14224,9 +14212,9 @@ static void k_fill_amx(k_traits *t) {
     static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; int rows; size_t blk; bool vnni; } gemms[] = {
         {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK, false},
         {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK, false},
-        {T_Q4_0, k_gemm_q4_0_amx, k_pack_q4_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
-        {T_Q5_0, k_gemm_q5_0_amx, k_pack_q5_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
-        {T_Q8_0, k_gemm_q8_0_amx, k_pack_q8_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
+        {T_Q4_0, k_gemm_amx0, k_pack_q4_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true}, // (one kernel: the panels
+        {T_Q5_0, k_gemm_amx0, k_pack_q5_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true}, // of all three hold bytes)
+        {T_Q8_0, k_gemm_amx0, k_pack_q8_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
     };
     k_fill_avx512(t);
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
@@ -15147,7 +15135,9 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));
         // (64-byte aligned: the tile loads of its blocks are whole cache lines)
-        if (eng_traits(T_Q4_0)->act_vnni || eng_traits(T_Q8_0)->act_vnni) {
+        bool vnni = false; // any type's GEMM takes k_act_vnni's groups
+        for (uint32_t t = 0; t < T_COUNT; t++) vnni = vnni || (eng_traits(t) && eng_traits(t)->act_vnni);
+        if (vnni) {
             s->vnni_size = (B + 15) / 16 * k_act_vnni_size(widest_in);
             ok = ok && (s->vnni = aligned_alloc(64, s->vnni_size));
         }

@@ -3,8 +3,8 @@
 # test, prints each one's output, and ends with the totals as `N passed, N failed, N skipped`.
 # A program that crashes or prints no summary line counts as one failure, and so does one that
 # runs longer than PSV_TEST_TIMEOUT seconds (default 1800: a hang names its test instead of
-# using up CI's time; one of test_model's runs under qemu-aarch64 once stopped with all its
-# threads waiting, which 40 runs since did not repeat).
+# using up CI's time: test_model under qemu-aarch64 has stopped with all its threads asleep,
+# see README).
 bindir=$1; shift
 limit=${PSV_TEST_TIMEOUT:-1800}
 tmo=; command -v timeout >/dev/null 2>&1 && tmo="timeout $limit"

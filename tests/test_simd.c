@@ -318,7 +318,7 @@ static void st_check_gemm(k_set set) {
                 }
                 if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
                 if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
-                if (P != K_PANEL) { // the amx set's Q4_K and Q6_K: 16 rows, the quants times parts of their scales
+                if (P != K_PANEL) { // the amx set's: 16 rows (Q4_K, Q6_K: the quants times parts of their scales)
 #if defined(PSV_AMX)
                     CHECK((wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK) || (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK) ||
                           ((wt == T_Q4_0 || wt == T_Q5_0 || wt == T_Q8_0) && pz == (size_t)(n / 32) * K_AMX0_BLK));
