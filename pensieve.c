@@ -11713,11 +11713,13 @@ K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
 //
 // The tile instructions are written as bytes (the operands in fixed registers: rax the address,
 // rcx the stride) so that no assembler needs to know them.
-#define K_AMX_BLK (8192 + 512 + 256) // a Q4_K super-block of 16 rows: lo, hi, mco, dx, dm
-#define K_AMX_HI 4096
-#define K_AMX_MCO 8192
-#define K_AMX_DX (8192 + 512)
-#define K_AMX_DM (8192 + 512 + 128)
+// A super-block of 16 rows of a k-quant with minimums (Q2_K: one part, Q4_K and Q5_K: two): each
+// part's 64 tile rows (K_AMX_PART bytes), then mco, dx, dm.
+#define K_AMX_PART 4096
+#define K_AMX_MCO(parts) (K_AMX_PART * (parts))
+#define K_AMX_DX(parts) (K_AMX_PART * (parts) + 512)
+#define K_AMX_DM(parts) (K_AMX_PART * (parts) + 640)
+#define K_AMX_BLK(parts) (K_AMX_PART * (parts) + 768)
 #define K_AMX_ROWS 16 // weight rows of a panel
 // Products of fewer rows go to the AVX-512 kernels (k_traits.gemm_few), which cost less there:
 // this kernel's packing is 2.7 times theirs per weight value (0.056 against 0.021 ns, bench_simd),
@@ -11770,36 +11772,44 @@ static void k_amx_done(void) {
     k_amx_loaded = false;
 }
 
-// The amx set's Q4_K panel of nw (1..16) rows of n values (K_AMX_BLK bytes a super-block; lane
-// r: weight row r, lanes nw and up zero), in portable C (the layout's definition; the tests
-// check k_pack_q4_k_amx against it):
+// The amx set's Q2_K, Q4_K or Q5_K panel of nw (1..16) rows of n values (K_AMX_BLK(parts) bytes
+// a super-block; lane r: weight row r, lanes nw and up zero), in portable C (the layout's
+// definition; the tests check the packers against it). Q5_K's quants (at most 31) times a part
+// (at most 7) still fit the unsigned byte tdpbsud takes, and its sums and minimums are Q4_K's;
+// Q2_K's quants (at most 3) times their 4-bit scales fit a byte whole, one part (lo), and its
+// minimums are one a sub-block of 16 where Q4_K's are one for two. So one kernel serves all three.
 //   lo   at 0, four chunks of 16 x 64 bytes: row kk of chunk c holds values 64c + 4kk .. + 3 of
 //        each weight row (row r at bytes 4r..4r+3), each q * (s & 7), s the scale of its
-//        sub-block of 32 (a tile in the dot product layout)
-//   hi   at K_AMX_HI, the same with q * (s >> 3)
-//   mco  at K_AMX_MCO, 8 vectors of 16 int16 pairs: the minimum of sub-block j of each row,
-//        twice (k_panel_pack's mco, for 16 rows)
+//        sub-block (a tile in the dot product layout; Q2_K: q * s)
+//   hi   at K_AMX_PART, the same with q * (s >> 3) (Q4_K, Q5_K)
+//   mco  at K_AMX_MCO, 8 vectors of 16 int16 pairs: the minimums of sub-blocks of 16 2j and
+//        2j + 1 of each row (k_panel_pack's mco, for 16 rows)
 //   dx, dm at K_AMX_DX, K_AMX_DM: 16 doubles each, the block scale and the minimum's
-PSV_MAYBE_UNUSED static void k_panel_pack_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+PSV_MAYBE_UNUSED static void k_panel_pack_amx(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw,
+                                              uint8_t *panel) {
+    PSV_ASSERT((type == T_Q2_K || type == T_Q4_K || type == T_Q5_K) && n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
-    memset(panel, 0, (size_t)nb * K_AMX_BLK);
+    const int parts = type == T_Q2_K ? 1 : 2;
+    memset(panel, 0, (size_t)nb * K_AMX_BLK(parts));
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
+        uint8_t *pb = panel + (size_t)b * K_AMX_BLK(parts);
         for (int r = 0; r < nw; r++) {
             uint8_t q[QK_K];
             int sc[16], cor[16], mco[16];
             double dx, dm;
-            k_panel_unpack(T_Q4_K, w + (size_t)r * w_stride + (size_t)b * type_table[T_Q4_K].type_size, q, sc, cor, mco,
-                           &dx, &dm);
+            k_panel_unpack(type, w + (size_t)r * w_stride + (size_t)b * type_table[type].type_size, q, sc, cor, mco, &dx, &dm);
             for (int v = 0; v < QK_K; v++) {
                 const size_t at = (size_t)1024 * (v / 64) + 64 * (v % 64 / 4) + 4 * r + v % 4;
-                pb[at] = (uint8_t)(q[v] * (sc[v / 16] & 7));
-                pb[K_AMX_HI + at] = (uint8_t)(q[v] * (sc[v / 16] >> 3));
+                if (parts == 1) {
+                    pb[at] = (uint8_t)(q[v] * sc[v / 16]);
+                } else {
+                    pb[at] = (uint8_t)(q[v] * (sc[v / 16] & 7));
+                    pb[K_AMX_PART + at] = (uint8_t)(q[v] * (sc[v / 16] >> 3));
+                }
             }
-            for (int k = 0; k < 16; k++) wr_u16(pb + K_AMX_MCO + 64 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
-            memcpy(pb + K_AMX_DX + 8 * r, &dx, 8);
-            memcpy(pb + K_AMX_DM + 8 * r, &dm, 8);
+            for (int k = 0; k < 16; k++) wr_u16(pb + K_AMX_MCO(parts) + 64 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[k]);
+            memcpy(pb + K_AMX_DX(parts) + 8 * r, &dx, 8);
+            memcpy(pb + K_AMX_DM(parts) + 8 * r, &dm, 8);
         }
     }
 }
@@ -11834,17 +11844,24 @@ K_AVX512 K_INLINE void k_amx_rows8(const uint8_t *const *p, size_t off, __m512i 
     for (int k = 0; k < 8; k++) v[k] = _mm512_permutex2var_epi64(u[k % 4], k < 4 ? lo_half : hi_half, u[4 + k % 4]);
 }
 
+// Bit `bit` of each byte of v at bit 4 of the byte (16-bit shifts: the bit that lands on bit 4
+// of a byte comes from the same byte), the other bits garbage.
+K_AVX512 K_INLINE __m512i k_amx_bit4(__m512i v, int bit) {
+    return bit <= 4 ? _mm512_slli_epi16(v, (unsigned)(4 - bit)) : _mm512_srli_epi16(v, (unsigned)(bit - 4));
+}
+
 // k_panel_pack_amx with AVX-512: per chunk of 64 values, the 16 rows' 32 quant bytes as tile rows
 // (k_amx_rows8): vector k holds bytes 4k..4k+3 of each row's chunk, whose low nibbles are row k of
-// the chunk's tile and high nibbles row 8 + k; then multiplied by the parts of the scales.
-K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+// the chunk's tile and high nibbles row 8 + k (Q5_K: with bits 2c and 2c + 1 of the same bytes of
+// the rows' qh as their fifth bits); then multiplied by the parts of the scales.
+K_AVX512 K_INLINE void k_pack_q45_k_amx(const bool five, int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
-    static const uint8_t zero[144];
+    static const uint8_t zero[K_Q5_K_SIZE];
     const int64_t nb = n / QK_K;
-    const size_t xs = type_table[T_Q4_K].type_size;
-    const __m512i lo_nib = _mm512_set1_epi8(15);
+    const size_t xs = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qs = five ? 48 : 16;
+    const __m512i lo_nib = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16);
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
+        uint8_t *pb = panel + (size_t)b * K_AMX_BLK(2);
         const uint8_t *x[K_AMX_ROWS];
         _Alignas(64) uint64_t scq[16], mq[16]; // each row's eight 6-bit scales and minimums, a byte each
         _Alignas(64) double dx[16], dm[16];
@@ -11858,8 +11875,8 @@ K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_strid
             dm[r] = (double)k_ld_f16(x[r] + 2);
         }
         for (int i = 0; i < 2; i++) {
-            _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DX + 64 * i), _mm512_load_pd(dx + 8 * i));
-            _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DM + 64 * i), _mm512_load_pd(dm + 8 * i));
+            _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DX(2) + 64 * i), _mm512_load_pd(dx + 8 * i));
+            _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DM(2) + 64 * i), _mm512_load_pd(dm + 8 * i));
         }
         // sub-block j's scales and minimums of the 16 rows as int32 lanes: both int16 halves of
         // the scale's parts (k_amx_mul) and of the minimum (mco)
@@ -11878,16 +11895,22 @@ K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_strid
             const __m512i lo = _mm512_and_si512(sj, b3), hi = _mm512_srli_epi32(sj, 3);
             slo[j] = _mm512_or_si512(lo, _mm512_slli_epi32(lo, 16));
             shi[j] = _mm512_or_si512(hi, _mm512_slli_epi32(hi, 16));
-            _mm512_storeu_si512((void *)(pb + K_AMX_MCO + 64 * j), _mm512_or_si512(mj, _mm512_slli_epi32(mj, 16)));
+            _mm512_storeu_si512((void *)(pb + K_AMX_MCO(2) + 64 * j), _mm512_or_si512(mj, _mm512_slli_epi32(mj, 16)));
         }
+        __m512i vh[8];
+        if (five) k_amx_rows8(x, 16, vh);
         for (int c = 0; c < 4; c++) {
             __m512i v[8];
-            k_amx_rows8(x, 16 + 32 * (size_t)c, v);
+            k_amx_rows8(x, qs + 32 * (size_t)c, v);
             const __m512i slo0 = slo[2 * c], slo1 = slo[2 * c + 1], shi0 = shi[2 * c], shi1 = shi[2 * c + 1];
-            uint8_t *lo = pb + 1024 * c, *hi = pb + K_AMX_HI + 1024 * c;
+            uint8_t *lo = pb + 1024 * c, *hi = pb + K_AMX_PART + 1024 * c;
             K_UNROLL
             for (int k = 0; k < 8; k++) { // its low nibbles are the chunk's tile row k, its high ones row 8 + k
-                const __m512i l = _mm512_and_si512(v[k], lo_nib), h = _mm512_and_si512(_mm512_srli_epi16(v[k], 4), lo_nib);
+                __m512i l = _mm512_and_si512(v[k], lo_nib), h = _mm512_and_si512(_mm512_srli_epi16(v[k], 4), lo_nib);
+                if (five) { // l | (bit 2c of qh at bit 4), h | (bit 2c + 1 at bit 4)
+                    l = _mm512_ternarylogic_epi32(l, k_amx_bit4(vh[k], 2 * c), bit4, 0xf8);
+                    h = _mm512_ternarylogic_epi32(h, k_amx_bit4(vh[k], 2 * c + 1), bit4, 0xf8);
+                }
                 _mm512_storeu_si512((void *)(lo + 64 * k), k_amx_mul(l, slo0));
                 _mm512_storeu_si512((void *)(lo + 64 * (8 + k)), k_amx_mul(h, slo1));
                 _mm512_storeu_si512((void *)(hi + 64 * k), k_amx_mul(l, shi0));
@@ -11895,6 +11918,13 @@ K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_strid
             }
         }
     }
+}
+
+K_AVX512 static void k_pack_q4_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_q45_k_amx(false, n, w, w_stride, nw, panel);
+}
+K_AVX512 static void k_pack_q5_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_q45_k_amx(true, n, w, w_stride, nw, panel);
 }
 
 // The results of an AMX kernel's lanes acc + l * lane_stride (l < K_BLOCK_LANES; row r's 16
@@ -11917,11 +11947,13 @@ K_AVX512 K_INLINE void k_amx_out(int nr, int nw, const double *acc, size_t lane_
 }
 
 // nr (1..K_GEMM_ROWS_AMX) activation rows y + r * ys (Q8_K), with their k_act_side at side + r *
-// side_stride, against a panel of nw (1..16) weight rows (k_panel_pack_amx's layout): results to
-// out[r][0..nw-1]. The tiles: 0-3 the sums (rows 0-15 against lo, hi; rows 16-31 against lo,
-// hi), 4 and 5 the two groups' activation bytes, 6 and 7 the panel's lo and hi of a chunk.
-K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
-                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+// side_stride, against a panel of nw (1..16) weight rows (k_panel_pack_amx's layout, `parts` of
+// them): results to out[r][0..nw-1]. The tiles: 0-3 the sums (rows 0-15 against lo, hi; rows
+// 16-31 against lo, hi), 4 and 5 the two groups' activation bytes, 6 and 7 the panel's lo and hi
+// of a chunk (one part: tiles 1, 3 and 7 unused).
+K_AVX512 K_INLINE void k_gemm_kmin_amx(const int parts, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                       const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw,
+                                       const k_prefetch *pf) {
     PSV_ASSERT(n % QK_K == 0 && nr >= 1 && nr <= K_GEMM_ROWS_AMX && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
     const int g1 = nr > 16 ? nr - 16 : 0, g0 = nr - g1; // the rows of each group
@@ -11944,46 +11976,46 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
     for (int r = 0; r < nr; r++) dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
-        const uint8_t *pb = panel + (size_t)b * K_AMX_BLK;
+        const uint8_t *pb = panel + (size_t)b * K_AMX_BLK(parts);
         const uint8_t *a0 = y + (size_t)b * K_Q8_K_SIZE + 4, *a1 = a0 + 16 * ys; // the quants of rows 0 and 16
         K_AMX_ZERO(0);
-        K_AMX_ZERO(1);
+        if (parts == 2) K_AMX_ZERO(1);
         if (g1) {
             K_AMX_ZERO(2);
-            K_AMX_ZERO(3);
+            if (parts == 2) K_AMX_ZERO(3);
         }
         for (int k = 0; k < 4; k++) {
             K_AMX_LOAD(6, pb + 1024 * k, 64);
-            K_AMX_LOAD(7, pb + K_AMX_HI + 1024 * k, 64);
+            if (parts == 2) K_AMX_LOAD(7, pb + K_AMX_PART + 1024 * k, 64);
             K_AMX_LOAD(4, a0 + 64 * k, ys);
             K_AMX_DPBSUD(0, 4, 6);
-            K_AMX_DPBSUD(1, 4, 7);
+            if (parts == 2) K_AMX_DPBSUD(1, 4, 7);
             if (g1) {
                 K_AMX_LOAD(5, a1 + 64 * k, ys);
                 K_AMX_DPBSUD(2, 5, 6);
-                K_AMX_DPBSUD(3, 5, 7);
+                if (parts == 2) K_AMX_DPBSUD(3, 5, 7);
             }
         }
         K_AMX_STORE(0, c[0], 64);
-        K_AMX_STORE(1, c[1], 64);
+        if (parts == 2) K_AMX_STORE(1, c[1], 64);
         if (g1) {
             K_AMX_STORE(2, c[2], 64);
-            K_AMX_STORE(3, c[3], 64);
+            if (parts == 2) K_AMX_STORE(3, c[3], 64);
         }
-        const __m512d dx0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DX)),
-                      dx1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DX + 64)),
-                      dm0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DM)),
-                      dm1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DM + 64));
+        const __m512d dx0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DX(parts))),
+                      dx1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DX(parts) + 64)),
+                      dm0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DM(parts))),
+                      dm1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX_DM(parts) + 64));
         double(*al)[16] = acc[b % K_BLOCK_LANES];
         for (int r = 0; r < nr; r++) {
             const int g = r >> 4, rr = r & 15;
-            const __m512i is = _mm512_add_epi32(_mm512_load_si512((const void *)c[2 * g][rr]),
-                                                _mm512_slli_epi32(_mm512_load_si512((const void *)c[2 * g + 1][rr]), 3));
+            __m512i is = _mm512_load_si512((const void *)c[2 * g][rr]);
+            if (parts == 2) is = _mm512_add_epi32(is, _mm512_slli_epi32(_mm512_load_si512((const void *)c[2 * g + 1][rr]), 3));
             const uint8_t *bs = y + (size_t)r * ys + (size_t)b * K_Q8_K_SIZE + 260; // its stored sums of 16
             __m512i ms = _mm512_setzero_si512();
             K_UNROLL
             for (int j = 0; j < 8; j++)
-                ms = _mm512_dpwssd_epi32(ms, _mm512_loadu_si512((const void *)(pb + K_AMX_MCO + 64 * j)),
+                ms = _mm512_dpwssd_epi32(ms, _mm512_loadu_si512((const void *)(pb + K_AMX_MCO(parts) + 64 * j)),
                                          _mm512_set1_epi32((int32_t)ld_u32(bs + 4 * j)));
             const __m512d dy = _mm512_set1_pd(dr[r][b]);
             // the reference: dy * (dx * isum - dmin * msum), for weight rows 0-7 and 8-15
@@ -11999,15 +12031,26 @@ K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint
     }
     k_amx_out(nr, nw, &acc[0][0][0], K_GEMM_ROWS_AMX * 16, out);
 }
-// The amx set's Q6_K panels (k_panel_pack_amx6, K_AMX6_BLK bytes a super-block of 16 rows): its
+K_AVX512 static void k_gemm_q4_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_kmin_amx(2, n, panel, y, ys, side, side_stride, nr, out, nw, pf);
+}
+K_AVX512 static void k_gemm_q2_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_kmin_amx(1, n, panel, y, ys, side, side_stride, nr, out, nw, pf);
+}
+
+// The amx set's Q6_K panels (k_panel_pack_amx6, K_AMX6_BLK(3) bytes a super-block of 16 rows): its
 // scales are signed bytes, so they are split into three signed digits, s = d0 + 8 d1 + 64 d2
 // with each in -3..4 (k_amx_digits), whose products with the signed quants q = stored - 32 fit a
 // signed byte (-128..124); tdpbssd sums each part against the activation bytes and isum = C0 +
 // 8 C1 + 64 C2 exactly (|isum| < 2^27). Part k at 4096k: row kk (0..63) holds values 4kk..4kk+3
 // of each weight row (row r at bytes 4r..4r+3), each q * dk of its sub-block of 16; then dx, 16
-// doubles.
-#define K_AMX6_BLK (3 * 4096 + 128)
-#define K_AMX6_DX (3 * 4096)
+// doubles. Q3_K's panels are the same with one part: its quants q (-4..3) times its scales s
+// (-32..31) fit a signed byte but for -4 * -32 = 128, so the part holds q * -s (-124..128 negated:
+// -128..124) and isum = -C0.
+#define K_AMX6_DX(parts) (K_AMX_PART * (parts))
+#define K_AMX6_BLK(parts) (K_AMX_PART * (parts) + 128)
 
 // The digits d[0..2] of s (-128..127): s = d0 + 8 d1 + 64 d2, each in -3..4.
 static void k_amx_digits(int s, int d[3]) {
@@ -12019,70 +12062,95 @@ static void k_amx_digits(int s, int d[3]) {
 }
 
 // The layout's definition, in portable C (the tests check k_pack_q6_k_amx against it).
-PSV_MAYBE_UNUSED static void k_panel_pack_amx6(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
+PSV_MAYBE_UNUSED static void k_panel_pack_amx6(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw,
+                                               uint8_t *panel) {
+    PSV_ASSERT((type == T_Q3_K || type == T_Q6_K) && n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
-    memset(panel, 0, (size_t)nb * K_AMX6_BLK);
+    const int parts = type == T_Q6_K ? 3 : 1, off = k_panel_off(type);
+    memset(panel, 0, (size_t)nb * K_AMX6_BLK(parts));
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *pb = panel + (size_t)b * K_AMX6_BLK;
+        uint8_t *pb = panel + (size_t)b * K_AMX6_BLK(parts);
         for (int r = 0; r < nw; r++) {
             uint8_t q[QK_K];
             int sc[16], cor[16], mco[16];
             double dx, dm;
-            k_panel_unpack(T_Q6_K, w + (size_t)r * w_stride + (size_t)b * type_table[T_Q6_K].type_size, q, sc, cor, mco,
-                           &dx, &dm);
+            k_panel_unpack(type, w + (size_t)r * w_stride + (size_t)b * type_table[type].type_size, q, sc, cor, mco, &dx, &dm);
             int d[16][3];
-            for (int j = 0; j < 16; j++) k_amx_digits(sc[j], d[j]);
+            for (int j = 0; j < 16; j++) {
+                if (parts == 3) k_amx_digits(sc[j], d[j]);
+                else d[j][0] = -sc[j];
+            }
             for (int v = 0; v < QK_K; v++)
-                for (int k = 0; k < 3; k++)
-                    pb[(size_t)4096 * k + 64 * (v / 4) + 4 * r + v % 4] = (uint8_t)(int8_t)((q[v] - 32) * d[v / 16][k]);
-            memcpy(pb + K_AMX6_DX + 8 * r, &dx, 8);
+                for (int k = 0; k < parts; k++)
+                    pb[(size_t)K_AMX_PART * k + 64 * (v / 4) + 4 * r + v % 4] = (uint8_t)(int8_t)((q[v] - off) * d[v / 16][k]);
+            memcpy(pb + K_AMX6_DX(parts) + 8 * r, &dx, 8);
         }
     }
 }
 
-// k_panel_pack_amx6 with AVX-512: each row's quants unpacked (k_wk_unpack_q_avx2), then per
-// chunk of 32 values as tile rows (k_amx_rows8), and the products with the digits as
-// int16 (even and odd bytes apart: vpmullw would carry a negative byte's product into the next).
-K_AVX512 static void k_pack_q6_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+// k_panel_pack_amx6 (Q3_K, Q6_K) and k_panel_pack_amx's Q2_K with AVX-512: each row's quants
+// unpacked (k_wk_unpack_q_avx2), then per chunk of 32 values as tile rows (k_amx_rows8), and the
+// products with the scales' parts as int16 (even and odd bytes apart: vpmullw would carry a
+// negative byte's product into the next).
+K_AVX512 K_INLINE void k_pack_kq16_amx(const uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw,
+                                       uint8_t *panel) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
-    const size_t xs = type_table[T_Q6_K].type_size;
-    const __m512i off = _mm512_set1_epi8(32), low = _mm512_set1_epi16(0xff);
+    const bool min = type == T_Q2_K; // (k_panel_pack_amx's layout)
+    const int parts = type == T_Q6_K ? 3 : 1, offv = k_panel_off(type);
+    const size_t xs = type_table[type].type_size, blk = min ? K_AMX_BLK(1) : K_AMX6_BLK(parts);
+    const size_t dxo = min ? K_AMX_DX(1) : K_AMX6_DX(parts);
+    const __m512i off = _mm512_set1_epi8((char)offv), low = _mm512_set1_epi16(0xff);
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *pb = panel + (size_t)b * K_AMX6_BLK;
+        uint8_t *pb = panel + (size_t)b * blk;
         _Alignas(64) uint8_t q[K_AMX_ROWS][QK_K];
-        _Alignas(64) int8_t sc[K_AMX_ROWS + 1][16]; // (a row more: the gather reads 4 bytes)
-        _Alignas(64) double dx[16];
+        _Alignas(64) int8_t sc[K_AMX_ROWS + 1][16]; // the scales' factor (a row more: the gather reads 4 bytes)
+        _Alignas(64) int16_t mn[K_AMX_ROWS][16]; // Q2_K's minimums
+        _Alignas(64) double dx[16], dm[16];
         for (int r = 0; r < K_AMX_ROWS; r++) {
             if (r >= nw) {
-                memset(q[r], 32, QK_K); // q = 0
+                memset(q[r], offv, QK_K); // q = 0
                 memset(sc[r], 0, 16);
-                dx[r] = 0;
+                memset(mn[r], 0, sizeof mn[r]);
+                dx[r] = dm[r] = 0;
                 continue;
             }
             const uint8_t *x = w + (size_t)r * w_stride + (size_t)b * xs;
             k_wk_avx2 u;
-            k_wk_unpack_q_avx2(T_Q6_K, x, &u);
+            const __m256i s16 = k_wk_unpack_q_avx2(type, x, &u);
             for (int c = 0; c < 8; c++) _mm256_store_si256((__m256i *)(void *)(q[r] + 32 * c), u.q[c]);
-            memcpy(sc[r], x + 192, 16);
+            // Q3_K's part is q * -s (see above)
+            _mm_store_si128((__m128i *)(void *)sc[r],
+                            _mm256_cvtepi16_epi8(type == T_Q3_K ? _mm256_sub_epi16(_mm256_setzero_si256(), s16) : s16));
+            _mm256_store_si256((__m256i *)(void *)mn[r], u.mins);
             dx[r] = (double)u.d;
+            dm[r] = (double)u.dmin;
         }
-        for (int i = 0; i < 2; i++) _mm512_storeu_pd((double *)(void *)(pb + K_AMX6_DX + 64 * i), _mm512_load_pd(dx + 8 * i));
-        // each sub-block's digits of the 16 rows' scales, as int16 pairs: dig[j][k]
+        for (int i = 0; i < 2; i++) {
+            _mm512_storeu_pd((double *)(void *)(pb + dxo + 64 * i), _mm512_load_pd(dx + 8 * i));
+            if (min) _mm512_storeu_pd((double *)(void *)(pb + K_AMX_DM(1) + 64 * i), _mm512_load_pd(dm + 8 * i));
+        }
+        if (min) // the minimums of sub-blocks 2j and 2j + 1 of each row: 4 bytes of its mn
+            for (int j = 0; j < 8; j++) {
+                const __m512i idx = _mm512_set_epi32(480, 448, 416, 384, 352, 320, 288, 256, 224, 192, 160, 128, 96, 64, 32, 0);
+                _mm512_storeu_si512((void *)(pb + K_AMX_MCO(1) + 64 * j), _mm512_i32gather_epi32(idx, (const void *)&mn[0][2 * j], 1));
+            }
+        // each sub-block's parts of the 16 rows' scales, as int16 pairs: dig[j][k] (Q6_K: digits)
         __m512i dig[16][3];
         K_UNROLL
         for (int j = 0; j < 16; j++) {
             const __m512i idx = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
             __m512i s = _mm512_srai_epi32(_mm512_slli_epi32(_mm512_i32gather_epi32(idx, (const void *)(&sc[0][j]), 1), 24), 24);
-            for (int k = 0; k < 2; k++) {
-                const __m512i d = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(s, _mm512_set1_epi32(3)), _mm512_set1_epi32(7)),
-                                                   _mm512_set1_epi32(3));
-                dig[j][k] = d;
-                s = _mm512_srai_epi32(_mm512_sub_epi32(s, d), 3);
+            if (parts == 3) {
+                for (int k = 0; k < 2; k++) {
+                    const __m512i d = _mm512_sub_epi32(
+                        _mm512_and_si512(_mm512_add_epi32(s, _mm512_set1_epi32(3)), _mm512_set1_epi32(7)), _mm512_set1_epi32(3));
+                    dig[j][k] = d;
+                    s = _mm512_srai_epi32(_mm512_sub_epi32(s, d), 3);
+                }
             }
-            dig[j][2] = s;
-            for (int k = 0; k < 3; k++)
+            dig[j][parts - 1] = s;
+            for (int k = 0; k < parts; k++)
                 dig[j][k] = _mm512_or_si512(_mm512_and_si512(dig[j][k], _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(dig[j][k], 16));
         }
         const uint8_t *qr[K_AMX_ROWS];
@@ -12096,20 +12164,31 @@ K_AVX512 static void k_pack_q6_k_amx(int64_t n, const uint8_t *w, size_t w_strid
                 const __m512i v = _mm512_sub_epi8(u[k], off);
                 const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8), odd = _mm512_srai_epi16(v, 8);
                 K_UNROLL
-                for (int p = 0; p < 3; p++) {
+                for (int p = 0; p < parts; p++) {
                     const __m512i pe = _mm512_mullo_epi16(even, dig[j][p]), po = _mm512_mullo_epi16(odd, dig[j][p]);
-                    _mm512_storeu_si512((void *)(pb + 4096 * p + 64 * kk),
+                    _mm512_storeu_si512((void *)(pb + K_AMX_PART * p + 64 * kk),
                                         _mm512_ternarylogic_epi32(pe, _mm512_slli_epi16(po, 8), low, 0xec)); // (pe & low) | po << 8
                 }
             }
         }
     }
 }
+K_AVX512 static void k_pack_q2_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_kq16_amx(T_Q2_K, n, w, w_stride, nw, panel);
+}
+K_AVX512 static void k_pack_q3_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_kq16_amx(T_Q3_K, n, w, w_stride, nw, panel);
+}
+K_AVX512 static void k_pack_q6_k_amx(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_kq16_amx(T_Q6_K, n, w, w_stride, nw, panel);
+}
 
 // nr (1..16) activation rows (Q8_K) against a panel of nw (1..16) rows of k_panel_pack_amx6's
-// layout. Tiles: 0-2 the parts' sums, 3 the activation bytes, 4-6 the parts of a chunk.
-K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
-                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+// layout, `parts` of them (Q6_K 3, Q3_K 1). Tiles: 0-2 the parts' sums, 3 the activation bytes,
+// 4-6 the parts of a chunk.
+K_AVX512 K_INLINE void k_gemm_ksc_amx(const int parts, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                      const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw,
+                                      const k_prefetch *pf) {
     PSV_ASSERT(n % QK_K == 0 && nr >= 1 && nr <= K_GEMM_ROWS_AMX6 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
     _Alignas(64) k_amx_cfg cfg;
@@ -12131,29 +12210,39 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
     for (int r = 0; r < nr; r++) dr[r] = (const double *)(const void *)(side + (size_t)r * side_stride + k_act_side_d(n));
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
-        const uint8_t *pb = panel + (size_t)b * K_AMX6_BLK, *a = y + (size_t)b * K_Q8_K_SIZE + 4;
+        const uint8_t *pb = panel + (size_t)b * K_AMX6_BLK(parts), *a = y + (size_t)b * K_Q8_K_SIZE + 4;
         K_AMX_ZERO(0);
-        K_AMX_ZERO(1);
-        K_AMX_ZERO(2);
+        if (parts == 3) {
+            K_AMX_ZERO(1);
+            K_AMX_ZERO(2);
+        }
         for (int k = 0; k < 4; k++) {
             K_AMX_LOAD(3, a + 64 * k, ys);
             K_AMX_LOAD(4, pb + 1024 * k, 64);
-            K_AMX_LOAD(5, pb + 4096 + 1024 * k, 64);
-            K_AMX_LOAD(6, pb + 8192 + 1024 * k, 64);
+            if (parts == 3) {
+                K_AMX_LOAD(5, pb + K_AMX_PART + 1024 * k, 64);
+                K_AMX_LOAD(6, pb + 2 * K_AMX_PART + 1024 * k, 64);
+            }
             K_AMX_DPBSSD(0, 3, 4);
-            K_AMX_DPBSSD(1, 3, 5);
-            K_AMX_DPBSSD(2, 3, 6);
+            if (parts == 3) {
+                K_AMX_DPBSSD(1, 3, 5);
+                K_AMX_DPBSSD(2, 3, 6);
+            }
         }
         K_AMX_STORE(0, c[0], 64);
-        K_AMX_STORE(1, c[1], 64);
-        K_AMX_STORE(2, c[2], 64);
-        const __m512d dx0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX6_DX)),
-                      dx1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX6_DX + 64));
+        if (parts == 3) {
+            K_AMX_STORE(1, c[1], 64);
+            K_AMX_STORE(2, c[2], 64);
+        }
+        const __m512d dx0 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX6_DX(parts))),
+                      dx1 = _mm512_loadu_pd((const double *)(const void *)(pb + K_AMX6_DX(parts) + 64));
         double(*al)[16] = acc[b % K_BLOCK_LANES];
         for (int r = 0; r < nr; r++) {
-            const __m512i is = _mm512_add_epi32(_mm512_load_si512((const void *)c[0][r]),
-                                                _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)c[1][r]), 3),
-                                                                 _mm512_slli_epi32(_mm512_load_si512((const void *)c[2][r]), 6)));
+            const __m512i c0 = _mm512_load_si512((const void *)c[0][r]);
+            const __m512i is =
+                parts == 3 ? _mm512_add_epi32(c0, _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)c[1][r]), 3),
+                                                                   _mm512_slli_epi32(_mm512_load_si512((const void *)c[2][r]), 6)))
+                           : _mm512_sub_epi32(_mm512_setzero_si512(), c0); // Q3_K: the part holds q * -s
             const __m512d dy = _mm512_set1_pd(dr[r][b]);
             // the reference: dx * dy * isum, for weight rows 0-7 and 8-15
             __m512d t0 = _mm512_mul_pd(_mm512_mul_pd(dx0, dy), _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)));
@@ -12165,6 +12254,14 @@ K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint
         }
     }
     k_amx_out(nr, nw, &acc[0][0][0], 16 * 16, out);
+}
+K_AVX512 static void k_gemm_q6_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_ksc_amx(3, n, panel, y, ys, side, side_stride, nr, out, nw, pf);
+}
+K_AVX512 static void k_gemm_q3_k_amx(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    k_gemm_ksc_amx(1, n, panel, y, ys, side, side_stride, nr, out, nw, pf);
 }
 
 // ---- AMX: the GEMM of Q4_0, Q5_0 and Q8_0 -----------------------------------------------------------------
@@ -14207,11 +14304,14 @@ static void k_fill_avx512(k_traits *t) {
 }
 
 #if defined(PSV_AMX)
-// The AVX-512 set with the tile unit's GEMM for Q4_K and Q6_K (see "AMX") and Q4_0, Q5_0 and Q8_0.
+// The AVX-512 set with the tile unit's GEMM for Q2_K to Q6_K (see "AMX") and Q4_0, Q5_0 and Q8_0.
 static void k_fill_amx(k_traits *t) {
     static const struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; int rows; size_t blk; bool vnni; } gemms[] = {
-        {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK, false},
-        {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK, false},
+        {T_Q2_K, k_gemm_q2_k_amx, k_pack_q2_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK(1), false},
+        {T_Q3_K, k_gemm_q3_k_amx, k_pack_q3_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK(1), false},
+        {T_Q4_K, k_gemm_q4_k_amx, k_pack_q4_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK(2), false}, // (one kernel for both:
+        {T_Q5_K, k_gemm_q4_k_amx, k_pack_q5_k_amx, K_GEMM_ROWS_AMX, K_AMX_BLK(2), false}, // the panels hold q * parts)
+        {T_Q6_K, k_gemm_q6_k_amx, k_pack_q6_k_amx, K_GEMM_ROWS_AMX6, K_AMX6_BLK(3), false},
         {T_Q4_0, k_gemm_amx0, k_pack_q4_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true}, // (one kernel: the panels
         {T_Q5_0, k_gemm_amx0, k_pack_q5_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true}, // of all three hold bytes)
         {T_Q8_0, k_gemm_amx0, k_pack_q8_0_amx, K_GEMM_ROWS_AMX0, K_AMX0_BLK, true},
@@ -15123,7 +15223,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     ok = ok && (s->qbuf = malloc(s->qbuf_size));
     // the activations' side data (GEMM and GEMV kernels) and, for batches of at least
     // MM_GEMM_MIN rows, GEMM panels: a panel takes at most 49 bytes per value of a row (the amx
-    // set's Q6_K, K_AMX6_BLK a super-block of 256 for 16 rows; its Q4_K 35; of the others the
+    // set's Q6_K, K_AMX6_BLK(3) a super-block of 256 for 16 rows; its Q4_K 35; of the others the
     // AVX2 set's Q8_0 most, 18: K_PANEL_W16_BLK a block of 32)
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's

@@ -274,8 +274,8 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's Q4_K
-// and Q6_K: 1..16 rows, k_panel_pack_amx and _amx6; its Q4_0, Q5_0 and Q8_0: k_panel_pack_amx0, with the
+// packed by k_panel_pack, regrouped, split or widened where the set wants it; the amx set's k-quants:
+// 1..16 rows, k_panel_pack_amx (Q2_K, Q4_K, Q5_K) and _amx6 (Q3_K, Q6_K); its Q4_0, Q5_0 and Q8_0: k_panel_pack_amx0, with the
 // activation rows as a group of k_act_vnni, its rows past the last zero) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
 // outside the panel's width may be written.
@@ -318,13 +318,16 @@ static void st_check_gemm(k_set set) {
                 }
                 if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
                 if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
-                if (P != K_PANEL) { // the amx set's: 16 rows (Q4_K, Q6_K: the quants times parts of their scales)
+                if (P != K_PANEL) { // the amx set's: 16 rows (k-quants: the quants times parts of their scales)
 #if defined(PSV_AMX)
-                    CHECK((wt == T_Q4_K && pz == (size_t)(n / QK_K) * K_AMX_BLK) || (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK) ||
+                    CHECK((wt == T_Q2_K && pz == (size_t)(n / QK_K) * K_AMX_BLK(1)) ||
+                          ((wt == T_Q4_K || wt == T_Q5_K) && pz == (size_t)(n / QK_K) * K_AMX_BLK(2)) ||
+                          (wt == T_Q3_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK(1)) ||
+                          (wt == T_Q6_K && pz == (size_t)(n / QK_K) * K_AMX6_BLK(3)) ||
                           ((wt == T_Q4_0 || wt == T_Q5_0 || wt == T_Q8_0) && pz == (size_t)(n / 32) * K_AMX0_BLK));
                     CHECK(sk->act_vnni == (wt == T_Q4_0 || wt == T_Q5_0 || wt == T_Q8_0));
-                    if (wt == T_Q4_K) k_panel_pack_amx(n, x, xs, nw, want);
-                    else if (wt == T_Q6_K) k_panel_pack_amx6(n, x, xs, nw, want);
+                    if (wt == T_Q2_K || wt == T_Q4_K || wt == T_Q5_K) k_panel_pack_amx(wt, n, x, xs, nw, want);
+                    else if (wt == T_Q3_K || wt == T_Q6_K) k_panel_pack_amx6(wt, n, x, xs, nw, want);
                     else k_panel_pack_amx0(wt, n, x, xs, nw, want);
 #endif
                 } else if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
