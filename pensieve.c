@@ -8836,12 +8836,15 @@ static void k_act_side_w16(const uint8_t *y, int64_t n, uint8_t *side) {
 // c = k_vnni_col(t), then at K_VNNI_D the 16 rows' scales as doubles (row t at 8t). Rows 0-7 and
 // 8-15 alternate in the columns so that a 64-bit lane of a stored tile row holds the sums of rows
 // t and t + 8. A group's rows past a product's last are zero (k_act_vnni_clear).
+#define K_VNNI_ROWS 16 // activation rows of a group
 #define K_VNNI_BLK 640
 #define K_VNNI_D 512
 static int k_vnni_col(int t) { return t < 8 ? 2 * t : 2 * (t - 8) + 1; }
 static size_t k_act_vnni_size(int64_t n) { return (size_t)(n / 32) * K_VNNI_BLK; }
+// The group that holds row t of a product's rows of n values, the groups at base.
+static uint8_t *k_act_vnni_at(uint8_t *base, int64_t n, int64_t t) { return base + (size_t)(t / K_VNNI_ROWS) * k_act_vnni_size(n); }
 
-// Row t (0..15) of a group: the Q8_0 row y of n values.
+// Row t (0..K_VNNI_ROWS - 1) of a group: the Q8_0 row y of n values.
 static void k_act_vnni(const uint8_t *y, int64_t n, int t, uint8_t *grp) {
     const int c = k_vnni_col(t);
     for (int64_t b = 0; b < n / 32; b++, y += K_Q8_0_SIZE, grp += K_VNNI_BLK) {
@@ -8851,10 +8854,10 @@ static void k_act_vnni(const uint8_t *y, int64_t n, int t, uint8_t *grp) {
     }
 }
 
-// Rows t0..15 of a group zero (a product's rows end at t0 of its last group).
+// Rows t0..K_VNNI_ROWS - 1 of a group zero (a product's rows end at t0 of its last group).
 static void k_act_vnni_clear(int64_t n, int t0, uint8_t *grp) {
     for (int64_t b = 0; b < n / 32; b++, grp += K_VNNI_BLK)
-        for (int t = t0; t < 16; t++) {
+        for (int t = t0; t < K_VNNI_ROWS; t++) {
             for (int kk = 0; kk < 8; kk++) memset(grp + 64 * kk + 4 * k_vnni_col(t), 0, 4);
             memset(grp + K_VNNI_D + 8 * t, 0, 8);
         }
@@ -11707,9 +11710,11 @@ K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
 // result and the lanes summed at the end as the reference sums them, so the results are
 // bit-identical to vec_dot's. One call takes up to 32 activation rows (two tiles of 16; each
 // panel tile is loaded once for both) against 16 weight rows.
-// Q6_K's signed scales go in three parts instead (k_panel_pack_amx6). Intel Xeon (this machine),
-// against one panel in the cache, ns a value and row: Q4_K 0.0028 with 32 rows a call, against
-// the AVX-512 kernel's 0.0056 (six rows a call); Q6_K 0.0029 with 16, against 0.0078.
+// Q6_K's signed scales go in three parts instead (k_panel_pack_amx6); Q5_K has Q4_K's panels,
+// Q2_K one part of them, Q3_K one of Q6_K's (see there). Intel Xeon (this machine), against one
+// panel in the cache, ns a value and row: Q4_K 0.0028 with 32 rows a call, against the AVX-512
+// kernel's 0.0056 (six rows a call); Q6_K 0.0029 with 16, against 0.0078; at n = 4864, Q5_K
+// 0.0030, Q2_K 0.0024 and Q3_K 0.0020, against the AVX-512 kernels' 0.0055-0.0061.
 //
 // The tile instructions are written as bytes (the operands in fixed registers: rax the address,
 // rcx the stride) so that no assembler needs to know them.
@@ -12295,7 +12300,7 @@ K_AVX512 static void k_gemm_q3_k_amx(int64_t n, const uint8_t *panel, const uint
 #define K_AMX0_DX 512
 #define K_AMX0_BDX 640
 #define K_AMX0_CHUNK 8 // blocks of a chunk: a multiple of K_BLOCK_LANES
-#define K_GEMM_ROWS_AMX0 16 // activation rows a call: one group of k_act_vnni
+#define K_GEMM_ROWS_AMX0 K_VNNI_ROWS // activation rows a call: one group of k_act_vnni
 
 // The panel layout, in portable C (the tests check the packers against it): for each block of 32
 // values, weight row r's quants less the type's offset as signed bytes at 32r, then the rows' dx
@@ -15238,7 +15243,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
         bool vnni = false; // any type's GEMM takes k_act_vnni's groups
         for (uint32_t t = 0; t < T_COUNT; t++) vnni = vnni || (eng_traits(t) && eng_traits(t)->act_vnni);
         if (vnni) {
-            s->vnni_size = (B + 15) / 16 * k_act_vnni_size(widest_in);
+            s->vnni_size = (B + K_VNNI_ROWS - 1) / K_VNNI_ROWS * k_act_vnni_size(widest_in);
             ok = ok && (s->vnni = aligned_alloc(64, s->vnni_size));
         }
     }
@@ -15310,7 +15315,7 @@ static void mm_quant_task(void *arg, int ith, int nth) {
             if (j->sides) k_act_side(j->tr->vec_dot_type, k_panel_off(j->w->type), row, j->w->n_in, side, one_row);
         }
         if (w16) k_act_side_w16(row, j->w->n_in, side);
-        if (j->vnni) k_act_vnni(row, j->w->n_in, (int)(t % 16), j->vnni + (size_t)(t / 16) * k_act_vnni_size(j->w->n_in));
+        if (j->vnni) k_act_vnni(row, j->w->n_in, (int)(t % K_VNNI_ROWS), k_act_vnni_at(j->vnni, j->w->n_in, t));
     }
 }
 
@@ -15351,13 +15356,13 @@ static void mm_gemm_task(mm_job *j, int ith, int nth) {
                 next.p += (size_t)(o + P) * w->row_size, next.rows = (int)PSV_MIN((int64_t)P, w->n_out - o - P);
             int nr, c = 0;
             for (int64_t t = 0; t < j->n_tok; t += nr, c++) {
-                nr = j->vnni ? (int)PSV_MIN(16, j->n_tok - t) : mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
+                nr = j->vnni ? (int)PSV_MIN(K_VNNI_ROWS, j->n_tok - t) : mm_gemm_rows(j->tr->gemm_rows, j->n_tok - t);
                 float *out[K_GEMM_ROWS_MAX];
                 for (int r = 0; r < nr; r++) out[r] = (j->y_rows ? j->y_rows[t + r] : j->y + (t + r) * j->y_stride) + o;
                 const bool last = t + nr >= j->n_tok;
                 k_prefetch one = next;
                 if (c < next.rows) one.p += (size_t)c * next.stride, one.rows = last ? next.rows - c : 1;
-                j->tr->gemm(w->n_in, panel, j->vnni ? j->vnni + (size_t)(t / 16) * k_act_vnni_size(w->n_in) : j->xq + (size_t)t * j->xq_row, j->xq_row,
+                j->tr->gemm(w->n_in, panel, j->vnni ? k_act_vnni_at(j->vnni, w->n_in, t) : j->xq + (size_t)t * j->xq_row, j->xq_row,
                             j->sides + (size_t)t * j->side_stride, j->side_stride, nr, out, nw,
                             c < next.rows ? &one : NULL);
             }
@@ -15520,7 +15525,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
         j.panels = s->panels;
         j.panel_size = s->panel_size;
         if (j.tr->act_vnni) {
-            PSV_ASSERT(s->vnni && (size_t)(n_tok + 15) / 16 * k_act_vnni_size(w->n_in) <= s->vnni_size);
+            PSV_ASSERT(s->vnni && (size_t)(n_tok + K_VNNI_ROWS - 1) / K_VNNI_ROWS * k_act_vnni_size(w->n_in) <= s->vnni_size);
             j.vnni = s->vnni;
         }
     }
@@ -15529,7 +15534,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
 #endif
     if (!(same_x && s->qbuf_x == x && s->qbuf_tok == n_tok && s->qbuf_n == w->n_in && s->qbuf_type == w->type)) {
         // a few rows quantize faster on this thread than a hand-off to the pool costs
-        if (j.vnni && n_tok % 16) k_act_vnni_clear(w->n_in, (int)(n_tok % 16), j.vnni + (size_t)(n_tok / 16) * k_act_vnni_size(w->n_in));
+        if (j.vnni && n_tok % K_VNNI_ROWS) k_act_vnni_clear(w->n_in, (int)(n_tok % K_VNNI_ROWS), k_act_vnni_at(j.vnni, w->n_in, n_tok));
         if (n_tok <= 4) mm_quant_task(&j, 0, 1);
         else pool_run(m->pool, mm_quant_task, &j);
         s->qbuf_x = x, s->qbuf_tok = n_tok, s->qbuf_n = w->n_in, s->qbuf_type = w->type;

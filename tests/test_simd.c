@@ -360,7 +360,7 @@ static void st_check_gemm(k_set set) {
                     if (sk->act_vnni) { // the rows as one group, as the engine's quantizer writes them
                         memset(grp, 0xa5, k_act_vnni_size(n));
                         for (int r = 0; r < nr; r++) k_act_vnni(y + (size_t)(r0 + r) * ys, n, r, grp);
-                        if (nr < 16) k_act_vnni_clear(n, nr, grp);
+                        if (nr < K_VNNI_ROWS) k_act_vnni_clear(n, nr, grp);
                     }
                     sk->gemm(n, want, sk->act_vnni ? grp : y + (size_t)r0 * ys, ys, sides + (size_t)r0 * ss, ss, nr, out, nw,
                              nr % 2 ? &pf : NULL);
