@@ -12066,7 +12066,7 @@ static void k_amx_digits(int s, int d[3]) {
     d[2] = s;
 }
 
-// The layout's definition, in portable C (the tests check k_pack_q6_k_amx against it).
+// The layout's definition, in portable C (the tests check k_pack_q3_k_amx and k_pack_q6_k_amx against it).
 PSV_MAYBE_UNUSED static void k_panel_pack_amx6(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw,
                                                uint8_t *panel) {
     PSV_ASSERT((type == T_Q3_K || type == T_Q6_K) && n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
