@@ -833,7 +833,7 @@ static void st_check_vec(k_set set) {
                 for (int64_t p = 0; p < n; p++) {
                     float v = st_sym() * 8.0f;
                     uint64_t r = st_rng() % 16;
-                    if (kind == 1) v = st_sym() * 300.0f; // exp of the differences underflows
+                    if (kind == 1) v = st_sym() * (r < 8 ? 300.0f : 3000.0f); // exp of the differences underflows, or is cut
                     if (kind == 2 && r == 0) v = f32_from_bits(0xff800000u);
                     if (kind == 3 && r == 1) v = f32_from_bits(0x7fc00000u);
                     if (kind == 3 && r == 2) v = f32_from_bits(0x7f800000u);
@@ -843,9 +843,40 @@ static void st_check_vec(k_set set) {
                 float scale = kind == 0 ? 0.125f : 0.0883883f;
                 ref->softmax(a, n, scale);
                 sk->softmax(b, n, scale);
-                for (int64_t p = 0; p < n; p++) bad_sm += !st_same(a[p], b[p]);
+                for (int64_t p = 0; p < n; p++) {
+                    bad_sm += !st_same(a[p], b[p]);
+                    // no weight is a subnormal float (they are +0 instead)
+                    bad_sm += a[p] != 0.0f && psv_fabsf(a[p]) < 0x1p-126f;
+                    bad_sm += a[p] == 0.0f && f32_bits(a[p]) != 0;
+                }
                 checked_sm += n;
             }
+        { // scores more than 86.5 below the largest weigh exactly +0, and the others as before
+            float w2[9] = {0, 3.0f - 86.4f, 3.0f - 86.6f, -87.5f, -100, -200, 3, -1000, 2};
+            for (int i = 0; i < 9; i++) a[i] = b[i] = w2[i];
+            ref->softmax(a, 9, 1.0f);
+            sk->softmax(b, 9, 1.0f);
+            double l2[K_SOFTMAX_LANES] = {0}, s2;
+            float e2[9];
+            for (int p = 0; p < 9; p++) {
+                const float d = w2[p] - 3.0f;
+                l2[p % K_SOFTMAX_LANES] += (double)(e2[p] = d < -86.5f ? 0.0f : psv_expf_poly(d));
+            }
+            s2 = l2[0];
+            for (int l = 1; l < K_SOFTMAX_LANES; l++) s2 += l2[l];
+            for (int p = 0; p < 9; p++) {
+                const float want = e2[p] * (float)(1.0 / s2);
+                CHECK(a[p] == (psv_fabsf(want) < 0x1p-126f ? 0.0f : want) && f32_bits(a[p]) == f32_bits(b[p]));
+            }
+            CHECK(a[1] > 0.0f && a[2] == 0.0f && a[4] == 0.0f && f32_bits(a[7]) == 0);
+            // a weight not cut whose share of a larger sum falls below 2^-126: +0 too
+            float w3[9] = {0, 0, 0, -86.4f, 0, 0, 0, 0, -86.4f};
+            for (int i = 0; i < 9; i++) a[i] = b[i] = w3[i];
+            ref->softmax(a, 9, 1.0f);
+            sk->softmax(b, 9, 1.0f);
+            CHECK(f32_bits(a[3]) == 0 && f32_bits(b[3]) == 0 && f32_bits(a[8]) == 0 && f32_bits(b[8]) == 0);
+            CHECK(memcmp(a, b, 9 * sizeof *a) == 0 && a[0] > 0.1f);
+        }
         // the reference is the formula: the sum in its lanes
         float w[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
         ref->softmax(w, 10, 1.0f);
