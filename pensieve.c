@@ -7572,6 +7572,8 @@ static inline double k_no_fuse(double v) {
 #define K_SOFTMAX_LANES 8 // the lanes of the attention weights' sum (k_softmax_ref)
 #define K_SOFTMAX_CUT (-86.5f) // scores this far below the largest weigh +0 (k_softmax_ref)
 static inline float k_softmax_flush(float w) { return w < 0x1p-126f ? 0.0f : w; } // a subnormal weight: +0
+// The unnormalized weight of a score d below the largest (d <= 0, or NaN): +0 past the cut.
+static inline float k_softmax_exp(float d) { return d < K_SOFTMAX_CUT ? 0.0f : psv_expf_poly(d); }
 #define K_KEY_BLOCK 8 // the KV cache's keys are stored in blocks of this many positions (k_dot_keys_ref)
 
 enum { K_KEYS_MAX_N = 512 }; // the longest rows the key kernels take (queries on the stack)
@@ -11779,6 +11781,9 @@ static void k_amx_done(void) {
     k_amx_loaded = false;
 }
 
+// The parts a k-quant's panel splits its quants times scales into (see above and k_panel_pack_amx6).
+static int k_amx_parts(uint32_t type) { return type == T_Q6_K ? 3 : type == T_Q4_K || type == T_Q5_K ? 2 : 1; }
+
 // The amx set's Q2_K, Q4_K or Q5_K panel of nw (1..16) rows of n values (K_AMX_BLK(parts) bytes
 // a super-block; lane r: weight row r, lanes nw and up zero), in portable C (the layout's
 // definition; the tests check the packers against it). Q5_K's quants (at most 31) times a part
@@ -11796,7 +11801,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack_amx(uint32_t type, int64_t n, const ui
                                               uint8_t *panel) {
     PSV_ASSERT((type == T_Q2_K || type == T_Q4_K || type == T_Q5_K) && n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
-    const int parts = type == T_Q2_K ? 1 : 2;
+    const int parts = k_amx_parts(type);
     memset(panel, 0, (size_t)nb * K_AMX_BLK(parts));
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * K_AMX_BLK(parts);
@@ -12073,7 +12078,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack_amx6(uint32_t type, int64_t n, const u
                                                uint8_t *panel) {
     PSV_ASSERT((type == T_Q3_K || type == T_Q6_K) && n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
-    const int parts = type == T_Q6_K ? 3 : 1, off = k_panel_off(type);
+    const int parts = k_amx_parts(type), off = k_panel_off(type);
     memset(panel, 0, (size_t)nb * K_AMX6_BLK(parts));
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * K_AMX6_BLK(parts);
@@ -12104,7 +12109,7 @@ K_AVX512 K_INLINE void k_pack_kq16_amx(const uint32_t type, int64_t n, const uin
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_AMX_ROWS);
     const int64_t nb = n / QK_K;
     const bool min = type == T_Q2_K; // (k_panel_pack_amx's layout)
-    const int parts = type == T_Q6_K ? 3 : 1, offv = k_panel_off(type);
+    const int parts = k_amx_parts(type), offv = k_panel_off(type);
     const size_t xs = type_table[type].type_size, blk = min ? K_AMX_BLK(1) : K_AMX6_BLK(parts);
     const size_t dxo = min ? K_AMX_DX(1) : K_AMX6_DX(parts);
     const __m512i off = _mm512_set1_epi8((char)offv), low = _mm512_set1_epi16(0xff);
@@ -12118,7 +12123,7 @@ K_AVX512 K_INLINE void k_pack_kq16_amx(const uint32_t type, int64_t n, const uin
             if (r >= nw) {
                 memset(q[r], offv, QK_K); // q = 0
                 memset(sc[r], 0, 16);
-                memset(mn[r], 0, sizeof mn[r]);
+                if (min) memset(mn[r], 0, sizeof mn[r]);
                 dx[r] = dm[r] = 0;
                 continue;
             }
@@ -12129,7 +12134,7 @@ K_AVX512 K_INLINE void k_pack_kq16_amx(const uint32_t type, int64_t n, const uin
             // Q3_K's part is q * -s (see above)
             _mm_store_si128((__m128i *)(void *)sc[r],
                             _mm256_cvtepi16_epi8(type == T_Q3_K ? _mm256_sub_epi16(_mm256_setzero_si256(), s16) : s16));
-            _mm256_store_si256((__m256i *)(void *)mn[r], u.mins);
+            if (min) _mm256_store_si256((__m256i *)(void *)mn[r], u.mins);
             dx[r] = (double)u.d;
             dm[r] = (double)u.dmin;
         }
@@ -14047,8 +14052,7 @@ static void k_softmax_neon(float *w, int64_t n, float scale) {
     double lane[K_SOFTMAX_LANES];
     for (int k = 0; k < 4; k++) vst1q_f64(lane + 2 * k, s[k]);
     for (; p < n; p++) { // p % 8 counts from 0 here
-        const float d = w[p] - mx;
-        w[p] = d < K_SOFTMAX_CUT ? 0.0f : psv_expf_poly(d);
+        w[p] = k_softmax_exp(w[p] - mx);
         lane[p % K_SOFTMAX_LANES] += (double)w[p];
     }
     double sum = lane[0];
@@ -14196,8 +14200,7 @@ static void k_softmax_ref(float *w, int64_t n, float scale) {
     }
     double lane[K_SOFTMAX_LANES] = {0};
     for (int64_t p = 0; p < n; p++) {
-        const float d = w[p] - mx;
-        w[p] = d < K_SOFTMAX_CUT ? 0.0f : psv_expf_poly(d);
+        w[p] = k_softmax_exp(w[p] - mx);
         lane[p % K_SOFTMAX_LANES] += (double)w[p];
     }
     double sum = lane[0];
