@@ -8805,7 +8805,7 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   the AVX2 set's), at k_act_side_x as well, by k_act_side_w16: the quants as int16, 2n bytes
 //   (k_gemm_q8_0_avx2's vpmaddwd takes them in pairs). Only there: rows of side data further
 //   apart cost the AVX-512 GEMM 1 % of qwen2-0.5b's prompt speed;
-// - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q4_k_avx512: its
+// - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q45_k_avx512: its
 //   quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
 //   96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times
 //   over and bsums 8-15 four times over (16 bytes each).
@@ -9777,13 +9777,16 @@ K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size
 // to one partial sum per sub-block and one vpmaddwd against the eight scales measured 5-10 %
 // slower on Zen 5.) msum is the minimums, each twice, against the stored bsums; the four rows'
 // sums are reduced together and their terms formed side by side, exactly the reference's
-// dy * (d * isum - dmin * msum).
-K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                     const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+// dy * (d * isum - dmin * msum). Q5_K (type) is the same with sub-block k's fifth bits, bit k of
+// the 32 qh bytes before the quants, shifted to bit 4 and or-ed in (|pair| <= 2 * 31 * 128).
+K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                       int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
     (void)side;
+    const bool five = type == T_Q5_K;
+    const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qo = five ? 48 : 16;
     const int64_t nb = n / QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -9798,14 +9801,22 @@ K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size
             __m256i iv[4], mv[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
-                for (size_t o = 0; o < K_Q4_K_SIZE; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 144 bytes: 3 lines
+                const uint8_t *xb = xr[r] + (size_t)b * bsize;
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 144 or 176 bytes: 3 lines
                 __m256i p[8];
+                const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
                 for (int c = 0; c < 4; c++) {
-                    const __m256i q = k_load256(xb + 16 + 32 * c);
-                    p[2 * c] = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), a[2 * c]);
-                    p[2 * c + 1] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), a[2 * c + 1]);
+                    const __m256i q = k_load256(xb + qo + 32 * c);
+                    __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    if (five) { // bits 2c and 2c + 1 to bit 4
+                        const __m256i f0 = c < 2 ? _mm256_slli_epi16(qh, 4 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 4);
+                        const __m256i f1 = c < 2 ? _mm256_slli_epi16(qh, 3 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 3);
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(f0, m16));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(f1, m16));
+                    }
+                    p[2 * c] = _mm256_maddubs_epi16(lo, a[2 * c]);
+                    p[2 * c + 1] = _mm256_maddubs_epi16(hi, a[2 * c + 1]);
                 }
                 __m128i sc8, m8;
                 k_scale_min_k4_avx2(xb, &sc8, &m8);
@@ -9821,7 +9832,7 @@ K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size
             }
             const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
             const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
-            const size_t o = (size_t)b * K_Q4_K_SIZE;
+            const size_t o = (size_t)b * bsize;
             const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
             const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
             // the reference: dy * (d * isum - dmin * msum)
@@ -9832,6 +9843,8 @@ K_AVX2 static void k_gemv1_q4_k_avx2(int64_t n, float *s, const uint8_t *x, size
         k_gemv1_store(acc, s, w, nw);
     }
 }
+K_DEF_GEMV1(K_AVX2, k_gemv1_q4_k_avx2, k_gemv1_q45_k_avx2, T_Q4_K)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q5_k_avx2, k_gemv1_q45_k_avx2, T_Q5_K)
 
 // ---- AVX2: packing GEMM panels -----------------------------------------------------------------
 // k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
@@ -11126,11 +11139,23 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
 // dy * (d * isum - dmin * msum). Per row and block this is about 35 instructions where scalar
 // unpacking of the scales and a reduction per row took 70: 43 -> 52 GB/s in the cache, 32 -> 37
 // GB/s from memory (one thread, Zen 5; its read bandwidth 39).
-K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                         const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+// Q5_K (type) is the same with each quant's fifth bit from qh (32 bytes before the quants, in
+// both halves of a vector: bit k of byte l is value 32k + l's) moved to bit 4 by a 16-bit shift
+// per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
+K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
     (void)y;
+    const bool five = type == T_Q5_K;
+    const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qo = five ? 48 : 16;
     const int64_t nb = n / QK_K;
+    // vector v's fifth bits: sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) are qh bits (0, 2), (1, 3),
+    // (4, 6), (5, 7), shifted left by (4, 2) and (3, 1), right by (0, 2) and (1, 3)
+    const __m512i m16 = _mm512_set1_epi8(0x10);
+    const __m512i sh5[4] = {_mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1),
+                            _mm512_inserti64x4(_mm512_set1_epi16(3), _mm256_set1_epi16(1), 1),
+                            _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
+                            _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1)};
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
     const uint8_t *ax = side + k_act_side_size(T_Q8_K, n); // 384 bytes a block (k_act_side)
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -11165,8 +11190,8 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
             const uint8_t *xb[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                xb[r] = xr[r] + (size_t)b * K_Q4_K_SIZE;
-                for (size_t o = 0; o < K_Q4_K_SIZE; o += 64) k_prefetch_ahead(xb[r] + o, K_GEMV1_PF); // 144 bytes: 3 lines
+                xb[r] = xr[r] + (size_t)b * bsize;
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb[r] + o, K_GEMV1_PF); // 144 or 176 bytes: 3 lines
             }
             __m512i h = _mm512_castsi128_si512(k_load128(xb[0]));
             h = _mm512_inserti32x4(h, k_load128(xb[1]), 1);
@@ -11180,10 +11205,18 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
             __m512i t[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const __m512i z0 = _mm512_loadu_si512(xb[r] + 16), z1 = _mm512_loadu_si512(xb[r] + 80);
-                const __m512i q[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
-                                      _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
-                __m512i d[4]; // |lane| <= 4 * 15 * 128: int16, so packing two vectors into one is exact
+                const __m512i z0 = _mm512_loadu_si512(xb[r] + qo), z1 = _mm512_loadu_si512(xb[r] + qo + 64);
+                __m512i q[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
+                                _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
+                if (five) {
+                    const __m512i qh = _mm512_broadcast_i64x4(k_load256(xb[r] + 16));
+                    K_UNROLL
+                    for (int v = 0; v < 4; v++) {
+                        const __m512i f = v < 2 ? _mm512_sllv_epi16(qh, sh5[v]) : _mm512_srlv_epi16(qh, sh5[v]);
+                        q[v] = _mm512_ternarylogic_epi32(q[v], f, m16, 0xF8); // q | (f & 0x10)
+                    }
+                }
+                __m512i d[4]; // |lane| <= 4 * 31 * 128: int16, so packing two vectors into one is exact
                 K_UNROLL
                 for (int v = 0; v < 4; v++) d[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], _mm512_loadu_si512(a + 64 * v));
                 const __m512i sw = _mm512_permutexvar_epi32(lane[r], sm);
@@ -11210,6 +11243,8 @@ K_AVX512 static void k_gemv1_q4_k_avx512(int64_t n, float *s, const uint8_t *x, 
         k_gemv1_store(acc, s, w, nw);
     }
 }
+K_DEF_GEMV1(K_AVX512, k_gemv1_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 
 // k_gemv1_fn for Q6_K, as the Q4_K one: four weight rows a block. Each half block h (128 values)
 // is two vectors of quants in value order: the low and high nibbles of its 64 ql bytes, with the
@@ -12913,11 +12948,6 @@ K_INLINE int32_t k_isum16_neon(bool dp, const int8_t *q, const int8_t *a) {
     return vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a)));
 }
 
-K_INLINE int32_t k_isum32_neon(bool dp, const int8_t *q, const int8_t *a) {
-    int32x4_t acc = k_dot16x_neon(dp, vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a));
-    return vaddvq_s32(k_dot16x_neon(dp, acc, vld1q_s8(q + 16), vld1q_s8(a + 16)));
-}
-
 // Byte j (j < 16) of the result: 16 if bit j of b is set, else 0 (the fifth bit of Q5 values).
 static inline uint8x16_t k_bits16_neon(uint32_t b) {
     static const uint8_t m[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
@@ -13026,36 +13056,41 @@ K_DEF_DOTK_NEON(k_dot_q3_k_q8_k, k_dot_q3_k_neon)
 
 // Q4_K chunk c (64 values: qs[32c + l] holds value 64c + l in its low nibble, 64c + 32 + l in its
 // high one) against the activation's quants a: the lanes of sub-blocks 2c (*lo) and 2c + 1 (*hi).
-K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const int8_t *a, int c, int32x4_t *lo, int32x4_t *hi) {
+// Q5_K (qh not NULL): bit k of qh[l] is value 32k + l's fifth bit (+16), shifted into place.
+K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, const int8_t *a, int c, int32x4_t *lo,
+                                int32x4_t *hi) {
     const uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16), m4 = vdupq_n_u8(15);
+    uint8x16_t l0 = vandq_u8(v0, m4), l1 = vandq_u8(v1, m4), h0 = vshrq_n_u8(v0, 4), h1 = vshrq_n_u8(v1, 4);
+    if (qh) {
+        const uint8x16_t b0 = vld1q_u8(qh), b1 = vld1q_u8(qh + 16), m16 = vdupq_n_u8(16);
+        const int8x16_t sl = vdupq_n_s8((int8_t)(4 - 2 * c)), sh = vdupq_n_s8((int8_t)(3 - 2 * c)); // bits 2c, 2c + 1 to 4
+        l0 = vorrq_u8(l0, vandq_u8(vshlq_u8(b0, sl), m16));
+        l1 = vorrq_u8(l1, vandq_u8(vshlq_u8(b1, sl), m16));
+        h0 = vorrq_u8(h0, vandq_u8(vshlq_u8(b0, sh), m16));
+        h1 = vorrq_u8(h1, vandq_u8(vshlq_u8(b1, sh), m16));
+    }
     const int8_t *ac = a + 64 * c;
-    *lo = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(v0, m4)), vld1q_s8(ac)),
-                        vreinterpretq_s8_u8(vandq_u8(v1, m4)), vld1q_s8(ac + 16));
-    *hi = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vld1q_s8(ac + 32)),
-                        vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), vld1q_s8(ac + 48));
+    *lo = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(l0), vld1q_s8(ac)),
+                        vreinterpretq_s8_u8(l1), vld1q_s8(ac + 16));
+    *hi = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(h0), vld1q_s8(ac + 32)),
+                        vreinterpretq_s8_u8(h1), vld1q_s8(ac + 48));
 }
 
-// Q4_K unpacked in registers (k_q4_k_chunk_neon); Q5_K through the reference unpacking.
+// Q4_K and Q5_K unpacked in registers (k_q4_k_chunk_neon).
 K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
     PSV_ASSERT(n % QK_K == 0);
     const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
-    int8_t q[QK_K];
     int sc[8], m[8];
     double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += size, y += K_Q8_K_SIZE) {
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t t[8];
-        if (five) {
-            k_unpack_q45_k(x + 48, x + 16, x + 4, q, sc, m);
-            for (int k = 0; k < 8; k++) t[k] = k_isum32_neon(dp, q + 32 * k, a + 32 * k);
-        } else {
-            for (int k = 0; k < 8; k++) k_scale_min_k4(x + 4, k, &sc[k], &m[k]);
-            for (int c = 0; c < 4; c++) {
-                int32x4_t lo, hi;
-                k_q4_k_chunk_neon(dp, x + 16, a, c, &lo, &hi);
-                t[2 * c] = vaddvq_s32(lo);
-                t[2 * c + 1] = vaddvq_s32(hi);
-            }
+        for (int k = 0; k < 8; k++) k_scale_min_k4(x + 4, k, &sc[k], &m[k]);
+        for (int c = 0; c < 4; c++) {
+            int32x4_t lo, hi;
+            k_q4_k_chunk_neon(dp, five ? x + 48 : x + 16, five ? x + 16 : NULL, a, c, &lo, &hi);
+            t[2 * c] = vaddvq_s32(lo);
+            t[2 * c + 1] = vaddvq_s32(hi);
         }
         int32_t isum = 0, msum = 0;
         for (int k = 0; k < 8; k++) {
@@ -13512,9 +13547,12 @@ static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b
 // Q4_K: a row's eight sub-block sums (sdot on the low and high nibbles of each 32-byte chunk)
 // reduced to two vectors, weighted by the scales and summed; msum from the activation's bsums
 // (pairs summed once for the four rows). Term: the reference's dy * (d * isum - dmin * msum).
-K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+// Q5_K (type) the same with the fifth bits (k_q4_k_chunk_neon).
+K_DOTPROD K_INLINE void k_gemv1_q45_k_dotprod(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
+                                             int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
+    const bool five = type == T_Q5_K;
+    const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
     for (int w = w0; w < w1; w++) {
@@ -13534,10 +13572,11 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
             float dx[4], dm[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * K_Q4_K_SIZE;
+                const uint8_t *xb = xr[r] + (size_t)b * bsize;
                 int32x4_t t[8];
                 K_UNROLL
-                for (int c = 0; c < 4; c++) k_q4_k_chunk_neon(true, xb + 16, a, c, &t[2 * c], &t[2 * c + 1]);
+                for (int c = 0; c < 4; c++)
+                    k_q4_k_chunk_neon(true, five ? xb + 48 : xb + 16, five ? xb + 16 : NULL, a, c, &t[2 * c], &t[2 * c + 1]);
                 int sc[8], m[8];
                 K_UNROLL
                 for (int k = 0; k < 8; k++) k_scale_min_k4(xb + 4, k, &sc[k], &m[k]);
@@ -13560,6 +13599,8 @@ K_DOTPROD static void k_gemv1_q4_k_dotprod(int64_t n, float *s, const uint8_t *x
         k_gemv1_store_neon(acc, s, w, nw);
     }
 }
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_k_dotprod, k_gemv1_q45_k_dotprod, T_Q4_K)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_k_dotprod, k_gemv1_q45_k_dotprod, T_Q5_K)
 
 // Q6_K: each 16 values' sums (sdot of the signed quants, unpacked as k_dot_q6_k_neon does) reduced
 // four sub-blocks at a time and weighted by the scales. Term: the reference's dx * dy * isum.
@@ -14123,6 +14164,7 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         t[T_Q5_0].gemv1 = k_gemv1_q5_0_dotprod;
         t[T_Q8_0].gemv1 = k_gemv1_q8_0_dotprod;
         t[T_Q4_K].gemv1 = k_gemv1_q4_k_dotprod;
+        t[T_Q5_K].gemv1 = k_gemv1_q5_k_dotprod;
         t[T_Q6_K].gemv1 = k_gemv1_q6_k_dotprod;
     }
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
@@ -14285,6 +14327,7 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx2;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx2;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx2;
+    t[T_Q5_K].gemv1 = k_gemv1_q5_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
@@ -14337,6 +14380,7 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
+    t[T_Q5_K].gemv1 = k_gemv1_q5_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
 

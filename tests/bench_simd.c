@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
             if (!k_set_supported((k_set)s, cpu)) continue;
             static float out[4 * 16384];
             bs_ctx c = {k_traits_of_set((k_set)s, wt), wt, n, n_out, w, a, (size_t)xs, (size_t)ys, out, NULL, NULL,
-                        NULL, NULL, 0};
+                        NULL, NULL, 0, NULL};
             double hot = bs_time(bs_hot, &c, secs) * 1e9 / (double)(64 * n);
             double gemv = bs_time(bs_gemv, &c, secs) * 1e9 / (double)(n * n_out);
             double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
@@ -222,7 +222,7 @@ int main(int argc, char **argv) {
     for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
-            bs_ctx c = {k_traits_of_set((k_set)s, acts[ai]), acts[ai], n, 0, NULL, NULL, 0, 0, NULL, x, q, NULL, NULL, 0};
+            bs_ctx c = {k_traits_of_set((k_set)s, acts[ai]), acts[ai], n, 0, NULL, NULL, 0, 0, NULL, x, q, NULL, NULL, 0, NULL};
             double t = bs_time(bs_quant, &c, secs);
             printf("%-6s %-7s %10.4f\n", type_get(acts[ai])->name, k_set_names[s], t * 1e9 / (double)n);
         }
