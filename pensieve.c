@@ -8051,6 +8051,18 @@ static void k_unpack_q3_k(const uint8_t *b, int8_t q[QK_K], int sc[16]) {
     }
 }
 
+// k_unpack_q3_k's 16 scales of the Q3_K block at x, + 32 (0..63), four to a word: sub-block k in
+// byte k % 4 (from the low end) of s[k / 4]. Sub-block k's low nibble is byte k % 8 of
+// scales[0..7] (low nibble for k < 8, high for k >= 8), its top two bits are bits 2(k/4) of
+// scales[8 + k % 4].
+static inline void k_q3_k_scales4(const uint8_t *x, uint32_t s[4]) {
+    const uint32_t a0 = ld_u32(x + 96), a1 = ld_u32(x + 100), t = ld_u32(x + 104);
+    s[0] = (a0 & 0x0f0f0f0fu) | ((t & 0x03030303u) << 4);
+    s[1] = (a1 & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
+    s[2] = ((a0 >> 4) & 0x0f0f0f0fu) | (((t >> 4) & 0x03030303u) << 4);
+    s[3] = ((a1 >> 4) & 0x0f0f0f0fu) | (((t >> 6) & 0x03030303u) << 4);
+}
+
 static void k_dequant_q3_k_ref(const void *vx, float *y, int64_t n) {
     PSV_ASSERT(n % QK_K == 0);
     const uint8_t *x = vx;
@@ -9460,6 +9472,13 @@ K_AVX2 K_INLINE void k_scale_min_k4_avx2(const uint8_t *x, __m128i *sc8, __m128i
     *m8 = _mm_cvtsi64_si128((long long)((uint64_t)m_lo | (uint64_t)m_hi << 32));
 }
 
+// k_unpack_q3_k's 16 scales of the Q3_K block at x, sub-block k in byte k (-32..31).
+K_AVX2 K_INLINE __m128i k_q3_k_scales_avx2(const uint8_t *x) {
+    uint32_t s[4];
+    k_q3_k_scales4(x, s);
+    return _mm_sub_epi8(_mm_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3]), _mm_set1_epi8(32));
+}
+
 // The quants, minimums and scales of a block; returns the 16 int16 sub-block scales (sub-block
 // k in lane k; Q4_K/Q5_K: each of the 8 scales twice). w->sc is left unset.
 K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
@@ -9497,16 +9516,7 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
                 w->q[4 * h + j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
             }
         }
-        // k_unpack_q3_k's scales, four bytes at a time: sub-block k's low nibble is byte k % 8
-        // of scales[0..7] (low nibble for k < 8, high for k >= 8), its top two bits are bits
-        // 2(k/4) of scales[8 + k % 4]
-        uint32_t a0 = ld_u32(x + 96), a1 = ld_u32(x + 100), t = ld_u32(x + 104);
-        uint32_t s0 = (a0 & 0x0f0f0f0fu) | ((t & 0x03030303u) << 4);
-        uint32_t s1 = (a1 & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
-        uint32_t s2 = ((a0 >> 4) & 0x0f0f0f0fu) | (((t >> 4) & 0x03030303u) << 4);
-        uint32_t s3 = ((a1 >> 4) & 0x0f0f0f0fu) | (((t >> 6) & 0x03030303u) << 4);
-        __m128i sb = _mm_sub_epi8(_mm_setr_epi32((int)s0, (int)s1, (int)s2, (int)s3), _mm_set1_epi8(32));
-        s16 = _mm256_cvtepi8_epi16(sb);
+        s16 = _mm256_cvtepi8_epi16(k_q3_k_scales_avx2(x));
         w->d = k_f16_avx2(x + 108);
         w->off = 4;
     } else if (type == T_Q4_K || type == T_Q5_K) {
@@ -9720,9 +9730,14 @@ K_DEF_KQUANTS(avx2, K_AVX2)
 // high, shuffled four to a sub-block): half the multiplies and none of the per-chunk scale
 // broadcasts of the one-row kernel. The offset comes off per block through the activation's sums
 // of 16 (k_wk_off_avx2); the terms are the reference's d * dy * isum, four rows side by side.
-K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                     const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+// Q3_K and Q2_K (type) the same way (their pairs are smaller: q + 4 <= 7, q <= 3), Q3_K's scales
+// from k_q3_k_scales_avx2 and its offset 4, Q2_K's from the low nibbles of its 16 scale bytes,
+// its minimums (the high nibbles) against the stored bsums giving msum, its term the
+// reference's dy * (d * isum - dmin * msum).
+K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                      int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
+    const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
     const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15); // even scales, then odd
     __m256i pick[4]; // chunks (2i, 2i + 1): int16 lanes 0-3 from lane 2i of each 128, 4-7 from lane 2i + 1
@@ -9741,14 +9756,17 @@ K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size
             __m256i a[8];
             K_UNROLL
             for (int c = 0; c < 8; c++) a[c] = k_load256(yb + 4 + 32 * c);
-            __m256i iv[4];
+            __m256i iv[4], mv[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
-                for (size_t o = 0; o < K_Q6_K_SIZE; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210 bytes: 4 lines
+                const uint8_t *xb = xr[r] + (size_t)b * bsize;
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
-                wk.s16 = k_wk_unpack_q_avx2(T_Q6_K, xb, &wk);
-                const __m256i se = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(k_load128(xb + 192), split));
+                wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
+                const __m128i sb = type == T_Q6_K   ? k_load128(xb + 192)
+                                   : type == T_Q3_K ? k_q3_k_scales_avx2(xb)
+                                                    : _mm_and_si128(k_load128(xb), _mm_set1_epi8(15));
+                const __m256i se = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sb, split));
                 __m256i t = _mm256_setzero_si256();
                 K_UNROLL
                 for (int i = 0; i < 4; i++) {
@@ -9756,18 +9774,29 @@ K_AVX2 static void k_gemv1_q6_k_avx2(int64_t n, float *s, const uint8_t *x, size
                                                         _mm256_maddubs_epi16(wk.q[2 * i + 1], a[2 * i + 1]));
                     t = _mm256_add_epi32(t, _mm256_madd_epi16(h, _mm256_shuffle_epi8(se, pick[i])));
                 }
-                iv[r] = k_wk_off_avx2(&wk, t, side + 32 * b);
+                iv[r] = type == T_Q2_K ? t : k_wk_off_avx2(&wk, t, side + 32 * b);
+                mv[r] = type == T_Q2_K ? _mm256_madd_epi16(wk.mins, k_load256(yb + 260)) : _mm256_setzero_si256();
             }
             const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
-            const size_t o = (size_t)b * K_Q6_K_SIZE + 208;
+            const size_t o = (size_t)b * bsize + od;
             const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
-            // the reference: (double)d * (double)dy * (double)isum
-            const __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd((double)k_ld_f32(yb))), is);
+            const __m256d dy = _mm256_set1_pd((double)k_ld_f32(yb));
+            __m256d t;
+            if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
+                const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
+                const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
+                t = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+            } else { // (double)d * (double)dy * (double)isum
+                t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), is);
+            }
             acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
         k_gemv1_store(acc, s, w, nw);
     }
 }
+K_DEF_GEMV1(K_AVX2, k_gemv1_q2_k_avx2, k_gemv1_kq16_avx2, T_Q2_K)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q3_k_avx2, k_gemv1_kq16_avx2, T_Q3_K)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q6_k_avx2, k_gemv1_kq16_avx2, T_Q6_K)
 
 // k_gemv1_fn for Q4_K on AVX2: four weight rows (one from each quarter) a block, the
 // activation's quants loaded once for the four. A row's 32-byte chunk c holds sub-blocks 2c (low
@@ -11311,6 +11340,100 @@ K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, 
         k_gemv1_store(acc, s, w, nw);
     }
 }
+
+// k_gemv1_fn for Q2_K and Q3_K (type), as the Q6_K one: four weight rows a block. Vector v
+// (values 64v .. 64v + 63) is chunks 2v and 2v + 1 of 32 values (k_unpack_q2_k, k_unpack_q3_k:
+// value 128h + 32j + l has bits 2j of qs[32h + l], Q3_K its third bit from bit 4h + j of
+// hmask[l]), from the 32 bytes of its half of qs in both halves of the vector shifted by
+// 16-bit lanes a count per half; the quants stay unsigned (Q3_K: q + 4, 0..7) and vpdpwssd
+// weights vpmaddubsw's int16 pairs (|pair| <= 2 * 7 * 128) by the scale of each 16 values (one
+// per 128-bit lane). Q3_K's offset comes off per block through the activation's sums of 16
+// (side data), 4 * sum_k scale_k * sum_k; Q2_K's minimums against the stored bsums give msum.
+// Terms: the reference's dx * dy * isum (Q3_K) and dy * (dx * isum - dmin * msum) (Q2_K).
+K_AVX512 K_INLINE void k_gemv1_q23_k_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K));
+    const bool three = type == T_Q3_K;
+    const size_t bsize = three ? K_Q3_K_SIZE : K_Q2_K_SIZE, qo = three ? 32 : 16, od = three ? 108 : 80;
+    const int64_t nb = n / QK_K;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4), m15 = _mm512_set1_epi8(15);
+    // the low bits of chunks (2v, 2v + 1), v even (odd): right by (0, 2) ((4, 6)); Q3_K's third
+    // bits of chunks (0, 1) left by (2, 1), of (2, 3), (4, 5), (6, 7) right by (0, 1), (2, 3), (4, 5)
+    const __m512i slo[2] = {_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
+                            _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
+    __m512i shi[4];
+    for (int v = 0; v < 4; v++)
+        shi[v] = _mm512_inserti64x4(_mm512_set1_epi16((short)(v ? 2 * v - 2 : 2)), _mm256_set1_epi16((short)(v ? 2 * v - 1 : 1)), 1);
+    __m512i pick[4]; // vector v: in 128-bit lane l, the scale of 16 values 4v + l
+    for (int v = 0; v < 4; v++) {
+        uint16_t w[32];
+        for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * v + i / 8);
+        pick[v] = _mm512_loadu_si512(w);
+    }
+    for (int w = w0; w < w1; w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE, *a = yb + 4;
+            const __m256i sums = three ? k_load256(side + 32 * b) : k_load256(yb + 260); // Q2_K: the stored bsums
+            __m256i iv[4], mv[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)b * bsize;
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 84 or 110 bytes: 2 lines
+                __m256i sc16, mn16 = _mm256_setzero_si256();
+                if (three) {
+                    sc16 = _mm256_cvtepi8_epi16(k_q3_k_scales_avx2(xb));
+                } else {
+                    const __m128i sm = k_load128(xb);
+                    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm512_castsi512_si128(m15)));
+                    mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm512_castsi512_si128(m15)));
+                }
+                const __m512i scz = _mm512_castsi256_si512(sc16);
+                const __m512i hm = three ? _mm512_broadcast_i64x4(k_load256(xb)) : _mm512_setzero_si512();
+                __m512i t = _mm512_setzero_si512();
+                K_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const __m512i qs = _mm512_broadcast_i64x4(k_load256(xb + qo + 32 * h));
+                    K_UNROLL
+                    for (int p = 0; p < 2; p++) {
+                        const int v = 2 * h + p;
+                        __m512i q = _mm512_and_si512(_mm512_srlv_epi16(qs, slo[p]), m3);
+                        if (three) {
+                            const __m512i f = v ? _mm512_srlv_epi16(hm, shi[v]) : _mm512_sllv_epi16(hm, shi[v]);
+                            q = _mm512_ternarylogic_epi32(q, f, m4, 0xF8); // q | (f & 4)
+                        }
+                        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q, _mm512_loadu_si512(a + 64 * v)),
+                                                _mm512_permutexvar_epi16(pick[v], scz));
+                    }
+                }
+                iv[r] = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+                if (three) // |4 * sum_k scale_k * sum_k| <= 4 * 16 * 32 * 2048 = 2^22
+                    iv[r] = _mm256_sub_epi32(iv[r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 2));
+                else
+                    mv[r] = _mm256_madd_epi16(mn16, sums);
+            }
+            const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
+            const size_t o = (size_t)b * bsize + od;
+            const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
+            __m256d t;
+            if (three) { // the reference: (double)d * (double)dy * (double)isum
+                t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
+            } else { // dy * (d * isum - dmin * msum)
+                const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
+                const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
+                t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+            }
+            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+        }
+        k_gemv1_store(acc, s, w, nw);
+    }
+}
+K_DEF_GEMV1(K_AVX512, k_gemv1_q2_k_avx512, k_gemv1_q23_k_avx512, T_Q2_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q3_k_avx512, k_gemv1_q23_k_avx512, T_Q3_K)
 
 K_DEF_GEMV1(K_AVX512, k_gemv1_q4_0_avx512, k_gemv1_avx512, T_Q4_0)
 K_DEF_GEMV1(K_AVX512, k_gemv1_q5_0_avx512, k_gemv1_avx512, T_Q5_0)
@@ -13602,11 +13725,27 @@ K_DOTPROD K_INLINE void k_gemv1_q45_k_dotprod(uint32_t type, int64_t n, float *s
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_k_dotprod, k_gemv1_q45_k_dotprod, T_Q4_K)
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_k_dotprod, k_gemv1_q45_k_dotprod, T_Q5_K)
 
+// Q2_K and Q3_K unpacked in registers: values 128h + 32j + 16 half ... + 15 (one sub-block) of
+// the block at x, signed (k_unpack_q2_k, k_unpack_q3_k: bits 2j of qs[32h + l], Q3_K's third
+// bit from bit 4h + j of hmask[l], less 4 where it is clear).
+static inline int8x16_t k_q23_k_q16_neon(uint32_t type, const uint8_t *x, int h, int j, int half) {
+    const uint8_t *qs = x + (type == T_Q3_K ? 32 : 16) + 32 * h + 16 * half;
+    const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)(-2 * j))), vdupq_n_u8(3));
+    if (type != T_Q3_K) return vreinterpretq_s8_u8(lo);
+    const uint8x16_t hm = vld1q_u8(x + 16 * half);
+    const uint8x16_t hi = vandq_u8(vshlq_u8(hm, vdupq_n_s8((int8_t)(2 - 4 * h - j))), vdupq_n_u8(4)); // bit 4h + j to bit 2
+    return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vdupq_n_s8(4));
+}
+
 // Q6_K: each 16 values' sums (sdot of the signed quants, unpacked as k_dot_q6_k_neon does) reduced
 // four sub-blocks at a time and weighted by the scales. Term: the reference's dx * dy * isum.
-K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+// Q3_K and Q2_K (type) the same way (k_q23_k_q16_neon; Q3_K's scales from k_q3_k_scales4), Q2_K's
+// minimums against the stored bsums giving msum and its term the reference's
+// dy * (dx * isum - dmin * msum).
+K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
+                                            int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
+    const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
     for (int w = w0; w < w1; w++) {
@@ -13616,40 +13755,78 @@ K_DOTPROD static void k_gemv1_q6_k_dotprod(int64_t n, float *s, const uint8_t *x
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
         for (int64_t b = 0; b < nb; b++) {
-            const int8_t *a = (const int8_t *)(y + (size_t)b * K_Q8_K_SIZE + 4);
-            int32_t is[4];
-            float dx[4];
+            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
+            const int8_t *a = (const int8_t *)(yb + 4);
+            int32_t is[4], ms[4];
+            float dx[4], dm[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
+                const uint8_t *xb = xr[r] + (size_t)b * bsize;
                 int32x4_t t[16]; // sub-block e / 16 of value e = 128h + 32k + 16 half
                 for (int h = 0; h < 2; h++)
                     for (int k = 0; k < 4; k++)
                         for (int half = 0; half < 2; half++) {
-                            const int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(xb, h, k, half)), vdupq_n_s8(32));
+                            const int8x16_t qv = type == T_Q6_K
+                                                     ? vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(xb, h, k, half)), vdupq_n_s8(32))
+                                                     : k_q23_k_q16_neon(type, xb, h, k, half);
                             const int e = 128 * h + 32 * k + 16 * half;
                             t[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
                         }
-                const int8x16_t sc8 = vld1q_s8((const int8_t *)(xb + 192));
+                int8x16_t sc8;
+                if (type == T_Q6_K) {
+                    sc8 = vld1q_s8((const int8_t *)(xb + 192));
+                } else if (type == T_Q3_K) {
+                    uint32_t s4[4];
+                    k_q3_k_scales4(xb, s4);
+                    sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
+                } else {
+                    sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(xb), vdupq_n_u8(15)));
+                }
                 const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
                 int32x4_t sum = vmulq_s32(k_hsum4_neon(t), vmovl_s16(vget_low_s16(slo)));
                 sum = vmlaq_s32(sum, k_hsum4_neon(t + 4), vmovl_high_s16(slo));
                 sum = vmlaq_s32(sum, k_hsum4_neon(t + 8), vmovl_s16(vget_low_s16(shi)));
                 sum = vmlaq_s32(sum, k_hsum4_neon(t + 12), vmovl_high_s16(shi));
                 is[r] = vaddvq_s32(sum);
-                dx[r] = k_f16_neon(xb + 208);
+                dx[r] = k_f16_neon(xb + od);
+                ms[r] = 0;
+                dm[r] = 0;
+                if (type == T_Q2_K) { // the minimums (high nibbles) against the stored bsums
+                    const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(xb), 4);
+                    const int16x8_t mlo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8)));
+                    const int16x8_t mhi = vreinterpretq_s16_u16(vmovl_high_u8(m8));
+                    int16x8_t bs0, bs1;
+                    memcpy(&bs0, yb + 260, 16);
+                    memcpy(&bs1, yb + 276, 16);
+                    int32x4_t m = vmull_s16(vget_low_s16(mlo), vget_low_s16(bs0));
+                    m = vmlal_high_s16(m, mlo, bs0);
+                    m = vmlal_s16(m, vget_low_s16(mhi), vget_low_s16(bs1));
+                    ms[r] = vaddvq_s32(vmlal_high_s16(m, mhi, bs1));
+                    dm[r] = k_f16_neon(xb + od + 2);
+                }
             }
             float64x2_t t[2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
-                const float64x2_t dxy = vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dys[b]);
-                t[h] = k_no_fuse_f64x2(vmulq_f64(dxy, vcvtq_f64_s64(vmovl_s32(vld1_s32(is + 2 * h)))));
+                const float64x2_t isd = vcvtq_f64_s64(vmovl_s32(vld1_s32(is + 2 * h)));
+                if (type == T_Q2_K) { // the reference: dy * (dx * isum - dmin * msum)
+                    const float64x2_t di = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), isd));
+                    const float64x2_t dmm = k_no_fuse_f64x2(
+                        vmulq_f64(vcvt_f64_f32(vld1_f32(dm + 2 * h)), vcvtq_f64_s64(vmovl_s32(vld1_s32(ms + 2 * h)))));
+                    t[h] = k_no_fuse_f64x2(vmulq_n_f64(vsubq_f64(di, dmm), dys[b]));
+                } else { // dx * dy * isum
+                    const float64x2_t dxy = vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dys[b]);
+                    t[h] = k_no_fuse_f64x2(vmulq_f64(dxy, isd));
+                }
             }
             k_gemv1_add_neon(acc, b, t);
         }
         k_gemv1_store_neon(acc, s, w, nw);
     }
 }
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q2_k_dotprod, k_gemv1_kq16_dotprod, T_Q2_K)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q3_k_dotprod, k_gemv1_kq16_dotprod, T_Q3_K)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q6_k_dotprod, k_gemv1_kq16_dotprod, T_Q6_K)
 
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_0_dotprod, k_gemv1_32_neon, T_Q4_0)
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_0_dotprod, k_gemv1_32_neon, T_Q5_0)
@@ -14165,6 +14342,8 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         t[T_Q8_0].gemv1 = k_gemv1_q8_0_dotprod;
         t[T_Q4_K].gemv1 = k_gemv1_q4_k_dotprod;
         t[T_Q5_K].gemv1 = k_gemv1_q5_k_dotprod;
+        t[T_Q2_K].gemv1 = k_gemv1_q2_k_dotprod;
+        t[T_Q3_K].gemv1 = k_gemv1_q3_k_dotprod;
         t[T_Q6_K].gemv1 = k_gemv1_q6_k_dotprod;
     }
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
@@ -14328,6 +14507,8 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx2;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx2;
     t[T_Q5_K].gemv1 = k_gemv1_q5_k_avx2;
+    t[T_Q2_K].gemv1 = k_gemv1_q2_k_avx2;
+    t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
@@ -14381,6 +14562,8 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
     t[T_Q5_K].gemv1 = k_gemv1_q5_k_avx512;
+    t[T_Q2_K].gemv1 = k_gemv1_q2_k_avx512;
+    t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
 
