@@ -9010,6 +9010,18 @@ K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
 #define K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
+// One Q4_1 or Q5_1 block at x against the Q8_1 block at y: the reference's term, dx * dy * isum +
+// mx * sy (the one-row kernels' last blocks, which do not fill a step of four).
+static inline double k_w1_term_scalar(uint32_t type, const uint8_t *x, const uint8_t *y) {
+    const uint8_t *qs = x + (type == T_Q5_1 ? 8 : 4);
+    const uint32_t qh = type == T_Q5_1 ? ld_u32(x + 4) : 0;
+    const int8_t *a = (const int8_t *)(y + 4);
+    int32_t isum = 0;
+    for (int j = 0; j < 16; j++)
+        isum += ((qs[j] & 15) | (int)((qh >> j & 1) << 4)) * a[j] + ((qs[j] >> 4) | (int)((qh >> (j + 16) & 1) << 4)) * a[j + 16];
+    return (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum + (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
+}
+
 // How far ahead (bytes) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the Q4_K and Q6_K
 // ones; measured with the AVX-512 kernels) prefetch each of their four row streams into the
 // level-2 cache, a prefetch per step of each stream (per 64 bytes of the k-quants' blocks). The
@@ -9313,12 +9325,18 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
 // are signed (the activation may hold -128), so each block's quants are widened to int16 and
 // multiplied with vpmaddwd, against the activation block widened once for the four rows. The
 // terms, (float)(dx * dy) (exact: two fp16 values) times isum, are added with one FMA each, as
-// the AVX-512 kernels do (the product is exact in double: see k_gemm_blk_avx512).
+// the AVX-512 kernels do (the product is exact in double: see k_gemm_blk_avx512). Q4_1 and Q5_1
+// (against Q8_1) as Q4_0 and Q5_0 with no offset, the activation's halves loaded from its blocks,
+// and the term the reference's dx * dy * isum + mx * sy (both products exact, mx * sy in float
+// too) with one rounding (one FMA), then added to the lane.
 K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                   int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
-    const bool five = type == T_Q5_0, eight = type == T_Q8_0;
-    const size_t xs = k_w32_size(type), qo = five ? 6 : 2; // the quants' offset in a block
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 &&
+               (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_1 || type == T_Q5_1));
+    const bool five = type == T_Q5_0 || type == T_Q5_1, eight = type == T_Q8_0, one = type == T_Q4_1 || type == T_Q5_1;
+    const size_t xs = k_w32_size(type), qo = type == T_Q5_1 ? 8 : type == T_Q5_0 ? 6 : one ? 4 : 2; // the quants' offset
+    const size_t ho = one ? 4 : 2;  // Q5_0, Q5_1: qh's offset in a block
+    const size_t ys = one ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const int64_t nb = n / 32, ng = nb / 4;
     const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block (Q4_0, Q5_0)
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
@@ -9335,7 +9353,7 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
         __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
         for (int64_t g = 0; g < ng; g++) {
-            const uint8_t *xg = side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part
+            const uint8_t *xg = one ? NULL : side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part (Q8_0)
             __m256i is01, is23;                                            // [block][row] isums
             __m256i t01[4], t23[4];                                        // per row: blocks 0, 1 (2, 3) in its lanes
             if (eight) {
@@ -9364,8 +9382,11 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                 is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
                 is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
             } else {
-                const __m256i alo01 = k_load256(xg), alo23 = k_load256(xg + 32);
-                const __m256i ahi01 = k_load256(xg + 64), ahi23 = k_load256(xg + 96);
+                const uint8_t *yg = y + (size_t)g * 4 * ys + 4; // Q8_1: the blocks' quants
+                const __m256i alo01 = one ? k_cat128_avx2(yg, yg + ys) : k_load256(xg);
+                const __m256i alo23 = one ? k_cat128_avx2(yg + 2 * ys, yg + 3 * ys) : k_load256(xg + 32);
+                const __m256i ahi01 = one ? k_cat128_avx2(yg + 16, yg + ys + 16) : k_load256(xg + 64);
+                const __m256i ahi23 = one ? k_cat128_avx2(yg + 2 * ys + 16, yg + 3 * ys + 16) : k_load256(xg + 96);
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
@@ -9375,8 +9396,8 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                     __m256i lo01 = _mm256_and_si256(w01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), m4);
                     __m256i lo23 = _mm256_and_si256(w23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(w23, 4), m4);
                     if (five) { // the fifth bits: +16 where set
-                        const uint64_t q01 = (uint64_t)ld_u32(xb + 2) | (uint64_t)ld_u32(xb + xs + 2) << 32;
-                        const uint64_t q23 = (uint64_t)ld_u32(xb + 2 * xs + 2) | (uint64_t)ld_u32(xb + 3 * xs + 2) << 32;
+                        const uint64_t q01 = (uint64_t)ld_u32(xb + ho) | (uint64_t)ld_u32(xb + xs + ho) << 32;
+                        const uint64_t q23 = (uint64_t)ld_u32(xb + 2 * xs + ho) | (uint64_t)ld_u32(xb + 3 * xs + ho) << 32;
                         const __m256i h01 = _mm256_set1_epi64x((long long)q01), h23 = _mm256_set1_epi64x((long long)q23);
                         lo01 = _mm256_or_si256(lo01, k_q5_bits_avx2(h01, qlo));
                         hi01 = _mm256_or_si256(hi01, k_q5_bits_avx2(h01, qhi));
@@ -9389,17 +9410,44 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                     t01[r] = _mm256_madd_epi16(p01, ones);
                     t23[r] = _mm256_madd_epi16(p23, ones);
                 }
-                const __m256i o = _mm256_castsi128_si256(k_load128(so + 16 * (size_t)g)); // the four blocks' offset terms
                 is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
                 is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
-                is01 = _mm256_add_epi32(is01, _mm256_permutevar8x32_epi32(o, spread01));
-                is23 = _mm256_add_epi32(is23, _mm256_permutevar8x32_epi32(o, spread23));
+                if (!one) {
+                    const __m256i o = _mm256_castsi128_si256(k_load128(so + 16 * (size_t)g)); // the four blocks' offset terms
+                    is01 = _mm256_add_epi32(is01, _mm256_permutevar8x32_epi32(o, spread01));
+                    is23 = _mm256_add_epi32(is23, _mm256_permutevar8x32_epi32(o, spread23));
+                }
             }
             uint64_t h[4]; // block j's scales of the four rows
             K_UNROLL
             for (int j = 0; j < 4; j++) {
                 const size_t o = (size_t)(4 * g + j) * xs;
                 h[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
+            }
+            if (one) { // dx * dy * isum + mx * sy, the activation's d and s each four times
+                uint64_t hm[4], ey[4], es[4];
+                K_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const size_t o = (size_t)(4 * g + j) * xs + 2;
+                    hm[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
+                    ey[j] = ld_u16(y + (size_t)(4 * g + j) * ys) * 0x0001000100010001ull;
+                    es[j] = ld_u16(y + (size_t)(4 * g + j) * ys + 2) * 0x0001000100010001ull;
+                }
+                K_UNROLL
+                for (int p = 0; p < 2; p++) {
+                    const __m256 dxy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[2 * p + 1], (long long)h[2 * p])),
+                                                     _mm256_cvtph_ps(_mm_set_epi64x((long long)ey[2 * p + 1], (long long)ey[2 * p])));
+                    const __m256 msy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)hm[2 * p + 1], (long long)hm[2 * p])),
+                                                     _mm256_cvtph_ps(_mm_set_epi64x((long long)es[2 * p + 1], (long long)es[2 * p])));
+                    const __m256i is = p ? is23 : is01;
+                    acc[2 * p] = _mm256_add_pd(acc[2 * p], _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy)),
+                                                                           _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)),
+                                                                           _mm256_cvtps_pd(_mm256_castps256_ps128(msy))));
+                    acc[2 * p + 1] = _mm256_add_pd(acc[2 * p + 1], _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy, 1)),
+                                                                                   _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1)),
+                                                                                   _mm256_cvtps_pd(_mm256_extractf128_ps(msy, 1))));
+                }
+                continue;
             }
             // the side data's scales: each block's four times, in [block][row] order
             const __m256 dxy01 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0])),
@@ -9412,9 +9460,13 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
         double a[K_BLOCK_LANES][4]; // [lane][row]
         for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[l]);
         for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
-            const uint8_t *yc = y + (size_t)c * K_Q8_0_SIZE;
+            const uint8_t *yc = y + (size_t)c * ys;
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)c * xs;
+                if (one) {
+                    a[c % 4][r] += k_no_fuse(k_w1_term_scalar(type, xb, yc));
+                    continue;
+                }
                 int32_t isum = k_w32_isum_avx2(type, k_w32_dot_avx2(type, k_w32_unpack_avx2(type, xb), yc));
                 a[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
             }
@@ -9428,6 +9480,8 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
 K_DEF_GEMV1(K_AVX2, k_gemv1_q4_0_avx2, k_gemv1_avx2, T_Q4_0)
 K_DEF_GEMV1(K_AVX2, k_gemv1_q5_0_avx2, k_gemv1_avx2, T_Q5_0)
 K_DEF_GEMV1(K_AVX2, k_gemv1_q8_0_avx2, k_gemv1_avx2, T_Q8_0)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q4_1_avx2, k_gemv1_avx2, T_Q4_1)
+K_DEF_GEMV1(K_AVX2, k_gemv1_q5_1_avx2, k_gemv1_avx2, T_Q5_1)
 
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
 // A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
@@ -11153,6 +11207,93 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
         k_gemv1_store(lanes, s, w, nw);
     }
 }
+
+// k_gemv1_fn for Q4_1 and Q5_1 (type), against Q8_1: four weight rows and four blocks a step, as
+// k_gemv1_avx512's Q8_0 path. A vector holds two blocks of a row: each block's 16 quant bytes in
+// two 128-bit lanes, shifted by 0 and 4 in 64-bit lanes and masked, so its 32 values are in value
+// order (Q5_1: its qh, bit i for value i, is the byte mask that adds 16), against the activation's
+// two blocks of 32 quants. vpdpbusd leaves each block's products in eight int32 lanes, added to
+// four and transposed to [block][row] sums (isum < 2^16). The term is the reference's
+// dx * dy * isum + mx * sy, both products exact (dx * dy and mx * sy are exact in float: two fp16
+// values each), with one rounding (one FMA), then added to lane b % 4 of each row.
+K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                        int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_1 || type == T_Q5_1));
+    (void)side;
+    const bool five = type == T_Q5_1;
+    const size_t xs = five ? K_Q5_1_SIZE : K_Q4_1_SIZE, qo = five ? 8 : 4;
+    const int64_t nb = n / 32, ng = nb / 4;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), c16 = _mm512_set1_epi8(16), z = _mm512_setzero_si512();
+    const __m512i shv = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0); // 128-bit lanes: low nibbles, high, low, high
+    for (int w = w0; w < w1; w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *yb = y + (size_t)g * 4 * K_Q8_1_SIZE;
+            const __m512i a01 = k_cat256(yb + 4, yb + 40), a23 = k_cat256(yb + 76, yb + 112);
+            uint64_t hd[4], hm[4]; // block j's d and m of the four rows
+            K_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const size_t o = (size_t)(4 * g + j) * xs;
+                hd[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
+                hm[j] = k_f16x4_bits(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2);
+            }
+            __m512i rs[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
+                k_prefetch_ahead(xb + 64, K_GEMV1_PF);
+                __m512i v[2];
+                K_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *b0 = xb + 2 * h * xs, *b1 = b0 + xs;
+                    const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(k_load128(b0 + qo))),
+                                                           _mm256_broadcastsi128_si256(k_load128(b1 + qo)), 1);
+                    __m512i q = _mm512_and_si512(_mm512_srlv_epi64(raw, shv), m4);
+                    if (five) {
+                        const __mmask64 k = _cvtu64_mask64((uint64_t)ld_u32(b0 + 4) | (uint64_t)ld_u32(b1 + 4) << 32);
+                        q = _mm512_mask_add_epi8(q, k, q, c16);
+                    }
+                    v[h] = _mm512_dpbusd_epi32(z, q, h ? a23 : a01);
+                }
+                // 256-bit halves (b0, b1), (b2, b3): their 128-bit lanes added to b0, b1, b2, b3
+                rs[r] = _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], 0x88), _mm512_shuffle_i64x2(v[0], v[1], 0xdd));
+            }
+            uint64_t ey[4], es[4]; // the activation's block j d and s, each four times
+            K_UNROLL
+            for (int j = 0; j < 4; j++) {
+                ey[j] = ld_u16(yb + (size_t)j * K_Q8_1_SIZE) * 0x0001000100010001ull;
+                es[j] = ld_u16(yb + (size_t)j * K_Q8_1_SIZE + 2) * 0x0001000100010001ull;
+            }
+            const __m512i is = k_sum4_lanes_avx512(rs); // [block][row]
+            const __m512 dy = _mm512_cvtph_ps(_mm256_set_epi64x((long long)ey[3], (long long)ey[2], (long long)ey[1], (long long)ey[0]));
+            const __m512 sy = _mm512_cvtph_ps(_mm256_set_epi64x((long long)es[3], (long long)es[2], (long long)es[1], (long long)es[0]));
+            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set_epi64x((long long)hd[3], (long long)hd[2], (long long)hd[1], (long long)hd[0])), dy);
+            const __m512 msy = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set_epi64x((long long)hm[3], (long long)hm[2], (long long)hm[1], (long long)hm[0])), sy);
+            const __m512d t01 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dxy)), _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)),
+                                                _mm512_cvtps_pd(_mm512_castps512_ps256(msy)));
+            const __m512d t23 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1))),
+                                                _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)),
+                                                _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(msy), 1))));
+            acc01 = _mm512_add_pd(acc01, t01);
+            acc23 = _mm512_add_pd(acc23, t23);
+        }
+        double acc[4][4]; // [lane][row]
+        _mm512_storeu_pd(acc[0], acc01);
+        _mm512_storeu_pd(acc[2], acc23);
+        for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one, as the reference
+            const uint8_t *yc = y + (size_t)c * K_Q8_1_SIZE;
+            for (int r = 0; r < 4; r++) acc[c % 4][r] += k_no_fuse(k_w1_term_scalar(type, xr[r] + (size_t)c * xs, yc));
+        }
+        const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
+                                              _mm256_loadu_pd(acc[3])};
+        k_gemv1_store(lanes, s, w, nw);
+    }
+}
+K_DEF_GEMV1(K_AVX512, k_gemv1_q4_1_avx512, k_gemv1_w1_avx512, T_Q4_1)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q5_1_avx512, k_gemv1_w1_avx512, T_Q5_1)
 
 // k_gemv1_fn for Q4_K: four weight rows a block (256 values), the activation's parts shared by
 // them. A row's 128 bytes of quants are two 512-bit vectors whose low and high nibbles are
@@ -13607,13 +13748,15 @@ static inline int32x4_t k_hsum4_neon(const int32x4_t t[4]) {
     return vpaddq_s32(vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3]));
 }
 
-// 32-value blocks (Q4_0, Q5_0, Q8_0): block b's term of each row into acc (one lane's pair).
+// 32-value blocks (Q4_0, Q5_0, Q8_0; Q4_1, Q5_1 against Q8_1, whose block b has the sum term sy):
+// block b's term of each row into acc (one lane's pair).
 K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const xr[4], size_t xs, int64_t b,
-                                           const uint8_t *y, double dy, float64x2_t acc[2]) {
-    const int8x16_t a0 = vld1q_s8((const int8_t *)(y + (size_t)b * K_Q8_0_SIZE + 2));
-    const int8x16_t a1 = vld1q_s8((const int8_t *)(y + (size_t)b * K_Q8_0_SIZE + 18));
+                                           const uint8_t *y, double dy, double sy, float64x2_t acc[2]) {
+    const bool one = type == T_Q4_1 || type == T_Q5_1;
+    const uint8_t *yb = y + (size_t)b * (one ? K_Q8_1_SIZE : K_Q8_0_SIZE) + (one ? 4 : 2);
+    const int8x16_t a0 = vld1q_s8((const int8_t *)yb), a1 = vld1q_s8((const int8_t *)(yb + 16));
     int32x4_t t[4];
-    float dx[4];
+    float dx[4], mx[4];
     K_UNROLL
     for (int r = 0; r < 4; r++) {
         const uint8_t *xb = xr[r] + (size_t)b * xs;
@@ -13621,8 +13764,18 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
         k_w32_neon(type, xb, &lo, &hi);
         t[r] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), lo, a0), hi, a1);
         dx[r] = k_f16_neon(xb);
+        mx[r] = one ? k_f16_neon(xb + 2) : 0.0f;
     }
     const int32x4_t is = k_hsum4_neon(t);
+    if (one) { // reference: dx * dy * isum + mx * sy, both products exact: one FMA rounds their sum
+        K_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const float64x2_t ms = vmulq_n_f64(vcvt_f64_f32(vld1_f32(mx + 2 * h)), sy);
+            const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
+            acc[h] = vaddq_f64(acc[h], vfmaq_f64(ms, vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dy), isd));
+        }
+        return;
+    }
     // reference: (double)dx * (double)dy * (double)isum, exact (11 + 11 + 19 bits): one FMA
     // rounds the sum as the reference's addition does
     acc[0] = vfmaq_f64(acc[0], vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx)), dy), vcvtq_f64_s64(vmovl_s32(vget_low_s32(is))));
@@ -13631,10 +13784,12 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
 
 K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                         int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
-    const size_t xs = type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE : K_Q8_0_SIZE;
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 &&
+               (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_1 || type == T_Q5_1));
+    const size_t xs = type_table[type].type_size;
     const int64_t nb = n / 32;
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
+    const double *sy = type == T_Q4_1 || type == T_Q5_1 ? dy + nb : dy; // Q8_1's sum terms (k_act_side); unused else
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -13644,13 +13799,13 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
         int64_t b = 0;
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
             K_UNROLL
-            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(type, xr, xs, b + l, y, dy[b + l], acc[l]);
+            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(type, xr, xs, b + l, y, dy[b + l], sy[b + l], acc[l]);
         }
         for (; b < nb; b++) {
             switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
-            case 0: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[0]); break;
-            case 1: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[1]); break;
-            default: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], acc[2]); break; // at most three are left
+            case 0: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], sy[b], acc[0]); break;
+            case 1: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], sy[b], acc[1]); break;
+            default: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], sy[b], acc[2]); break; // at most three are left
             }
         }
         k_gemv1_store_neon(acc, s, w, nw);
@@ -13831,6 +13986,8 @@ K_DEF_GEMV1(K_DOTPROD, k_gemv1_q6_k_dotprod, k_gemv1_kq16_dotprod, T_Q6_K)
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_0_dotprod, k_gemv1_32_neon, T_Q4_0)
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_0_dotprod, k_gemv1_32_neon, T_Q5_0)
 K_DEF_GEMV1(K_DOTPROD, k_gemv1_q8_0_dotprod, k_gemv1_32_neon, T_Q8_0)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_1_dotprod, k_gemv1_32_neon, T_Q4_1)
+K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_1_dotprod, k_gemv1_32_neon, T_Q5_1)
 
 // ---- NEON: packing GEMM panels ------------------------------------------------------------------
 // k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
@@ -14343,6 +14500,8 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         t[T_Q4_K].gemv1 = k_gemv1_q4_k_dotprod;
         t[T_Q5_K].gemv1 = k_gemv1_q5_k_dotprod;
         t[T_Q2_K].gemv1 = k_gemv1_q2_k_dotprod;
+        t[T_Q4_1].gemv1 = k_gemv1_q4_1_dotprod;
+        t[T_Q5_1].gemv1 = k_gemv1_q5_1_dotprod;
         t[T_Q3_K].gemv1 = k_gemv1_q3_k_dotprod;
         t[T_Q6_K].gemv1 = k_gemv1_q6_k_dotprod;
     }
@@ -14508,6 +14667,8 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx2;
     t[T_Q5_K].gemv1 = k_gemv1_q5_k_avx2;
     t[T_Q2_K].gemv1 = k_gemv1_q2_k_avx2;
+    t[T_Q4_1].gemv1 = k_gemv1_q4_1_avx2;
+    t[T_Q5_1].gemv1 = k_gemv1_q5_1_avx2;
     t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
@@ -14563,6 +14724,8 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx512;
     t[T_Q5_K].gemv1 = k_gemv1_q5_k_avx512;
     t[T_Q2_K].gemv1 = k_gemv1_q2_k_avx512;
+    t[T_Q4_1].gemv1 = k_gemv1_q4_1_avx512;
+    t[T_Q5_1].gemv1 = k_gemv1_q5_1_avx512;
     t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
 }
