@@ -11219,12 +11219,31 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
 K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                         int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_1 || type == T_Q5_1));
-    (void)side;
     const bool five = type == T_Q5_1;
     const size_t xs = five ? K_Q5_1_SIZE : K_Q4_1_SIZE, qo = five ? 8 : 4;
     const int64_t nb = n / 32, ng = nb / 4;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n)); // then the sum terms s (k_act_side)
     const __m512i m4 = _mm512_set1_epi8(0x0f), c16 = _mm512_set1_epi8(16), z = _mm512_setzero_si512();
     const __m512i shv = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0); // 128-bit lanes: low nibbles, high, low, high
+    const __m512i rep4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    // the rows' block scales d and minimums m, from each row's bytes (xb and Q5_1's xb + 32): per
+    // row, block j's d and m to words 2j, 2j + 1 (iw: Q4_1's at words 10j, 10j + 1 of the first;
+    // Q5_1's at 12j, 12j + 1 of both, word w >= 32 being the second's w - 16); then two rows' to [block][row]
+    // order, d at word 4j + r and m at 16 + 4j + r (idm: rows r and r + 1 from two rows' words)
+    __m512i iw, idm;
+    {
+        uint16_t a[32] = {0}, b[32];
+        for (int q = 0; q < 8; q++) {
+            int wd = (five ? 12 : 10) * (q / 2) + q % 2;
+            a[q] = (uint16_t)(wd < 32 ? wd : 32 + wd - 16);
+        }
+        for (int p = 0; p < 32; p++) { // word p: block j, row r (0 or 1; 2 and 3 are blended), d or m
+            int j = (p % 16) / 4, r = p % 2, mm = p / 16;
+            b[p] = (uint16_t)(32 * r + 2 * j + mm);
+        }
+        iw = _mm512_loadu_si512(a);
+        idm = _mm512_loadu_si512(b);
+    }
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -11232,19 +11251,15 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, con
         for (int64_t g = 0; g < ng; g++) {
             const uint8_t *yb = y + (size_t)g * 4 * K_Q8_1_SIZE;
             const __m512i a01 = k_cat256(yb + 4, yb + 40), a23 = k_cat256(yb + 76, yb + 112);
-            uint64_t hd[4], hm[4]; // block j's d and m of the four rows
-            K_UNROLL
-            for (int j = 0; j < 4; j++) {
-                const size_t o = (size_t)(4 * g + j) * xs;
-                hd[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
-                hm[j] = k_f16x4_bits(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2);
-            }
-            __m512i rs[4];
+            __m512i rs[4], hw[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
                 k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
                 k_prefetch_ahead(xb + 64, K_GEMV1_PF);
+                __m512i h0 = _mm512_loadu_si512(xb), h1 = _mm512_loadu_si512(xb + (five ? 32 : 16)); // (within the step's bytes)
+                k_loaded2(&h0, &h1);
+                hw[r] = _mm512_permutex2var_epi16(h0, iw, h1);
                 __m512i v[2];
                 K_UNROLL
                 for (int h = 0; h < 2; h++) {
@@ -11261,17 +11276,14 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, con
                 // 256-bit halves (b0, b1), (b2, b3): their 128-bit lanes added to b0, b1, b2, b3
                 rs[r] = _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], 0x88), _mm512_shuffle_i64x2(v[0], v[1], 0xdd));
             }
-            uint64_t ey[4], es[4]; // the activation's block j d and s, each four times
-            K_UNROLL
-            for (int j = 0; j < 4; j++) {
-                ey[j] = ld_u16(yb + (size_t)j * K_Q8_1_SIZE) * 0x0001000100010001ull;
-                es[j] = ld_u16(yb + (size_t)j * K_Q8_1_SIZE + 2) * 0x0001000100010001ull;
-            }
             const __m512i is = k_sum4_lanes_avx512(rs); // [block][row]
-            const __m512 dy = _mm512_cvtph_ps(_mm256_set_epi64x((long long)ey[3], (long long)ey[2], (long long)ey[1], (long long)ey[0]));
-            const __m512 sy = _mm512_cvtph_ps(_mm256_set_epi64x((long long)es[3], (long long)es[2], (long long)es[1], (long long)es[0]));
-            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set_epi64x((long long)hd[3], (long long)hd[2], (long long)hd[1], (long long)hd[0])), dy);
-            const __m512 msy = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set_epi64x((long long)hm[3], (long long)hm[2], (long long)hm[1], (long long)hm[0])), sy);
+            // d in words 0-15, m in 16-31, [block][row]
+            const __m512i dm = _mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(hw[0], idm, hw[1]),
+                                                       _mm512_permutex2var_epi16(hw[2], idm, hw[3]));
+            const __m512 dy = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm256_cvtpd_ps(_mm256_loadu_pd(dys + 4 * g))));
+            const __m512 sy = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm256_cvtpd_ps(_mm256_loadu_pd(dys + nb + 4 * g))));
+            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), dy);
+            const __m512 msy = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), sy);
             const __m512d t01 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dxy)), _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)),
                                                 _mm512_cvtps_pd(_mm512_castps512_ps256(msy)));
             const __m512d t23 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1))),
