@@ -9022,9 +9022,10 @@ static inline double k_w1_term_scalar(uint32_t type, const uint8_t *x, const uin
     return (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum + (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
 }
 
-// How far ahead (bytes) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the Q4_K and Q6_K
-// ones; measured with the AVX-512 kernels) prefetch each of their four row streams into the
-// level-2 cache, a prefetch per step of each stream (per 64 bytes of the k-quants' blocks). The
+// How far ahead (bytes) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the others of every
+// type; measured with the AVX-512 Q4_0, Q5_0, Q8_0, Q4_K and Q6_K kernels) prefetch each of their
+// four row streams into the level-2 cache, a prefetch per step of each stream (per 64 bytes of
+// the k-quants' blocks). The
 // hardware prefetchers alone leave these kernels waiting on memory:
 // measured on Zen 5, one thread, rows from memory, Q4_0 rows of 896 values 35 -> 41 GB/s in 1.2
 // MB calls (a generation thread's share of a qwen2-0.5b feed-forward matrix) and 38 -> 43 in one
@@ -9424,21 +9425,22 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                 const size_t o = (size_t)(4 * g + j) * xs;
                 h[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
             }
-            if (one) { // dx * dy * isum + mx * sy, the activation's d and s each four times
-                uint64_t hm[4], ey[4], es[4];
+            if (one) { // dx * dy * isum + mx * sy, the activation's d and s (side data: doubles) each four times
+                uint64_t hm[4];
                 K_UNROLL
                 for (int j = 0; j < 4; j++) {
                     const size_t o = (size_t)(4 * g + j) * xs + 2;
                     hm[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
-                    ey[j] = ld_u16(y + (size_t)(4 * g + j) * ys) * 0x0001000100010001ull;
-                    es[j] = ld_u16(y + (size_t)(4 * g + j) * ys + 2) * 0x0001000100010001ull;
                 }
+                const __m256 dy4 = _mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(dy + 4 * g)));
+                const __m256 sy4 = _mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(dy + nb + 4 * g)));
                 K_UNROLL
                 for (int p = 0; p < 2; p++) {
+                    const __m256i sp = p ? spread23 : spread01;
                     const __m256 dxy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[2 * p + 1], (long long)h[2 * p])),
-                                                     _mm256_cvtph_ps(_mm_set_epi64x((long long)ey[2 * p + 1], (long long)ey[2 * p])));
+                                                     _mm256_permutevar8x32_ps(dy4, sp));
                     const __m256 msy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)hm[2 * p + 1], (long long)hm[2 * p])),
-                                                     _mm256_cvtph_ps(_mm_set_epi64x((long long)es[2 * p + 1], (long long)es[2 * p])));
+                                                     _mm256_permutevar8x32_ps(sy4, sp));
                     const __m256i is = p ? is23 : is01;
                     acc[2 * p] = _mm256_add_pd(acc[2 * p], _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy)),
                                                                            _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)),
@@ -11435,91 +11437,32 @@ K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 // and vpdpwssd weights vpmaddubsw's int16 pairs (|pair| <= 2 * 63 * 128) by the scale of each
 // 16 values (one per 128-bit lane); the offset comes off per block through the activation's sums
 // of 16 (side data), 32 * sum_k scale_k * sum_k, as k_wk_off_avx2 does it.
-K_AVX512 static void k_gemv1_q6_k_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                         const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+// Q2_K and Q3_K (type) the same way: vector v (values 64v .. 64v + 63) is chunks 2v and 2v + 1
+// of 32 values (k_unpack_q2_k, k_unpack_q3_k: value 128h + 32j + l has bits 2j of qs[32h + l],
+// Q3_K its third bit from bit 4h + j of hmask[l]), from the 32 bytes of its half of qs in both
+// halves of the vector shifted a count per half (Q3_K's third bits the same way from hmask, or-ed
+// in with vpternlogd); Q3_K's quants stay unsigned (q + 4) and its offset comes off as Q6_K's,
+// Q2_K's minimums against the stored bsums give msum. Terms: the reference's dx * dy * isum,
+// Q2_K's dy * (dx * isum - dmin * msum).
+K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                          int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
+    const bool six = type == T_Q6_K, three = type == T_Q3_K;
+    const size_t bsize = type_table[type].type_size, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    // qh bits 2k of value 32k + l to bits 4-5: values 0-31 and 32-63 of a half (k = 0, 1) shift
-    // left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    // Q6_K: qh bits 2k of value 32k + l to bits 4-5: values 0-31 and 32-63 of a half (k = 0, 1)
+    // shift left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    __m512i pick[4]; // vector v of a block (values 64v...): in 128-bit lane l, the scale of 16 values 4v + l
-    for (int v = 0; v < 4; v++) {
-        uint16_t w[32];
-        for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * v + i / 8);
-        pick[v] = _mm512_loadu_si512(w);
-    }
-    for (int w = w0; w < w1; w++) {
-        const uint8_t *xr[4];
-        k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *a = y + (size_t)b * K_Q8_K_SIZE + 4;
-            const __m256i sums = k_load256(side + 32 * b);
-            __m256i iv[4];
-            K_UNROLL
-            for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * K_Q6_K_SIZE;
-                for (size_t o = 0; o < K_Q6_K_SIZE; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210 bytes: 4 lines
-                const __m256i sc16 = _mm256_cvtepi8_epi16(k_load128(xb + 192));
-                const __m512i scz = _mm512_castsi256_si512(sc16);
-                __m512i t = _mm512_setzero_si512();
-                K_UNROLL
-                for (int h = 0; h < 2; h++) {
-                    const __m512i ql = _mm512_loadu_si512(xb + 64 * h);
-                    const __m512i qh = _mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h));
-                    const __m512i qa = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
-                    const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                                       _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
-                    t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(qa, _mm512_loadu_si512(a + 128 * h)),
-                                            _mm512_permutexvar_epi16(pick[2 * h], scz));
-                    t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(qb, _mm512_loadu_si512(a + 128 * h + 64)),
-                                            _mm512_permutexvar_epi16(pick[2 * h + 1], scz));
-                }
-                // |32 * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27
-                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5);
-                iv[r] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1)), corr);
-            }
-            __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
-            __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + (size_t)b * K_Q6_K_SIZE + 208, xr[1] + (size_t)b * K_Q6_K_SIZE + 208,
-                                                      xr[2] + (size_t)b * K_Q6_K_SIZE + 208, xr[3] + (size_t)b * K_Q6_K_SIZE + 208));
-            // the reference: (double)d * (double)dy * (double)isum
-            __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
-            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
-        }
-        k_gemv1_store(acc, s, w, nw);
-    }
-}
-
-// k_gemv1_fn for Q2_K and Q3_K (type), as the Q6_K one: four weight rows a block. Vector v
-// (values 64v .. 64v + 63) is chunks 2v and 2v + 1 of 32 values (k_unpack_q2_k, k_unpack_q3_k:
-// value 128h + 32j + l has bits 2j of qs[32h + l], Q3_K its third bit from bit 4h + j of
-// hmask[l]), from the 32 bytes of its half of qs in both halves of the vector shifted by
-// 16-bit lanes a count per half; the quants stay unsigned (Q3_K: q + 4, 0..7) and vpdpwssd
-// weights vpmaddubsw's int16 pairs (|pair| <= 2 * 7 * 128) by the scale of each 16 values (one
-// per 128-bit lane). Q3_K's offset comes off per block through the activation's sums of 16
-// (side data), 4 * sum_k scale_k * sum_k; Q2_K's minimums against the stored bsums give msum.
-// Terms: the reference's dx * dy * isum (Q3_K) and dy * (dx * isum - dmin * msum) (Q2_K).
-K_AVX512 K_INLINE void k_gemv1_q23_k_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K));
-    const bool three = type == T_Q3_K;
-    const size_t bsize = three ? K_Q3_K_SIZE : K_Q2_K_SIZE, qo = three ? 32 : 16, od = three ? 108 : 80;
-    const int64_t nb = n / QK_K;
-    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4), m15 = _mm512_set1_epi8(15);
-    // the low bits of chunks (2v, 2v + 1), v even (odd): right by (0, 2) ((4, 6)); Q3_K's third
-    // bits of chunks (0, 1) left by (2, 1), of (2, 3), (4, 5), (6, 7) right by (0, 1), (2, 3), (4, 5)
+    // Q2_K, Q3_K: the low bits of chunks (2v, 2v + 1), v even (odd): right by (0, 2) ((4, 6)); Q3_K's
+    // third bits of chunks (0, 1) left by (2, 1), of (2, 3), (4, 5), (6, 7) right by (0, 1), (2, 3), (4, 5)
     const __m512i slo[2] = {_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
                             _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
-    __m512i shi[4];
-    for (int v = 0; v < 4; v++)
-        shi[v] = _mm512_inserti64x4(_mm512_set1_epi16((short)(v ? 2 * v - 2 : 2)), _mm256_set1_epi16((short)(v ? 2 * v - 1 : 1)), 1);
-    __m512i pick[4]; // vector v: in 128-bit lane l, the scale of 16 values 4v + l
+    __m512i shi[4], pick[4]; // pick: vector v's 128-bit lane l takes the scale of 16 values 4v + l
     for (int v = 0; v < 4; v++) {
+        shi[v] = _mm512_inserti64x4(_mm512_set1_epi16((short)(v ? 2 * v - 2 : 2)), _mm256_set1_epi16((short)(v ? 2 * v - 1 : 1)), 1);
         uint16_t w[32];
         for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * v + i / 8);
         pick[v] = _mm512_loadu_si512(w);
@@ -11531,62 +11474,76 @@ K_AVX512 K_INLINE void k_gemv1_q23_k_avx512(uint32_t type, int64_t n, float *s, 
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE, *a = yb + 4;
-            const __m256i sums = three ? k_load256(side + 32 * b) : k_load256(yb + 260); // Q2_K: the stored bsums
+            const __m256i sums = type == T_Q2_K ? k_load256(yb + 260) : k_load256(side + 32 * b); // Q2_K: the stored bsums
             __m256i iv[4], mv[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 84 or 110 bytes: 2 lines
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210, 110 or 84 bytes
                 __m256i sc16, mn16 = _mm256_setzero_si256();
-                if (three) {
+                if (six) {
+                    sc16 = _mm256_cvtepi8_epi16(k_load128(xb + 192));
+                } else if (three) {
                     sc16 = _mm256_cvtepi8_epi16(k_q3_k_scales_avx2(xb));
                 } else {
-                    const __m128i sm = k_load128(xb);
-                    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm512_castsi512_si128(m15)));
-                    mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm512_castsi512_si128(m15)));
+                    const __m128i sm = k_load128(xb), m15 = _mm_set1_epi8(15);
+                    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m15));
+                    mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m15));
                 }
                 const __m512i scz = _mm512_castsi256_si512(sc16);
                 const __m512i hm = three ? _mm512_broadcast_i64x4(k_load256(xb)) : _mm512_setzero_si512();
                 __m512i t = _mm512_setzero_si512();
                 K_UNROLL
                 for (int h = 0; h < 2; h++) {
-                    const __m512i qs = _mm512_broadcast_i64x4(k_load256(xb + qo + 32 * h));
-                    K_UNROLL
-                    for (int p = 0; p < 2; p++) {
-                        const int v = 2 * h + p;
-                        __m512i q = _mm512_and_si512(_mm512_srlv_epi16(qs, slo[p]), m3);
-                        if (three) {
-                            const __m512i f = v ? _mm512_srlv_epi16(hm, shi[v]) : _mm512_sllv_epi16(hm, shi[v]);
-                            q = _mm512_ternarylogic_epi32(q, f, m4, 0xF8); // q | (f & 4)
+                    __m512i qv[2];
+                    if (six) {
+                        const __m512i ql = _mm512_loadu_si512(xb + 64 * h);
+                        const __m512i qh = _mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h));
+                        qv[0] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+                        qv[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                                _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+                    } else {
+                        const __m512i qs = _mm512_broadcast_i64x4(k_load256(xb + qo + 32 * h));
+                        K_UNROLL
+                        for (int p = 0; p < 2; p++) {
+                            qv[p] = _mm512_and_si512(_mm512_srlv_epi16(qs, slo[p]), m3);
+                            if (three) {
+                                const int v = 2 * h + p;
+                                const __m512i f = v ? _mm512_srlv_epi16(hm, shi[v]) : _mm512_sllv_epi16(hm, shi[v]);
+                                qv[p] = _mm512_ternarylogic_epi32(qv[p], f, b2, 0xF8); // q | (f & 4)
+                            }
                         }
-                        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q, _mm512_loadu_si512(a + 64 * v)),
-                                                _mm512_permutexvar_epi16(pick[v], scz));
                     }
+                    K_UNROLL
+                    for (int p = 0; p < 2; p++)
+                        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(qv[p], _mm512_loadu_si512(a + 128 * h + 64 * p)),
+                                                _mm512_permutexvar_epi16(pick[2 * h + p], scz));
                 }
                 iv[r] = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
-                if (three) // |4 * sum_k scale_k * sum_k| <= 4 * 16 * 32 * 2048 = 2^22
-                    iv[r] = _mm256_sub_epi32(iv[r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 2));
-                else
-                    mv[r] = _mm256_madd_epi16(mn16, sums);
+                // |off * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27 (Q6_K)
+                if (type != T_Q2_K)
+                    iv[r] = _mm256_sub_epi32(iv[r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), six ? 5 : 2));
+                mv[r] = type == T_Q2_K ? _mm256_madd_epi16(mn16, sums) : _mm256_setzero_si256();
             }
             const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
             const size_t o = (size_t)b * bsize + od;
             const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
             __m256d t;
-            if (three) { // the reference: (double)d * (double)dy * (double)isum
-                t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
-            } else { // dy * (d * isum - dmin * msum)
+            if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
                 const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
                 const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
                 t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+            } else { // (double)d * (double)dy * (double)isum
+                t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
             }
             acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
         k_gemv1_store(acc, s, w, nw);
     }
 }
-K_DEF_GEMV1(K_AVX512, k_gemv1_q2_k_avx512, k_gemv1_q23_k_avx512, T_Q2_K)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q3_k_avx512, k_gemv1_q23_k_avx512, T_Q3_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q2_k_avx512, k_gemv1_kq16_avx512, T_Q2_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q3_k_avx512, k_gemv1_kq16_avx512, T_Q3_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q6_k_avx512, k_gemv1_kq16_avx512, T_Q6_K)
 
 K_DEF_GEMV1(K_AVX512, k_gemv1_q4_0_avx512, k_gemv1_avx512, T_Q4_0)
 K_DEF_GEMV1(K_AVX512, k_gemv1_q5_0_avx512, k_gemv1_avx512, T_Q5_0)
