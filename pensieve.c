@@ -8551,8 +8551,8 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          AVX2 set unpacks Q4_K too, into Q5_K's layout (k_panel_bytes4: phi4-mini pp64 +8-11 %
 //          on an Intel Xeon); the AVX-512 set's Q4_K prompts were 3-7 % slower so (twice the
 //          panel bytes, for half an operation a vector and row).
-//          The AVX-512 set groups the quants by eight instead (k_panel_g8: every panel type
-//          but Q4_1): 64-byte vector j has quants 8j..8j+7 of each row (Q4_K: quant bytes
+//          The AVX-512 set groups the quants by eight instead (k_panel_g8: every panel type;
+//          its Q4_1 panels are Q5_1's, k_panel_bytes4): 64-byte vector j has quants 8j..8j+7 of each row (Q4_K: quant bytes
 //          8j..8j+7 of its chunk), row r in bytes 8r..8r+7, so that one vpdpbusd takes eight
 //          values of each row against one broadcast of eight activation bytes
 //          (k_panel_regroup8 turns the four-value layout into it).
@@ -8703,18 +8703,23 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 }
 
 // Whether set `set` packs `type` in groups of eight quants (see "GEMM panels").
-PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
-    return (set == K_SET_AVX512 || set == K_SET_AMX) && (type_table[type].blck_size == QK_K || !k_panel_nibbles(type));
-}
-
-// Whether set `set` packs Q4_K's quants as bytes, one value each, in Q5_K's panel layout (the
-// AVX2 set: its vpmaddubsw takes the bytes as they are, where splitting the nibbles in the kernel
-// cost three operations a panel vector for every two activation rows), and the layout a set's
-// panel of `type` has, as a type.
+// Whether set `set` packs a 4-bit type's quants as bytes, one value each, in the panel layout of
+// the 5-bit type beside it, and the layout a set's panel of `type` has, as a type: the AVX2 sets'
+// Q4_K in Q5_K's (their vpmaddubsw takes the bytes as they are, where splitting the nibbles in
+// the kernel cost three operations a panel vector for every two activation rows), the AVX-512
+// sets' Q4_1 in Q5_1's, which the Q5_1 kernel then computes (bench_simd gemmR 0.0060 -> 0.0042 ns
+// a value and row on Zen 5, the nibbles' layout having no groups of eight).
 PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
-    return (set == K_SET_AVX2 || set == K_SET_AVXVNNI) && type == T_Q4_K;
+    return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI) && type == T_Q4_K) ||
+           ((set == K_SET_AVX512 || set == K_SET_AMX) && type == T_Q4_1);
 }
-PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) { return k_panel_bytes4(set, type) ? T_Q5_K : type; }
+PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) {
+    return k_panel_bytes4(set, type) ? (type == T_Q4_K ? T_Q5_K : T_Q5_1) : type;
+}
+PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
+    return (set == K_SET_AVX512 || set == K_SET_AMX) &&
+           (type_table[type].blck_size == QK_K || !k_panel_nibbles(k_panel_layout(set, type)));
+}
 
 // Whether set `set`'s k-quant panels hold each sub-block scale in both int16 halves of its int32
 // lane (the AVX2 set: vpmaddwd's factor as it is, where making it cost three operations a scale
@@ -10017,7 +10022,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 x[r] = r < nw ? xb + (size_t)r * ws : zero4;
                 if (r >= nw) continue;
                 if (type == T_Q8_0) v[r] = _mm256_xor_si256(k_load256(x[r] + 2), _mm256_set1_epi8((char)0x80));
-                else if (!k_panel_nibbles(type)) v[r] = k_w32_unpack_avx2(type, x[r]).a;
+                else if (!k_panel_nibbles(lt)) v[r] = k_w32_unpack_avx2(type, x[r]).a;
             }
             // the scales straight into the panel as doubles (floats through memory would stall
             // on store forwarding)
@@ -10028,7 +10033,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 _mm256_storeu_pd((double *)(void *)(pb + dxo + 64 * k), _mm256_cvtps_pd(lo));
                 _mm256_storeu_pd((double *)(void *)(pb + dxo + 64 * k + 32), _mm256_cvtps_pd(hi));
             }
-            if (k_panel_nibbles(type)) { // rows r and r + 4 in one vector, then a 4 x 4 transpose per half
+            if (k_panel_nibbles(lt)) { // rows r and r + 4 in one vector, then a 4 x 4 transpose per half
                 const size_t qo = type == T_Q4_0 ? 2 : 4;
                 __m256i a[4], t[4];
                 K_UNROLL
@@ -10125,6 +10130,7 @@ K_DEF_PACKV(q6_k, T_Q6_K)
         k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX512);                                         \
     }
 K_DEF_PACK8(q4_0, T_Q4_0)
+K_DEF_PACK8(q4_1, T_Q4_1) // in Q5_1's layout (k_panel_bytes4)
 K_DEF_PACK8(q5_0, T_Q5_0)
 K_DEF_PACK8(q5_1, T_Q5_1)
 K_DEF_PACK8(q8_0, T_Q8_0)
@@ -11952,7 +11958,6 @@ K_AVX512 K_INLINE void k_gemm_core_avx512(uint32_t type, int R, int64_t n, const
                 k_gemm_core_avx512(type, 1, n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, out + r, nw, pf); \
     }
 K_DEF_GEMM(q4_0, T_Q4_0, K_GEMM_ROWS_AVX512)
-K_DEF_GEMM(q4_1, T_Q4_1, K_GEMM_ROWS_AVX512)
 K_DEF_GEMM(q5_0, T_Q5_0, K_GEMM_ROWS_AVX512)
 K_DEF_GEMM(q5_1, T_Q5_1, K_GEMM_ROWS_AVX512)
 K_DEF_GEMM(q8_0, T_Q8_0, K_GEMM_ROWS_AVX512)
@@ -14675,7 +14680,7 @@ static void k_fill_avx512(k_traits *t) {
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
     static const k_gemm_entry gemms[] = {
-        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx512, k_pack_q4_1_avx2},
+        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx2}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
         {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
         {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx2},

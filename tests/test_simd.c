@@ -299,11 +299,14 @@ static void st_check_gemm(k_set set) {
             const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
             const int P = sk->panel_rows; // the set's panel width
             CHECK(P == K_PANEL || (set == K_SET_AMX && P == 16));
-            uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow), *panel = malloc(k_panel_size(wt, n)),
+            // the panel of the portable packer (of Q5_1 for a set that packs Q4_1 so: k_panel_layout)
+            const bool q41as51 = wt == T_Q4_1 && k_panel_layout(set, wt) == T_Q5_1;
+            uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow),
+                    *panel = malloc(k_panel_size(q41as51 ? T_Q5_1 : wt, n)), *x51 = malloc(st_row_bytes(T_Q5_1, n) * (size_t)P),
                     *want = malloc(pz), *panel2 = malloc(pz);
             const size_t ss = k_act_side_stride(sk, n, true);
             uint8_t *sides = malloc(ss * nrow), *grp = malloc(k_act_vnni_size(n));
-            PSV_ASSERT(x && y && panel && want && panel2 && sides && grp);
+            PSV_ASSERT(x && y && panel && x51 && want && panel2 && sides && grp);
             int reps = n >= 4096 ? 4 : 12;
             for (int rep = 0; rep < reps; rep++) {
                 bool wild = rep % 5 == 4;
@@ -316,8 +319,22 @@ static void st_check_gemm(k_set set) {
                     k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, sides + (size_t)r * ss, false);
                     if (sk->side_w16) k_act_side_w16(y + (size_t)r * ys, n, sides + (size_t)r * ss);
                 }
-                if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
-                if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
+                if (q41as51) { // the same rows as Q5_1 blocks (d, m, qh = 0, the quant bytes), packed so
+                    const size_t xs51 = st_row_bytes(T_Q5_1, n);
+                    for (int i = 0; i < nw; i++)
+                        for (int64_t b = 0; b < n / 32; b++) {
+                            const uint8_t *src = x + (size_t)i * xs + (size_t)b * K_Q4_1_SIZE;
+                            uint8_t *dst = x51 + (size_t)i * xs51 + (size_t)b * K_Q5_1_SIZE;
+                            memcpy(dst, src, 4);
+                            memset(dst + 4, 0, 4);
+                            memcpy(dst + 8, src + 4, 16);
+                        }
+                    k_panel_pack(T_Q5_1, n, x51, xs51, nw, panel);
+                    k_panel_regroup8(T_Q5_1, n, panel);
+                } else {
+                    if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
+                    if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
+                }
                 if (P != K_PANEL) { // the amx set's: 16 rows (k-quants: the quants times parts of their scales)
 #if defined(PSV_AMX)
                     CHECK((wt == T_Q2_K && pz == (size_t)(n / QK_K) * K_AMX_BLK(1)) ||
@@ -330,6 +347,9 @@ static void st_check_gemm(k_set set) {
                     else if (wt == T_Q3_K || wt == T_Q6_K) k_panel_pack_amx6(wt, n, x, xs, nw, want);
                     else k_panel_pack_amx0(wt, n, x, xs, nw, want);
 #endif
+                } else if (q41as51) { // the AVX-512 sets' Q4_1: Q5_1's (above)
+                    CHECK(pz == k_panel_size(T_Q5_1, n));
+                    memcpy(want, panel, pz);
                 } else if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
                     CHECK(pz == k_panel_size(T_Q5_K, n));
                     k_panel_split4(n, panel, want);
@@ -380,6 +400,7 @@ static void st_check_gemm(k_set set) {
             }
             free(x);
             free(y);
+            free(x51);
             free(panel);
             free(want);
             free(panel2);
