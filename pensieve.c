@@ -18124,9 +18124,10 @@ static psv_status bench_prober_measure(bench_prober *p, int n_threads, double *o
 // ---- the benchmark ----
 
 typedef struct {
-    char name[24];
+    char name[32];
     bool gen;
     int64_t n, threads, seqs; // seqs: sequences generated together (tg; 1 otherwise)
+    int64_t depth;            // tokens already in the KV cache when the test starts (-d)
     int reps;
     double *secs;          // reps
     double tps_mean, tps_sd;
@@ -18136,8 +18137,8 @@ typedef struct {
 
 typedef struct {
     const char *path;
-    int64_t p[BENCH_MAX_LIST], n[BENCH_MAX_LIST], t[BENCH_MAX_LIST], s[BENCH_MAX_LIST];
-    int np, nn, nt, ns, reps;
+    int64_t p[BENCH_MAX_LIST], n[BENCH_MAX_LIST], t[BENCH_MAX_LIST], s[BENCH_MAX_LIST], d[BENCH_MAX_LIST];
+    int np, nn, nt, ns, nd, reps;
     bool json, membw, warmup;
     psv_kv_type kv_type;
 } bench_opts;
@@ -18187,13 +18188,27 @@ static int32_t bench_argmax(const float *l, int64_t n) {
     return (int32_t)best;
 }
 
-static void bench_print_row(const bench_model *bm, const bench_test *t, const char *kernels) {
+// The test column's width: 6, or as wide as the longest name with a depth (llama-bench's
+// "tg128 @ d4096").
+static int bench_name_width(const bench_opts *o) {
+    int64_t d = 0, v = 0, sq = 1;
+    for (int i = 0; i < o->nd; i++) d = PSV_MAX(d, o->d[i]);
+    for (int i = 0; i < o->np; i++) v = PSV_MAX(v, o->p[i]);
+    for (int i = 0; i < o->nn; i++) v = PSV_MAX(v, o->n[i]);
+    for (int i = 0; i < o->ns; i++) sq = PSV_MAX(sq, o->s[i]);
+    if (d == 0) return 6;
+    char b[96];
+    if (sq > 1) return snprintf(b, sizeof b, "tg%" PRId64 "x%" PRId64 " @ d%" PRId64, v, sq, d);
+    return snprintf(b, sizeof b, "tg%" PRId64 " @ d%" PRId64, v, d);
+}
+
+static void bench_print_row(const bench_model *bm, const bench_test *t, const char *kernels, int name_width) {
     char b1[32], b2[32], r[24] = "", tps[48];
     if (t->gen && t->bw > 0) snprintf(r, sizeof r, "%.1f %%", 100.0 * t->tps_mean * t->bytes_per_token / t->bw);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", t->tps_mean, t->tps_sd);
-    printf("| %-6s | %10s | %9s | %-7s | %7" PRId64 " | %6s | %19s | %8s |\n", bm->arch,
-           tools_bytes(b1, (double)bm->model_bytes), tools_count(b2, (double)bm->params), kernels, t->threads, t->name,
-           tps, r);
+    printf("| %-6s | %10s | %9s | %-7s | %7" PRId64 " | %*s | %19s | %8s |\n", bm->arch,
+           tools_bytes(b1, (double)bm->model_bytes), tools_count(b2, (double)bm->params), kernels, t->threads, name_width,
+           t->name, tps, r);
     fflush(stdout);
 }
 
@@ -18262,6 +18277,7 @@ static void bench_json(const bench_opts *o, const bench_model *bm, const bench_t
         json_w_key(&w, "n_prompt"), json_w_int(&w, t->gen ? 0 : t->n);
         json_w_key(&w, "n_gen"), json_w_int(&w, t->gen ? t->n : 0);
         json_w_key(&w, "seqs"), json_w_int(&w, t->seqs);
+        json_w_key(&w, "n_depth"), json_w_int(&w, t->depth);
         json_w_key(&w, "reps"), json_w_int(&w, t->reps);
         json_w_key(&w, "samples_s");
         json_w_arr_begin(&w);
@@ -18290,7 +18306,7 @@ static void bench_json(const bench_opts *o, const bench_model *bm, const bench_t
 
 static const char bench_usage[] =
     "usage: pensieve bench -m MODEL [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json] [--membw]\n"
-    "                      [-s SEQS] [--kv-type f32|f16] [--no-warmup]\n"
+    "                      [-s SEQS] [-d DEPTH] [--kv-type f32|f16] [--no-warmup]\n"
     "       pensieve bench --membw [-t THREADS] [--json]\n"
     "Measures, like llama-bench: ppN = N prompt tokens in one batch, tgN = N tokens generated one\n"
     "at a time; tokens/s as mean ± stddev over REPS runs (default 5) after an untimed warm-up.\n"
@@ -18299,6 +18315,9 @@ static const char bench_usage[] =
     "prompt, file in the page cache), peak resident memory against model + KV cache.\n"
     "  -s SEQS   tg also with SEQS sequences generated together, one batched pass per step (as\n"
     "            the server's continuous batching does): tgNxSEQS, tokens/s of all of them\n"
+    "  -d DEPTH  run each test with DEPTH tokens already in the KV cache (a prompt of random\n"
+    "            tokens evaluated before every repetition, untimed), as llama-bench's -d: a long\n"
+    "            conversation's generation speed, tgN @ dDEPTH\n"
     "  --membw   measure memory read bandwidth (the most -t threads streaming a 512 MiB buffer,\n"
     "            best of 40 passes, in a child process) at the start and again just before and\n"
     "            after each tg test, and report tg as a share of the roofline: tokens/s x bytes\n"
@@ -18306,7 +18325,7 @@ static const char bench_usage[] =
     "  --json    one JSON object instead of the table\n";
 
 PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
-    bench_opts o = {.np = 1, .nn = 1, .ns = 1, .reps = 5, .warmup = true, .kv_type = PSV_KV_F32};
+    bench_opts o = {.np = 1, .nn = 1, .ns = 1, .nd = 1, .reps = 5, .warmup = true, .kv_type = PSV_KV_F32};
     o.p[0] = 512;
     o.n[0] = 128;
     o.s[0] = 1;
@@ -18322,6 +18341,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) ok = tools_parse_list(v, 0, 65536, o.n, BENCH_MAX_LIST, &o.nn);
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) ok = tools_parse_list(v, 1, 1024, o.t, BENCH_MAX_LIST, &o.nt);
         else if (!strcmp(f, "-s") || !strcmp(f, "--seqs")) ok = tools_parse_list(v, 1, BENCH_MAX_SEQS, o.s, BENCH_MAX_LIST, &o.ns);
+        else if (!strcmp(f, "-d") || !strcmp(f, "--n-depth")) ok = tools_parse_list(v, 0, 131072, o.d, BENCH_MAX_LIST, &o.nd);
         else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = str_to_i64(v, 1, 1000, &r), o.reps = (int)r;
         else if (!strcmp(f, "--kv-type")) {
             ok = v && (!strcmp(v, "f32") || !strcmp(v, "f16"));
@@ -18345,7 +18365,8 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         return 2;
     }
     if (o.nt == 0) o.t[o.nt++] = plat_n_cpus() > 64 ? 64 : plat_n_cpus();
-    int64_t max_t = 0, max_p = 0, max_n = 0, max_s = 1;
+    int64_t max_t = 0, max_p = 0, max_n = 0, max_s = 1, max_d = 0;
+    for (int i = 0; i < o.nd; i++) max_d = PSV_MAX(max_d, o.d[i]);
     for (int i = 0; i < o.nt; i++) max_t = PSV_MAX(max_t, o.t[i]);
     for (int i = 0; i < o.ns; i++) max_s = PSV_MAX(max_s, o.s[i]);
     for (int i = 0; i < o.np; i++) max_p = PSV_MAX(max_p, o.p[i]);
@@ -18379,10 +18400,12 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
                     max_t, BENCH_MEMBW_SIZE >> 20, BENCH_MEMBW_RUNS);
         return 0;
     }
-    int max_tests = o.nt * (o.np + o.nn * o.ns);
+    int max_tests = o.nt * o.nd * (o.np + o.nn * o.ns);
+    const int name_width = bench_name_width(&o);
     tests = calloc((size_t)max_tests + 1, sizeof *tests);
     secs = calloc((size_t)max_tests * (size_t)o.reps + 1, sizeof *secs);
-    int64_t n_toks = PSV_MAX(PSV_MAX(max_p, max_n), BENCH_WARM_TOKENS);
+    // a test at depth d takes its tokens from toks + d, after the d tokens of the depth prompt
+    int64_t n_toks = max_d + PSV_MAX(PSV_MAX(max_p, max_n), BENCH_WARM_TOKENS);
     toks = malloc((size_t)n_toks * sizeof *toks);
     if (!tests || !secs || !toks) {
         err_set(&err, PSV_ERR_NOMEM, "bench: out of memory");
@@ -18422,20 +18445,25 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
             char cpu[256];
             bench_cpu_features(cpu, sizeof cpu);
             printf("pensieve bench: %s (%s, %d CPUs: %s)\n", o.path, bm.arch, plat_n_cpus(), cpu);
-            printf("| arch   |       size |    params | kernels | threads |   test |                t/s | roofline |\n"
-                   "| ------ | ---------: | --------: | ------- | ------: | -----: | -----------------: | -------: |\n");
+            printf("| arch   |       size |    params | kernels | threads | %*s |                t/s | roofline |\n"
+                   "| ------ | ---------: | --------: | ------- | ------: | %.*s: | -----------------: | -------: |\n",
+                   name_width, "test", name_width - 1, "----------------------------------------------------------------");
             header = true;
         }
-        for (int k = 0; k < o.np + o.nn * o.ns; k++) {
-            bool gen = k >= o.np;
-            int64_t n = gen ? o.n[(k - o.np) / o.ns] : o.p[k], S = gen ? o.s[(k - o.np) % o.ns] : 1;
+        for (int k = 0; k < o.nd * (o.np + o.nn * o.ns); k++) {
+            const int per = o.np + o.nn * o.ns, kk = k % per;
+            const int64_t depth = o.d[k / per];
+            bool gen = kk >= o.np;
+            int64_t n = gen ? o.n[(kk - o.np) / o.ns] : o.p[kk], S = gen ? o.s[(kk - o.np) % o.ns] : 1;
             if (n == 0) continue;
             bench_test *t = &tests[n_tests];
             snprintf(t->name, sizeof t->name, "%s%" PRId64, gen ? "tg" : "pp", n);
             if (S > 1) snprintf(t->name + strlen(t->name), sizeof t->name - strlen(t->name), "x%" PRId64, S);
+            if (depth > 0) snprintf(t->name + strlen(t->name), sizeof t->name - strlen(t->name), " @ d%" PRId64, depth);
             t->gen = gen;
             t->n = n;
             t->seqs = S;
+            t->depth = depth;
             t->threads = o.t[ti];
             t->reps = o.reps;
             t->secs = secs + (size_t)n_tests * (size_t)o.reps;
@@ -18447,22 +18475,24 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
             if (around && bench_prober_measure(&prober, (int)max_t, &bw_before, &err)) goto fail;
             for (int r = -1; r < o.reps; r++) {
                 if (r < 0 && !o.warmup) continue;
-                for (int64_t q = 0; q < S; q++)
-                    if (psv_ctx_truncate(cs[q], 0, &err)) goto fail;
+                for (int64_t q = 0; q < S; q++) // the depth prompt goes to every sequence, untimed
+                    if (psv_ctx_truncate(cs[q], 0, &err) || (depth > 0 && psv_eval(cs[q], toks, (size_t)depth, &err))) goto fail;
+                const int32_t *tk = toks + depth;
+                const int64_t n_tk = n_toks - depth;
                 double s0 = plat_now();
                 if (!gen) {
-                    if (psv_eval(c, toks, (size_t)n, &err)) goto fail;
+                    if (psv_eval(c, tk, (size_t)n, &err)) goto fail;
                 } else if (S > 1) {
                     // every step: one token of each sequence (each its own), all in one pass
                     for (int64_t j = 0; j < (r < 0 ? 1 : n); j++) {
                         for (int64_t q = 0; q < S; q++)
-                            seqs[q] = (batch_seq){.ctx = cs[q], .tokens = &toks[(j + 7 * q) % n_toks], .n = 1, .logits = true};
+                            seqs[q] = (batch_seq){.ctx = cs[q], .tokens = &tk[(j + 7 * q) % n_tk], .n = 1, .logits = true};
                         ctx_eval_batch(m, &c->s, c->items, seqs, (size_t)S);
                     }
                 } else {
                     // the warm-up generates one token, like llama-bench's
                     for (int64_t j = 0; j < (r < 0 ? 1 : n); j++)
-                        if (psv_eval(c, &toks[j], 1, &err)) goto fail;
+                        if (psv_eval(c, &tk[j], 1, &err)) goto fail;
                 }
                 if (r >= 0) t->secs[r] = PSV_MAX(plat_now() - s0, 1e-9);
             }
@@ -18474,11 +18504,12 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
                 bw_hi = PSV_MAX(bw_hi, t->bw);
             }
             bench_stats(t);
-            // mean KV read per step: positions 1..n are attended over, (n + 1) / 2 on average
-            // (with S sequences, each step reads the weights once for S tokens)
-            t->bytes_per_token = (double)bm.weight_bytes_per_token / (double)S + (double)bm.kv_bytes_per_pos * (double)(n + 1) / 2.0;
+            // mean KV read per step: positions 1..n after the depth's are attended over, depth +
+            // (n + 1) / 2 on average (with S sequences, each step reads the weights once for S tokens)
+            t->bytes_per_token = (double)bm.weight_bytes_per_token / (double)S +
+                                 (double)bm.kv_bytes_per_pos * ((double)depth + (double)(n + 1) / 2.0);
             n_tests++;
-            if (!o.json) bench_print_row(&bm, t, kernels);
+            if (!o.json) bench_print_row(&bm, t, kernels, name_width);
         }
         for (int64_t q = 1; q < max_s; q++) psv_ctx_free(cs[q]), cs[q] = NULL;
         psv_ctx_free(c);

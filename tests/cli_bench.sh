@@ -26,12 +26,13 @@ fi
 "$bin" bench -m "$m" -p 8 -n 4 -r 2 --json >"$tmp/j" 2>"$tmp/e" && ok || bad "bench --json: $(cat "$tmp/e")"
 "$bin" bench -m "$m" -p 8,4 -n 4 -r 2 -t 1,2 -s 1,3 --membw --json >"$tmp/j2" 2>"$tmp/e" && ok || bad "bench --membw --json: $(cat "$tmp/e")"
 "$bin" bench --membw -t 1 --json >"$tmp/j3" 2>"$tmp/e" && ok || bad "bench --membw alone: $(cat "$tmp/e")"
+"$bin" bench -m "$m" -p 4 -n 3 -r 1 -d 0,20 -s 1,2 --kv-type f16 --json >"$tmp/j4" 2>"$tmp/e" && ok || bad "bench -d: $(cat "$tmp/e")"
 if command -v python3 >/dev/null 2>&1; then
-    res=$(python3 - "$tmp/j" "$tmp/j2" "$tmp/j3" <<'PY'
+    res=$(python3 - "$tmp/j" "$tmp/j2" "$tmp/j3" "$tmp/j4" <<'PY'
 import json, sys
 def check(cond, what):
     print(('ok ' if cond else 'FAIL ') + what)
-a, b, c = (json.load(open(p)) for p in sys.argv[1:4])
+a, b, c, d = (json.load(open(p)) for p in sys.argv[1:5])
 keys = ['model', 'arch', 'file_bytes', 'model_bytes', 'params', 'weight_bytes_per_token', 'n_ctx', 'kv_type',
         'kv_bytes', 'kernels', 'cpu', 'n_cpus', 'reps', 'warmup', 'warm_start', 'peak_rss_bytes', 'membw', 'tests']
 check(all(k in a for k in keys), 'top-level keys: missing %s' % [k for k in keys if k not in a])
@@ -66,6 +67,17 @@ check(len(set(x['bandwidth'] for x in tg)) > 1, 'tg tests have their own bandwid
 check(all('bandwidth' not in x for x in b['tests'] if x['kind'] == 'pp'), 'no bandwidth for pp')
 check(b['warm_start']['threads'] == 2, 'warm start uses the most threads')
 check(c['model'] is None and c['membw']['bytes_per_second'] > 0 and c['tests'] == [], 'membw alone')
+# -d: every test again with that many tokens in the KV cache first (llama-bench's names)
+check([(x['name'], x['n_depth']) for x in d['tests']] ==
+      [('pp4', 0), ('tg3', 0), ('tg3x2', 0), ('pp4 @ d20', 20), ('tg3 @ d20', 20), ('tg3x2 @ d20', 20)],
+      '-d 0,20 tests: %s' % [(x['name'], x.get('n_depth')) for x in d['tests']])
+check(all(x['n_depth'] == 0 for x in a['tests']), 'n_depth 0 without -d')
+check(d['n_ctx'] >= 24 and d['kv_type'] == 'f16', '-d context: %s' % d['n_ctx'])
+# at depth 20 a generated token reads 20 more positions of the cache
+kv_pos = d['kv_bytes'] / d['n_ctx']
+check(abs(d['tests'][4]['bytes_per_token'] - d['tests'][1]['bytes_per_token'] - 20 * kv_pos) < 1,
+      'tg3 @ d20 bytes per token: %s vs %s' % (d['tests'][4]['bytes_per_token'], d['tests'][1]['bytes_per_token']))
+check(all(x['tps_mean'] > 0 for x in d['tests']), '-d tokens/s')
 PY
 )
     echo "$res" | grep '^FAIL' 
@@ -85,6 +97,8 @@ fi
 grep -q "^| arch .* t/s .* roofline |" "$tmp/t" && ok || bad "table header"
 grep -qE "^\| llama .* pp8 \| .*[0-9] ± [0-9]" "$tmp/t" && ok || bad "pp8 row"
 grep -qE "^\| llama .* tg4 \| .*[0-9] ± [0-9].* % \|" "$tmp/t" && ok || bad "tg4 row with roofline"
+"$bin" bench -m "$m" -p 0 -n 2 -r 1 -d 8 >"$tmp/t2" 2>"$tmp/e" && grep -qE "^\| llama .*\| tg2 @ d8 \| .*[0-9] ± [0-9]" "$tmp/t2" &&
+    grep -qE "^\| arch .*\|  *test \|" "$tmp/t2" && ok || bad "tg2 @ d8 row: $(cat "$tmp/t2" "$tmp/e")"
 for l in "warm start:" "peak memory:" "bytes read per generated token:" "memory bandwidth:"; do
     grep -q "^$l" "$tmp/t" && ok || bad "text line '$l'"
 done
@@ -110,6 +124,8 @@ usage "value for -r" -m "$m" -r 0
 usage "value for -s" -m "$m" -s 0
 usage "value for -s" -m "$m" -s 65
 usage "value for --kv-type" -m "$m" --kv-type q8
+usage "value for -d" -m "$m" -d -1
+usage "value for -d" -m "$m" -d x
 usage "value for -m" -m
 "$bin" bench -m "$tmp/missing.gguf" -p 1 -n 1 -r 1 >/dev/null 2>"$tmp/e"; rc=$?
 [ $rc -eq 1 ] && grep -q "pensieve bench: .*missing.gguf" "$tmp/e" && ok || bad "missing model -> exit $rc: $(cat "$tmp/e")"

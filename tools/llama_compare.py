@@ -3,6 +3,7 @@
 
   llama_compare.py setup                      fetch and build llama.cpp (once)
   llama_compare.py bench -m MODEL [-p 128,512] [-n 128] [-t 1,2] [-r 3] [--rounds 2] [--variant NAME]
+                         [-d DEPTH] [--kv-type f32|f16]
   llama_compare.py conformance [--threads 2]
 
 llama.cpp comes from the npm registry: node-llama-cpp ships the llama.cpp source it was built
@@ -13,7 +14,10 @@ Everything goes to $LLAMA_DIR (default /tmp/pensieve-llama); nothing enters the 
 
 `bench` runs `pensieve bench` and `llama-bench` on the same file with the same settings, in
 alternating rounds (this machine's speed drifts), and prints both with their ratio. A benchmark:
-it asserts nothing. `--variant NAME` measures one of the prebuilt CPU libraries instead (x64,
+it asserts nothing. `-d 0,4096` runs each test again with that many tokens in the KV cache first
+(llama-bench's -d: generation late in a long conversation). llama.cpp's cache is F16 (its
+llama-bench takes no F32 cache); pensieve's is its default F32 unless `--kv-type f16`, the
+like-for-like comparison where the cache's size matters (at depth). `--variant NAME` measures one of the prebuilt CPU libraries instead (x64,
 haswell, alderlake, icelake, zen4 or sapphirerapids: what llama.cpp's packaged builds load on
 such CPUs), through tools/llama_logits.c's bench mode, which times what llama-bench times. On Intel CPUs
 with AMX the build from source crashes in prompts (SIGILL in ggml's AMX matrix product, llama.cpp
@@ -80,10 +84,12 @@ def bench(a):
     rows = {}
     for _ in range(a.rounds):
         out = subprocess.run([a.bin, "bench", "-m", a.model, "-p", a.p, "-n", str(a.n), "-t", a.t, "-r", str(a.r),
-                              "--json"], check=True, capture_output=True, text=True).stdout
+                              "-d", a.d, "--kv-type", a.kv_type, "--json"], check=True, capture_output=True, text=True).stdout
         for t in json.loads(out)["tests"]:
             rows.setdefault((t["name"], t["threads"]), {}).setdefault("pensieve", []).append(t["tps_mean"])
         if a.variant:
+            if a.d != "0":
+                sys.exit("-d is not available with --variant (tools/llama_logits.c's bench has no depth)")
             out = []
             for thr in a.t.split(","):
                 r = subprocess.run([os.path.join(DIR, "variant-" + a.variant, "llama_logits"), a.model, thr, "bench", a.p,
@@ -93,18 +99,27 @@ def bench(a):
                 out += json.loads(r.stdout)
         else:
             r = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", a.model, "-p", a.p, "-n", str(a.n), "-t", a.t,
-                                "-r", str(a.r), "-o", "json"], capture_output=True, text=True)
+                                "-d", a.d, "-r", str(a.r), "-o", "json"], capture_output=True, text=True)
             if r.returncode:
                 sys.exit("llama-bench failed (exit %d; on a CPU with AMX, try --variant sapphirerapids): %s" %
                          (r.returncode, r.stderr.strip()[-300:]))
             out = json.loads(r.stdout)
         for t in out:
             name = "pp%d" % t["n_prompt"] if t["n_prompt"] else "tg%d" % t["n_gen"]
+            if t.get("n_depth"):
+                name += " @ d%d" % t["n_depth"]
             rows.setdefault((name, t["n_threads"]), {}).setdefault("llama.cpp", []).append(t["avg_ts"])
     who = "llama.cpp %s t/s" % a.variant if a.variant else "llama.cpp t/s"
+    if a.kv_type == "f16":
+        who += " (both F16 KV caches)"
     print("| %s | threads | pensieve t/s | %s | ratio |" % (os.path.basename(a.model), who))
     print("| --- | --- | --- | --- | --- |")
-    for (name, thr), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0][:2] != "pp", kv[0][0])):
+    def order(kv):
+        (name, thr) = kv[0]
+        depth = int(name.split(" @ d")[1]) if " @ d" in name else 0
+        return (thr, name[:2] != "pp", depth, int(name.split(" ")[0][2:]))
+
+    for (name, thr), v in sorted(rows.items(), key=order):
         p = sum(v.get("pensieve", [0])) / max(1, len(v.get("pensieve", [])))
         q = sum(v.get("llama.cpp", [0])) / max(1, len(v.get("llama.cpp", [])))
         print("| %s | %d | %.1f | %.1f | %.2f |" % (name, thr, p, q, p / q if q else 0))
@@ -176,6 +191,8 @@ def main():
     b.add_argument("-t", default="1,2")
     b.add_argument("-r", type=int, default=3)
     b.add_argument("--rounds", type=int, default=2)
+    b.add_argument("-d", default="0", help="tokens already in the KV cache, comma-separated (llama-bench's -d)")
+    b.add_argument("--kv-type", dest="kv_type", choices=["f32", "f16"], default="f32", help="pensieve's KV cache")
     b.add_argument("--variant", choices=PREBUILT, help="a prebuilt llama.cpp CPU library instead of the build from source")
     b.add_argument("--bin", default=os.path.join(REPO, "pensieve"))
     c = sub.add_parser("conformance")
