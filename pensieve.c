@@ -7579,6 +7579,8 @@ static inline float k_softmax_exp(float d) { return d < K_SOFTMAX_CUT ? 0.0f : p
 enum { K_KEYS_MAX_N = 512 }; // the longest rows the key kernels take (queries on the stack)
 static void k_dot_keys_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
                            size_t bstride, int64_t nk, int64_t n);
+static void k_dot_keys_f16_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const uint16_t *k,
+                               size_t bstride, int64_t nk, int64_t n);
 
 // Queries g0 .. g0 + c - 1 (q_stride apart, n values each) as doubles, rows K_KEYS_MAX_N apart.
 PSV_MAYBE_UNUSED static void k_keys_queries_pd(double *qd, const float *q, size_t q_stride, int g0, int c, int64_t n) {
@@ -10625,20 +10627,22 @@ K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const
 // k_dot_keys_ref on the keys' blocks of K_KEY_BLOCK: the queries (up to four at a time) are
 // converted to double once (qd, rows K_KEYS_MAX_N apart), each key value once for all of them;
 // one register holds lane l (of the reference's K_LANES) of four keys, so the lanes' in-order
-// sum is plain vector additions. Half a block at a time.
-K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, float *s, size_t s_stride, const double *qd, const float *k,
+// sum is plain vector additions. Half a block at a time. h: the keys are halves (dot_keys_f16).
+K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
                                        size_t bstride, int64_t nk, int64_t n) {
+    const size_t el = h ? 2 : 4;
     for (int64_t p = 0; p < nk; p += 4) {
-        const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
-        if (p % K_KEY_BLOCK == 0)
-            k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * sizeof(float), K_KEYS_PF * bstride * sizeof(float));
+        const uint8_t *kb = (const uint8_t *)k + ((size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK)) * el;
+        if (p % K_KEY_BLOCK == 0) k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * el, K_KEYS_PF * bstride * el);
         __m256d tot[4];
         for (int l = 0; l < K_LANES; l++) {
             __m256d lane[4];
             K_UNROLL
             for (int g = 0; g < c; g++) lane[g] = _mm256_setzero_pd();
             for (int64_t i = l; i < n; i += K_LANES) {
-                const __m256d kv = _mm256_cvtps_pd(_mm_loadu_ps(kb + (size_t)i * K_KEY_BLOCK));
+                const uint8_t *ki = kb + (size_t)i * K_KEY_BLOCK * el;
+                const __m256d kv = _mm256_cvtps_pd(h ? _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)ki))
+                                                     : _mm_loadu_ps((const float *)(const void *)ki));
                 K_UNROLL
                 for (int g = 0; g < c; g++)
                     lane[g] = _mm256_fmadd_pd(kv, _mm256_broadcast_sd(qd + (size_t)g * K_KEYS_MAX_N + (size_t)i), lane[g]);
@@ -10656,12 +10660,8 @@ K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, float *s, size_t s_stride, c
     }
 }
 
-K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
-                                   size_t bstride, int64_t nk, int64_t n) {
-    if (n > K_KEYS_MAX_N) {
-        k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
-        return;
-    }
+K_AVX2 K_INLINE void k_dot_keys_core_avx2(const bool h, float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                          const void *k, size_t bstride, int64_t nk, int64_t n) {
     const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
     double qd[4 * K_KEYS_MAX_N];
     for (int g0 = 0; g0 < nq; g0 += per) {
@@ -10669,12 +10669,24 @@ K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, si
         float *sg = s + (size_t)g0 * s_stride;
         k_keys_queries_pd(qd, q, q_stride, g0, c, n);
         switch (c) {
-        case 1: k_dot_keys_q_avx2(1, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 2: k_dot_keys_q_avx2(2, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 3: k_dot_keys_q_avx2(3, sg, s_stride, qd, k, bstride, nk, n); break;
-        default: k_dot_keys_q_avx2(4, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 1: k_dot_keys_q_avx2(1, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 2: k_dot_keys_q_avx2(2, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 3: k_dot_keys_q_avx2(3, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        default: k_dot_keys_q_avx2(4, h, sg, s_stride, qd, k, bstride, nk, n); break;
         }
     }
+}
+
+K_AVX2 static void k_dot_keys_avx2(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                                   size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+    else k_dot_keys_core_avx2(false, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+}
+
+K_AVX2 static void k_dot_keys_f16_avx2(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const uint16_t *k,
+                                       size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) k_dot_keys_f16_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+    else k_dot_keys_core_avx2(true, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
 }
 
 // F16: the float product of two halves is exact, so it is formed in float and widened.
@@ -12774,18 +12786,22 @@ K_AVX512 static void k_gemm_amx0(int64_t n, const uint8_t *panel, const uint8_t 
 // ---- AVX-512: attention's dot products -----------------------------------------------------------
 // k_dot_keys_avx2's scheme with a whole block of K_KEY_BLOCK = 8 keys in a register, for up to
 // eight queries at a time (grouped-query attention: the query heads that share a KV head).
-K_AVX512 K_INLINE void k_dot_keys_blk_avx512(const int c, float *s, size_t s_stride, const double *qd, const float *k,
-                                             size_t bstride, int64_t nk, int64_t n) {
+// h: the keys are halves (dot_keys_f16).
+K_AVX512 K_INLINE void k_dot_keys_blk_avx512(const int c, const bool h, float *s, size_t s_stride, const double *qd,
+                                             const void *k, size_t bstride, int64_t nk, int64_t n) {
+    const size_t el = h ? 2 : 4;
     for (int64_t p = 0; p < nk; p += K_KEY_BLOCK) {
-        const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride;
-        k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * sizeof(float), K_KEYS_PF * bstride * sizeof(float));
+        const uint8_t *kb = (const uint8_t *)k + (size_t)(p / K_KEY_BLOCK) * bstride * el;
+        k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * el, K_KEYS_PF * bstride * el);
         __m512d tot[8];
         for (int l = 0; l < K_LANES; l++) {
             __m512d lane[8];
             K_UNROLL
             for (int g = 0; g < c; g++) lane[g] = _mm512_setzero_pd();
             for (int64_t i = l; i < n; i += K_LANES) {
-                const __m512d kv = _mm512_cvtps_pd(_mm256_loadu_ps(kb + (size_t)i * K_KEY_BLOCK));
+                const uint8_t *ki = kb + (size_t)i * K_KEY_BLOCK * el;
+                const __m512d kv = _mm512_cvtps_pd(h ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)ki))
+                                                     : _mm256_loadu_ps((const float *)(const void *)ki));
                 K_UNROLL
                 for (int g = 0; g < c; g++)
                     lane[g] = _mm512_fmadd_pd(kv, _mm512_set1_pd(qd[(size_t)g * K_KEYS_MAX_N + (size_t)i]), lane[g]);
@@ -12799,12 +12815,8 @@ K_AVX512 K_INLINE void k_dot_keys_blk_avx512(const int c, float *s, size_t s_str
     }
 }
 
-K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
-                                       const float *k, size_t bstride, int64_t nk, int64_t n) {
-    if (n > K_KEYS_MAX_N) {
-        k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
-        return;
-    }
+K_AVX512 K_INLINE void k_dot_keys_core_avx512(const bool h, float *s, size_t s_stride, const float *q, size_t q_stride,
+                                              int nq, const void *k, size_t bstride, int64_t nk, int64_t n) {
     const int chunks = (nq + 7) / 8, per = (nq + chunks - 1) / chunks;
     double qd[8 * K_KEYS_MAX_N];
     for (int g0 = 0; g0 < nq; g0 += per) {
@@ -12812,23 +12824,41 @@ K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q
         float *sg = s + (size_t)g0 * s_stride;
         k_keys_queries_pd(qd, q, q_stride, g0, c, n);
         switch (c) {
-        case 1: k_dot_keys_blk_avx512(1, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 2: k_dot_keys_blk_avx512(2, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 3: k_dot_keys_blk_avx512(3, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 4: k_dot_keys_blk_avx512(4, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 5: k_dot_keys_blk_avx512(5, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 6: k_dot_keys_blk_avx512(6, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 7: k_dot_keys_blk_avx512(7, sg, s_stride, qd, k, bstride, nk, n); break;
-        default: k_dot_keys_blk_avx512(8, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 1: k_dot_keys_blk_avx512(1, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 2: k_dot_keys_blk_avx512(2, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 3: k_dot_keys_blk_avx512(3, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 4: k_dot_keys_blk_avx512(4, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 5: k_dot_keys_blk_avx512(5, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 6: k_dot_keys_blk_avx512(6, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 7: k_dot_keys_blk_avx512(7, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        default: k_dot_keys_blk_avx512(8, h, sg, s_stride, qd, k, bstride, nk, n); break;
         }
     }
 }
 
+K_AVX512 static void k_dot_keys_avx512(float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                       const float *k, size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+    else k_dot_keys_core_avx512(false, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+}
+
+K_AVX512 static void k_dot_keys_f16_avx512(float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                           const uint16_t *k, size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) k_dot_keys_f16_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+    else k_dot_keys_core_avx512(true, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+}
+
+// Sixteen values of a value row at p (floats, or halves widened: h), those of mask (the rest +0).
+K_AVX512 K_INLINE __m512 k_vals16_avx512(const bool h, const uint8_t *p, __mmask16 mask) {
+    return h ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p)) : _mm512_maskz_loadu_ps(mask, p);
+}
+
 // k_axpy_rows_avx2 in 512-bit vectors: 64 values of up to K_AXPY_Q_AVX512 queries in registers
-// across all the value rows, a tail of n % 16 values masked.
+// across all the value rows, a tail of n % 16 values masked. h: the values are halves.
 #define K_AXPY_Q_AVX512 6
-K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const float *w, size_t ws, const float *v,
-                                       size_t stride, int64_t nk, int64_t n) {
+K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, const bool h, float *y, size_t ys, const float *w, size_t ws,
+                                       const void *v, size_t stride, int64_t nk, int64_t n) {
+    const size_t el = h ? 2 : 4;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __m512 a[K_AXPY_Q_AVX512][4];
@@ -12836,10 +12866,11 @@ K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const f
         for (int g = 0; g < c; g++)
             K_UNROLL
             for (int k = 0; k < 4; k++) a[g][k] = _mm512_loadu_ps(y + (size_t)g * ys + (size_t)i + 16 * (size_t)k);
-        const float *vp = v + i;
-        for (int64_t p = 0; p < nk; p++, vp += stride) {
-            k_prefetch_span(vp, 64 * sizeof(float), K_VALS_PF * stride * sizeof(float));
-            const __m512 x[4] = {_mm512_loadu_ps(vp), _mm512_loadu_ps(vp + 16), _mm512_loadu_ps(vp + 32), _mm512_loadu_ps(vp + 48)};
+        const uint8_t *vp = (const uint8_t *)v + (size_t)i * el;
+        for (int64_t p = 0; p < nk; p++, vp += stride * el) {
+            k_prefetch_span(vp, 64 * el, K_VALS_PF * stride * el);
+            const __m512 x[4] = {k_vals16_avx512(h, vp, 0xffff), k_vals16_avx512(h, vp + 16 * el, 0xffff),
+                                 k_vals16_avx512(h, vp + 32 * el, 0xffff), k_vals16_avx512(h, vp + 48 * el, 0xffff)};
             K_UNROLL
             for (int g = 0; g < c; g++) {
                 const __m512 wv = _mm512_set1_ps(w[(size_t)g * ws + (size_t)p]);
@@ -12857,9 +12888,9 @@ K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const f
         __m512 a[K_AXPY_Q_AVX512];
         K_UNROLL
         for (int g = 0; g < c; g++) a[g] = _mm512_maskz_loadu_ps(mask, y + (size_t)g * ys + (size_t)i);
-        const float *vp = v + i;
-        for (int64_t p = 0; p < nk; p++, vp += stride) {
-            const __m512 x = _mm512_maskz_loadu_ps(mask, vp);
+        const uint8_t *vp = (const uint8_t *)v + (size_t)i * el;
+        for (int64_t p = 0; p < nk; p++, vp += stride * el) {
+            const __m512 x = k_vals16_avx512(h, vp, mask);
             K_UNROLL
             for (int g = 0; g < c; g++) a[g] = _mm512_add_ps(a[g], _mm512_mul_ps(_mm512_set1_ps(w[(size_t)g * ws + (size_t)p]), x));
         }
@@ -12868,22 +12899,32 @@ K_AVX512 K_INLINE void k_axpy_q_avx512(const int c, float *y, size_t ys, const f
     }
 }
 
-K_AVX512 static void k_axpy_rows_avx512(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v,
-                                        size_t stride, int64_t nk, int64_t n) {
+K_AVX512 K_INLINE void k_axpy_core_avx512(const bool h, float *y, size_t ys, const float *w, size_t ws, int nq, const void *v,
+                                          size_t stride, int64_t nk, int64_t n) {
     const int chunks = (nq + K_AXPY_Q_AVX512 - 1) / K_AXPY_Q_AVX512, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
     for (int g0 = 0; g0 < nq; g0 += per) {
         const int c = PSV_MIN(per, nq - g0);
         float *yg = y + (size_t)g0 * ys;
         const float *wg = w + (size_t)g0 * ws;
         switch (c) {
-        case 1: k_axpy_q_avx512(1, yg, ys, wg, ws, v, stride, nk, n); break;
-        case 2: k_axpy_q_avx512(2, yg, ys, wg, ws, v, stride, nk, n); break;
-        case 3: k_axpy_q_avx512(3, yg, ys, wg, ws, v, stride, nk, n); break;
-        case 4: k_axpy_q_avx512(4, yg, ys, wg, ws, v, stride, nk, n); break;
-        case 5: k_axpy_q_avx512(5, yg, ys, wg, ws, v, stride, nk, n); break;
-        default: k_axpy_q_avx512(6, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 1: k_axpy_q_avx512(1, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 2: k_axpy_q_avx512(2, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 3: k_axpy_q_avx512(3, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 4: k_axpy_q_avx512(4, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 5: k_axpy_q_avx512(5, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        default: k_axpy_q_avx512(6, h, yg, ys, wg, ws, v, stride, nk, n); break;
         }
     }
+}
+
+K_AVX512 static void k_axpy_rows_avx512(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v,
+                                        size_t stride, int64_t nk, int64_t n) {
+    k_axpy_core_avx512(false, y, ys, w, ws, nq, v, stride, nk, n);
+}
+
+K_AVX512 static void k_axpy_rows_f16_avx512(float *y, size_t ys, const float *w, size_t ws, int nq, const uint16_t *v,
+                                            size_t stride, int64_t nk, int64_t n) {
+    k_axpy_core_avx512(true, y, ys, w, ws, nq, v, stride, nk, n);
 }
 
 
@@ -13067,12 +13108,26 @@ K_AVX2 static void k_softmax_avx2(float *w, int64_t n, float scale) {
     for (; p < n; p++) w[p] = k_softmax_flush(w[p] * inv);
 }
 
+// Eight values of a value row at p (floats, or halves widened: h), the first m of them (m < 8:
+// the rest +0; the halves through a copy, AVX2 having no masked 16-bit load).
+K_AVX2 K_INLINE __m256 k_vals8_avx2(const bool h, const uint8_t *p) {
+    return h ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)) : _mm256_loadu_ps((const float *)(const void *)p);
+}
+K_AVX2 K_INLINE __m256 k_vals8_part_avx2(const bool h, const uint8_t *p, __m256i mask, int m) {
+    if (!h) return _mm256_maskload_ps((const float *)(const void *)p, mask);
+    uint16_t t[8] = {0};
+    memcpy(t, p, (size_t)m * 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)t));
+}
+
 // k_axpy_rows_ref: a product then a sum, each rounded (no FMA), as the reference does. Up to four
 // queries at a time, so that each value row's vector is loaded once for all of them, and 32
 // values of each in registers across all the rows (16 sums in flight: the additions' latency
-// is hidden); a tail of n % 8 values goes through masked loads and stores.
-K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, float *y, size_t ys, const float *w, size_t ws, const float *v,
+// is hidden); a tail of n % 8 values goes through masked loads and stores. h: the values are
+// halves (axpy_rows_f16; stride counts halves).
+K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, const bool h, float *y, size_t ys, const float *w, size_t ws, const void *v,
                                    size_t stride, int64_t nk, int64_t n) {
+    const size_t el = h ? 2 : 4;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256 a[4][4];
@@ -13080,10 +13135,11 @@ K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, float *y, size_t ys, const float
         for (int g = 0; g < c; g++)
             K_UNROLL
             for (int k = 0; k < 4; k++) a[g][k] = _mm256_loadu_ps(y + (size_t)g * ys + (size_t)i + 8 * (size_t)k);
-        const float *vp = v + i;
-        for (int64_t p = 0; p < nk; p++, vp += stride) {
-            k_prefetch_span(vp, 32 * sizeof(float), K_VALS_PF * stride * sizeof(float));
-            const __m256 x[4] = {_mm256_loadu_ps(vp), _mm256_loadu_ps(vp + 8), _mm256_loadu_ps(vp + 16), _mm256_loadu_ps(vp + 24)};
+        const uint8_t *vp = (const uint8_t *)v + (size_t)i * el;
+        for (int64_t p = 0; p < nk; p++, vp += stride * el) {
+            k_prefetch_span(vp, 32 * el, K_VALS_PF * stride * el);
+            const __m256 x[4] = {k_vals8_avx2(h, vp), k_vals8_avx2(h, vp + 8 * el), k_vals8_avx2(h, vp + 16 * el),
+                                 k_vals8_avx2(h, vp + 24 * el)};
             K_UNROLL
             for (int g = 0; g < c; g++) {
                 const __m256 wv = _mm256_broadcast_ss(w + (size_t)g * ws + (size_t)p);
@@ -13097,14 +13153,14 @@ K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, float *y, size_t ys, const float
             for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + (size_t)g * ys + (size_t)i + 8 * (size_t)k, a[g][k]);
     }
     for (; i < n; i += 8) {
-        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)PSV_MIN(n - i, (int64_t)8)),
-                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const int m = (int)PSV_MIN(n - i, (int64_t)8);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         __m256 a[4];
         K_UNROLL
         for (int g = 0; g < c; g++) a[g] = _mm256_maskload_ps(y + (size_t)g * ys + (size_t)i, mask);
-        const float *vp = v + i;
-        for (int64_t p = 0; p < nk; p++, vp += stride) {
-            const __m256 x = _mm256_maskload_ps(vp, mask);
+        const uint8_t *vp = (const uint8_t *)v + (size_t)i * el;
+        for (int64_t p = 0; p < nk; p++, vp += stride * el) {
+            const __m256 x = m == 8 ? k_vals8_avx2(h, vp) : k_vals8_part_avx2(h, vp, mask, m);
             K_UNROLL
             for (int g = 0; g < c; g++) a[g] = _mm256_add_ps(a[g], _mm256_mul_ps(_mm256_broadcast_ss(w + (size_t)g * ws + (size_t)p), x));
         }
@@ -13113,20 +13169,30 @@ K_AVX2 K_INLINE void k_axpy_q_avx2(const int c, float *y, size_t ys, const float
     }
 }
 
-K_AVX2 static void k_axpy_rows_avx2(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v, size_t stride,
-                                    int64_t nk, int64_t n) {
+K_AVX2 K_INLINE void k_axpy_core_avx2(const bool h, float *y, size_t ys, const float *w, size_t ws, int nq, const void *v,
+                                      size_t stride, int64_t nk, int64_t n) {
     const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks; // 7 queries: 4 + 3
     for (int g0 = 0; g0 < nq; g0 += per) {
         const int c = PSV_MIN(per, nq - g0);
         float *yg = y + (size_t)g0 * ys;
         const float *wg = w + (size_t)g0 * ws;
         switch (c) {
-        case 1: k_axpy_q_avx2(1, yg, ys, wg, ws, v, stride, nk, n); break;
-        case 2: k_axpy_q_avx2(2, yg, ys, wg, ws, v, stride, nk, n); break;
-        case 3: k_axpy_q_avx2(3, yg, ys, wg, ws, v, stride, nk, n); break;
-        default: k_axpy_q_avx2(4, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 1: k_axpy_q_avx2(1, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 2: k_axpy_q_avx2(2, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        case 3: k_axpy_q_avx2(3, h, yg, ys, wg, ws, v, stride, nk, n); break;
+        default: k_axpy_q_avx2(4, h, yg, ys, wg, ws, v, stride, nk, n); break;
         }
     }
+}
+
+K_AVX2 static void k_axpy_rows_avx2(float *y, size_t ys, const float *w, size_t ws, int nq, const float *v, size_t stride,
+                                    int64_t nk, int64_t n) {
+    k_axpy_core_avx2(false, y, ys, w, ws, nq, v, stride, nk, n);
+}
+
+K_AVX2 static void k_axpy_rows_f16_avx2(float *y, size_t ys, const float *w, size_t ws, int nq, const uint16_t *v,
+                                        size_t stride, int64_t nk, int64_t n) {
+    k_axpy_core_avx2(true, y, ys, w, ws, nq, v, stride, nk, n);
 }
 
 #endif // PSV_X86
@@ -14200,18 +14266,33 @@ static void k_dot_f32_f32_neon(int64_t n, float *s, const void *x, const void *y
 static void k_dot_f16_f16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_F16, n, x, y); }
 static void k_dot_bf16_bf16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_BF16, n, x, y); }
 
-// dot_keys (k_vec_ops): each key row's F32 dot product with each query.
+// Two floats at p, or two halves widened (h).
+static inline float32x2_t k_vals2_neon(const bool h, const uint8_t *p) {
+    if (!h) return vld1_f32((const float *)(const void *)p);
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return vget_low_f32(vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(u))));
+}
+// Four floats at p, or four halves widened (h).
+static inline float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
+    return h ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)p)))
+             : vld1q_f32((const float *)(const void *)p);
+}
+
+// dot_keys (k_vec_ops): each key row's F32 dot product with each query; dot_keys_f16 (h): the
+// same of the halves' floats.
 // k_dot_keys_avx2's scheme with two keys a register, a quarter block at a time.
-static inline void k_dot_keys_q_neon(const int c, float *s, size_t s_stride, const double *qd, const float *k,
+static inline void k_dot_keys_q_neon(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
                                      size_t bstride, int64_t nk, int64_t n) {
+    const size_t el = h ? 2 : 4;
     for (int64_t p = 0; p < nk; p += 2) {
-        const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+        const uint8_t *kb = (const uint8_t *)k + ((size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK)) * el;
         float64x2_t tot[4];
         for (int l = 0; l < K_LANES; l++) {
             float64x2_t lane[4];
             for (int g = 0; g < c; g++) lane[g] = vdupq_n_f64(0.0);
             for (int64_t i = l; i < n; i += K_LANES) {
-                const float64x2_t kv = vcvt_f64_f32(vld1_f32(kb + (size_t)i * K_KEY_BLOCK));
+                const float64x2_t kv = vcvt_f64_f32(k_vals2_neon(h, kb + (size_t)i * K_KEY_BLOCK * el));
                 for (int g = 0; g < c; g++) lane[g] = vfmaq_f64(lane[g], kv, vdupq_n_f64(qd[(size_t)g * K_KEYS_MAX_N + (size_t)i]));
             }
             for (int g = 0; g < c; g++) tot[g] = l == 0 ? lane[g] : vaddq_f64(tot[g], lane[g]);
@@ -14224,12 +14305,8 @@ static inline void k_dot_keys_q_neon(const int c, float *s, size_t s_stride, con
     }
 }
 
-static void k_dot_keys_neon(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
-                            size_t bstride, int64_t nk, int64_t n) {
-    if (n > K_KEYS_MAX_N) {
-        k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
-        return;
-    }
+static inline void k_dot_keys_core_neon(const bool h, float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                        const void *k, size_t bstride, int64_t nk, int64_t n) {
     const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks;
     double qd[4 * K_KEYS_MAX_N];
     for (int g0 = 0; g0 < nq; g0 += per) {
@@ -14237,42 +14314,63 @@ static void k_dot_keys_neon(float *s, size_t s_stride, const float *q, size_t q_
         float *sg = s + (size_t)g0 * s_stride;
         k_keys_queries_pd(qd, q, q_stride, g0, c, n);
         switch (c) {
-        case 1: k_dot_keys_q_neon(1, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 2: k_dot_keys_q_neon(2, sg, s_stride, qd, k, bstride, nk, n); break;
-        case 3: k_dot_keys_q_neon(3, sg, s_stride, qd, k, bstride, nk, n); break;
-        default: k_dot_keys_q_neon(4, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 1: k_dot_keys_q_neon(1, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 2: k_dot_keys_q_neon(2, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        case 3: k_dot_keys_q_neon(3, h, sg, s_stride, qd, k, bstride, nk, n); break;
+        default: k_dot_keys_q_neon(4, h, sg, s_stride, qd, k, bstride, nk, n); break;
         }
     }
 }
 
+static void k_dot_keys_neon(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                            size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) k_dot_keys_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+    else k_dot_keys_core_neon(false, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+}
+
+static void k_dot_keys_f16_neon(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const uint16_t *k,
+                                size_t bstride, int64_t nk, int64_t n) {
+    if (n > K_KEYS_MAX_N) k_dot_keys_f16_ref(s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+    else k_dot_keys_core_neon(true, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
+}
+
 // axpy_rows (k_vec_ops): y += w[p] * v[p] for p in order, each product rounded before its sum
 // (the file has contraction off: no FMA); 32 values of y in registers over all the rows.
-static void k_axpy_row_neon(float *y, const float *w, const float *v, size_t stride, int64_t nk, int64_t n) {
+// axpy_rows_f16 (h): the same of the halves' floats.
+static inline void k_axpy_row_neon(const bool h, float *y, const float *w, const void *v, size_t stride, int64_t nk, int64_t n) {
+    const size_t el = h ? 2 : 4;
+    const uint8_t *v8 = v;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         float32x4_t a[8];
         for (int k = 0; k < 8; k++) a[k] = vld1q_f32(y + i + 4 * k);
         for (int64_t p = 0; p < nk; p++) {
-            const float *vp = v + (size_t)p * stride + i;
-            for (int k = 0; k < 8; k++) a[k] = vaddq_f32(a[k], vmulq_n_f32(vld1q_f32(vp + 4 * k), w[p]));
+            const uint8_t *vp = v8 + ((size_t)p * stride + (size_t)i) * el;
+            for (int k = 0; k < 8; k++) a[k] = vaddq_f32(a[k], vmulq_n_f32(k_vals4_neon(h, vp + 4 * (size_t)k * el), w[p]));
         }
         for (int k = 0; k < 8; k++) vst1q_f32(y + i + 4 * k, a[k]);
     }
     for (; i + 4 <= n; i += 4) {
         float32x4_t a = vld1q_f32(y + i);
-        for (int64_t p = 0; p < nk; p++) a = vaddq_f32(a, vmulq_n_f32(vld1q_f32(v + (size_t)p * stride + i), w[p]));
+        for (int64_t p = 0; p < nk; p++) a = vaddq_f32(a, vmulq_n_f32(k_vals4_neon(h, v8 + ((size_t)p * stride + (size_t)i) * el), w[p]));
         vst1q_f32(y + i, a);
     }
     for (; i < n; i++)
         for (int64_t p = 0; p < nk; p++) {
-            float t = w[p] * v[(size_t)p * stride + (size_t)i];
+            const size_t o = (size_t)p * stride + (size_t)i;
+            float t = w[p] * (h ? psv_fp16_to_f32(((const uint16_t *)v)[o]) : ((const float *)v)[o]);
             y[i] += t;
         }
 }
 
 static void k_axpy_rows_neon(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v,
                              size_t stride, int64_t nk, int64_t n) {
-    for (int g = 0; g < nq; g++) k_axpy_row_neon(y + (size_t)g * y_stride, w + (size_t)g * w_stride, v, stride, nk, n);
+    for (int g = 0; g < nq; g++) k_axpy_row_neon(false, y + (size_t)g * y_stride, w + (size_t)g * w_stride, v, stride, nk, n);
+}
+
+static void k_axpy_rows_f16_neon(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const uint16_t *v,
+                                 size_t stride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++) k_axpy_row_neon(true, y + (size_t)g * y_stride, w + (size_t)g * w_stride, v, stride, nk, n);
 }
 
 // F16 (the hardware conversion: round to nearest even, infinity past 65504, NaN quieted with its
@@ -14534,6 +14632,32 @@ static void k_axpy_rows_ref(float *y, size_t y_stride, const float *w, size_t w_
             }
 }
 
+// The same two products over an F16 KV cache (dot_keys_f16, axpy_rows_f16): each key and value
+// widened to float (exactly) where the F32 kernels load it, and nothing else changed, so that
+// their results are those of dot_keys and axpy_rows on a cache holding the halves' floats. The
+// layout is the F32 cache's in halves (bstride and stride count halves).
+static void k_dot_keys_f16_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const uint16_t *k,
+                               size_t bstride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < nk; p++) {
+            const uint16_t *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+            double acc[K_LANES] = {0};
+            const float *qg = q + (size_t)g * q_stride;
+            for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)psv_fp16_to_f32(kb[(size_t)i * K_KEY_BLOCK]) * (double)qg[i];
+            s[(size_t)g * s_stride + (size_t)p] = k_lanes_sum(acc, K_LANES);
+        }
+}
+
+static void k_axpy_rows_f16_ref(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const uint16_t *v,
+                                size_t stride, int64_t nk, int64_t n) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < nk; p++)
+            for (int64_t i = 0; i < n; i++) {
+                float t = w[(size_t)g * w_stride + (size_t)p] * psv_fp16_to_f32(v[(size_t)p * stride + (size_t)i]);
+                y[(size_t)g * y_stride + (size_t)i] += t;
+            }
+}
+
 // softmax: attention's weights from n scores in place, each step rounded as written: w[p] * scale;
 // their maximum mx (NaN never taken, starting from -3.4e38); psv_expf_poly(w[p] - mx); the sum of
 // those in double, in K_SOFTMAX_LANES lanes (value p in lane p % K_SOFTMAX_LANES, so that vector
@@ -14575,6 +14699,10 @@ typedef struct {
                      int64_t nk, int64_t n);
     void (*axpy_rows)(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v, size_t stride,
                       int64_t nk, int64_t n);
+    void (*dot_keys_f16)(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const uint16_t *k,
+                         size_t bstride, int64_t nk, int64_t n);
+    void (*axpy_rows_f16)(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const uint16_t *v,
+                          size_t stride, int64_t nk, int64_t n);
     void (*exp_shift)(double *y, const float *x, double shift, double div, int64_t n);
     void (*softmax)(float *w, int64_t n, float scale);
     // optional (NULL: from_float, then k_act_side): a Q8_0 row and its side data, for weights
@@ -14737,7 +14865,9 @@ static void k_fill_amx(k_traits *t) {
 static void k_sets_init(void) {
     for (int s = 0; s < K_SET_COUNT; s++) {
         memcpy(k_set_tables[s], k_traits_ref_table, sizeof k_traits_ref_table);
-        k_set_vec[s] = (k_vec_ops){k_expf_ref, k_swiglu_ref, k_dot_keys_ref, k_axpy_rows_ref, k_exp_shift_ref, k_softmax_ref, NULL};
+        k_set_vec[s] = (k_vec_ops){.expf = k_expf_ref, .swiglu = k_swiglu_ref, .dot_keys = k_dot_keys_ref,
+                                   .axpy_rows = k_axpy_rows_ref, .dot_keys_f16 = k_dot_keys_f16_ref,
+                                   .axpy_rows_f16 = k_axpy_rows_f16_ref, .exp_shift = k_exp_shift_ref, .softmax = k_softmax_ref};
     }
 #if defined(PSV_X86)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
@@ -14746,11 +14876,15 @@ static void k_sets_init(void) {
 #if defined(PSV_AMX)
     k_fill_amx(k_set_tables[K_SET_AMX]);
 #endif
-    k_set_vec[K_SET_AVX2] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx2, k_axpy_rows_avx2, k_exp_shift_avx2,
-                                        k_softmax_avx2, NULL};
+    k_set_vec[K_SET_AVX2] = (k_vec_ops){.expf = k_expf_avx2, .swiglu = k_swiglu_avx2, .dot_keys = k_dot_keys_avx2,
+                                        .axpy_rows = k_axpy_rows_avx2, .dot_keys_f16 = k_dot_keys_f16_avx2,
+                                        .axpy_rows_f16 = k_axpy_rows_f16_avx2, .exp_shift = k_exp_shift_avx2,
+                                        .softmax = k_softmax_avx2};
     k_set_vec[K_SET_AVXVNNI] = k_set_vec[K_SET_AVX2];
-    k_set_vec[K_SET_AVX512] = (k_vec_ops){k_expf_avx2, k_swiglu_avx2, k_dot_keys_avx512, k_axpy_rows_avx512, k_exp_shift_avx2,
-                                          k_softmax_avx2, k_quant_side_q8_0_avx512};
+    k_set_vec[K_SET_AVX512] = (k_vec_ops){.expf = k_expf_avx2, .swiglu = k_swiglu_avx2, .dot_keys = k_dot_keys_avx512,
+                                          .axpy_rows = k_axpy_rows_avx512, .dot_keys_f16 = k_dot_keys_f16_avx512,
+                                          .axpy_rows_f16 = k_axpy_rows_f16_avx512, .exp_shift = k_exp_shift_avx2,
+                                          .softmax = k_softmax_avx2, .quant_side_q8_0 = k_quant_side_q8_0_avx512};
     k_set_vec[K_SET_AMX] = k_set_vec[K_SET_AVX512];
 #endif
 #if defined(PSV_ARM64)
@@ -14760,6 +14894,8 @@ static void k_sets_init(void) {
     for (int s = K_SET_NEON; s <= K_SET_I8MM; s++) {
         k_set_vec[s].dot_keys = k_dot_keys_neon;
         k_set_vec[s].axpy_rows = k_axpy_rows_neon;
+        k_set_vec[s].dot_keys_f16 = k_dot_keys_f16_neon;
+        k_set_vec[s].axpy_rows_f16 = k_axpy_rows_f16_neon;
         k_set_vec[s].expf = k_expf_neon;
         k_set_vec[s].swiglu = k_swiglu_neon;
         k_set_vec[s].softmax = k_softmax_neon;
@@ -16079,9 +16215,26 @@ typedef struct {
     _Atomic int64_t next_chunk; // tasks taken in guided chunks (a token's cost grows with its position)
 } att_job;
 
-// Where KV head kvh's keys start in layer il of an F32 cache (blocks of K_KEY_BLOCK positions).
-static const float *att_keys(const att_job *j, const kv_seq *kv, int64_t kvh) {
-    return (const float *)kv->k + kv_k_block(kv, j->il, 0) + (size_t)(kvh * j->m->head_dim) * K_KEY_BLOCK;
+// The scores of nq queries (q, rows head_dim apart) against the keys of KV head kvh at
+// positions 0 .. nk - 1 of layer j->il (dot_keys or, in an F16 cache, dot_keys_f16).
+static void att_dot_keys(const att_job *j, const k_vec_ops *vec, float *scores, const float *q, int nq, const kv_seq *kv,
+                         int64_t kvh, int64_t nk) {
+    const int64_t hd = j->m->head_dim;
+    const size_t at = kv_k_block(kv, j->il, 0) + (size_t)(kvh * hd) * K_KEY_BLOCK, bstride = (size_t)kv->kv_dim * K_KEY_BLOCK;
+    const size_t sc_stride = (size_t)j->s->n_ctx_max;
+    if (kv->type == PSV_KV_F16) vec->dot_keys_f16(scores, sc_stride, q, (size_t)hd, nq, (const uint16_t *)kv->k + at, bstride, nk, hd);
+    else vec->dot_keys(scores, sc_stride, q, (size_t)hd, nq, (const float *)kv->k + at, bstride, nk, hd);
+}
+
+// y (nq rows head_dim apart) += the weights w (rows n_ctx_max apart) times the value rows of KV
+// head kvh at positions p0 .. p0 + nk - 1 of layer j->il (axpy_rows or axpy_rows_f16).
+static void att_axpy(const att_job *j, const k_vec_ops *vec, float *y, const float *w, int nq, const kv_seq *kv, int64_t kvh,
+                     int64_t p0, int64_t nk) {
+    const int64_t hd = j->m->head_dim;
+    const size_t at = kv_v_at(kv, j->il, p0) + (size_t)(kvh * hd), sc_stride = (size_t)j->s->n_ctx_max;
+    if (kv->type == PSV_KV_F16)
+        vec->axpy_rows_f16(y, (size_t)hd, w, sc_stride, nq, (const uint16_t *)kv->v + at, (size_t)kv->kv_dim, nk, hd);
+    else vec->axpy_rows(y, (size_t)hd, w, sc_stride, nq, (const float *)kv->v + at, (size_t)kv->kv_dim, nk, hd);
 }
 
 // The query heads of one token that share a KV head (h0 .. h0 + nh - 1 of token t): their
@@ -16093,41 +16246,18 @@ static void att_one(const att_job *j, const k_vec_ops *vec, float *scores, float
     const int64_t hd = m->head_dim;
     const size_t sc_stride = (size_t)j->s->n_ctx_max;
     const fwd_item *it = &j->items[t];
-    const kv_seq *kv = it->kv;
-    const float *q0 = j->q + t * j->q_stride + h0 * hd;
     const int64_t n_kv = it->pos + 1;
-    const size_t base = kv_v_at(kv, j->il, 0) + (size_t)kvh * (size_t)hd;
-    if (kv->type == PSV_KV_F16) {
-        for (int64_t g = 0; g < nh; g++)
-            for (int64_t p = 0; p < n_kv; p++) {
-                float d = 0;
-                const float *q = q0 + g * hd;
-                const uint16_t *kr = (const uint16_t *)kv->k + kv_k_at(kv, j->il, p, kvh * hd);
-                for (int64_t i = 0; i < hd; i++) d += q[i] * psv_fp16_to_f32(kr[(size_t)i * K_KEY_BLOCK]);
-                scores[(size_t)g * sc_stride + (size_t)p] = d;
-            }
-    } else {
-        vec->dot_keys(scores, sc_stride, q0, (size_t)hd, (int)nh, att_keys(j, kv, kvh), (size_t)kv->kv_dim * K_KEY_BLOCK, n_kv, hd);
-    }
+    att_dot_keys(j, vec, scores, j->q + t * j->q_stride + h0 * hd, (int)nh, it->kv, kvh, n_kv);
     float *out0 = j->s->att + t * m->n_head * hd + h0 * hd;
     for (int64_t g = 0; g < nh; g++) {
         vec->softmax(scores + (size_t)g * sc_stride, n_kv, scale); // the weights
         for (int64_t i = 0; i < hd; i++) out0[g * hd + i] = 0;
     }
-    if (kv->type == PSV_KV_F16) {
-        for (int64_t g = 0; g < nh; g++)
-            for (int64_t p = 0; p < n_kv; p++) {
-                const uint16_t *vr = (const uint16_t *)kv->v + base + (size_t)p * (size_t)kv->kv_dim;
-                const float wp = scores[(size_t)g * sc_stride + (size_t)p];
-                for (int64_t i = 0; i < hd; i++) out0[g * hd + i] += wp * psv_fp16_to_f32(vr[i]);
-            }
-    } else {
-        vec->axpy_rows(out0, (size_t)hd, scores, sc_stride, (int)nh, (const float *)kv->v + base, (size_t)kv->kv_dim, n_kv, hd);
-    }
+    att_axpy(j, vec, out0, scores, (int)nh, it->kv, kvh, 0, n_kv);
 }
 
 // The query heads that share KV head kvh of nt tokens t0 .. t0 + nt - 1 at consecutive positions
-// of one sequence (F32 KV cache), together: each key and value row is read once for all of them
+// of one sequence, together: each key and value row is read once for all of them
 // (nt * group queries, at most ATT_TILE_Q). Token t0 + i attends to i more positions than t0:
 // the scores are made for the last token's positions for all (the extra ones unused), the
 // weighted sums over t0's positions for all, then each token's further positions for its own
@@ -16142,16 +16272,15 @@ static void att_tile(const att_job *j, const k_vec_ops *vec, float *scores, floa
     float *qb = buf, *yb = buf + (size_t)nq * (size_t)hd; // the queries and sums, query (i, g) at i * group + g
     for (int64_t i = 0; i < nt; i++)
         memcpy(qb + (size_t)(i * group) * (size_t)hd, j->q + (t0 + i) * j->q_stride + h0 * hd, (size_t)(group * hd) * sizeof(float));
-    vec->dot_keys(scores, sc_stride, qb, (size_t)hd, (int)nq, att_keys(j, kv, kvh), (size_t)kv->kv_dim * K_KEY_BLOCK, n1, hd);
+    att_dot_keys(j, vec, scores, qb, (int)nq, kv, kvh, n1);
     for (int64_t g = 0; g < nq; g++) {
         vec->softmax(scores + (size_t)g * sc_stride, n0 + g / group, scale);
         memset(yb + (size_t)g * (size_t)hd, 0, (size_t)hd * sizeof(float));
     }
-    const float *v0 = (const float *)kv->v + kv_v_at(kv, j->il, 0) + (size_t)kvh * (size_t)hd;
-    vec->axpy_rows(yb, (size_t)hd, scores, sc_stride, (int)nq, v0, (size_t)kv->kv_dim, n0, hd);
+    att_axpy(j, vec, yb, scores, (int)nq, kv, kvh, 0, n0);
     for (int64_t i = 1; i < nt; i++)
-        vec->axpy_rows(yb + (size_t)(i * group) * (size_t)hd, (size_t)hd, scores + (size_t)(i * group) * sc_stride + (size_t)n0, sc_stride,
-                       (int)group, v0 + (size_t)n0 * (size_t)kv->kv_dim, (size_t)kv->kv_dim, i, hd);
+        att_axpy(j, vec, yb + (size_t)(i * group) * (size_t)hd, scores + (size_t)(i * group) * sc_stride + (size_t)n0, (int)group, kv,
+                 kvh, n0, i);
     for (int64_t i = 0; i < nt; i++)
         memcpy(j->s->att + (t0 + i) * m->n_head * hd + h0 * hd, yb + (size_t)(i * group) * (size_t)hd, (size_t)(group * hd) * sizeof(float));
 }
@@ -16176,7 +16305,7 @@ static void att_task(void *arg, int ith, int nth) {
             for (int64_t task = lo; task < hi; task++) {
                 const int64_t k = task / m->n_head_kv, kvh = task % m->n_head_kv;
                 const int64_t t1 = j->n - k * T, t0 = PSV_MAX((int64_t)0, t1 - T); // tokens t0 .. t1 - 1
-                bool tile = t1 - t0 > 1 && j->items[t0].kv->type != PSV_KV_F16;
+                bool tile = t1 - t0 > 1;
                 for (int64_t t = t0 + 1; t < t1 && tile; t++)
                     tile = j->items[t].kv == j->items[t0].kv && j->items[t].pos == j->items[t0].pos + (t - t0);
                 if (tile) att_tile(j, vec, scores, scale, buf, t0, t1 - t0, kvh);

@@ -767,7 +767,10 @@ static void st_check_vec(k_set set) {
     // every magnitude, sometimes non-finite
     static const int64_t lens[] = {1, 3, 8, 15, 16, 17, 31, 32, 40, 64, 80, 96, 100, 128, 256, 512, 528, 1024};
     static const int64_t counts[] = {1, 2, 7, 8, 9, 15, 16, 17, 33, 100};
-    int64_t bad_keys = 0, bad_axpy = 0, checked_att = 0;
+    int64_t bad_keys = 0, bad_axpy = 0, bad_keys16 = 0, bad_axpy16 = 0, checked_att = 0;
+    uint16_t *kh = malloc(CAP * sizeof *kh), *xh = malloc(CAP * sizeof *xh);
+    float *kr = malloc(CAP * sizeof *kr), *xr = malloc(CAP * sizeof *xr), *c16 = malloc(CAP * sizeof *c16);
+    PSV_ASSERT(kh && xh && kr && xr && c16);
     for (size_t li = 0; li < PSV_ARRAY_LEN(lens); li++)
         for (size_t ci = 0; ci < PSV_ARRAY_LEN(counts); ci++) {
             int64_t n = lens[li], nk = counts[ci];
@@ -833,17 +836,38 @@ static void st_check_vec(k_set set) {
             ref->axpy_rows(ya, y_stride, a, s_stride, nq, x, stride, nk, n);
             sk->axpy_rows(yb, y_stride, a, s_stride, nq, x, stride, nk, n);
             for (size_t i = 0; i < (size_t)nq * y_stride; i++) bad_axpy += !st_same(ya[i], yb[i]);
+            // the same over an F16 cache, holding the halves of these keys and value rows: the
+            // reference's F16 kernels give the F32 ones' results on the halves' floats (kr, xr),
+            // and every set's give the reference's
+            for (size_t i = 0; i < (size_t)nblk * bstride; i++) kh[i] = psv_f32_to_fp16(kb[i]), kr[i] = psv_fp16_to_f32(kh[i]);
+            for (size_t i = 0; i < stride * (size_t)nk; i++) xh[i] = psv_f32_to_fp16(x[i]), xr[i] = psv_fp16_to_f32(xh[i]);
+            float *s1 = c16, *s2 = c16 + 2048, *s3 = c16 + 4096;
+            for (size_t i = 0; i < (size_t)nq * s_stride; i++) s1[i] = s2[i] = s3[i] = -7.0f;
+            ref->dot_keys(s1, s_stride, u, q_stride, nq, kr, bstride, nk, n);
+            ref->dot_keys_f16(s2, s_stride, u, q_stride, nq, kh, bstride, nk, n);
+            sk->dot_keys_f16(s3, s_stride, u, q_stride, nq, kh, bstride, nk, n);
+            for (size_t i = 0; i < (size_t)nq * s_stride; i++) bad_keys16 += !st_same(s1[i], s2[i]) || !st_same(s2[i], s3[i]);
+            float *y1 = c16 + 8192, *y2 = y1 + 16384, *y3 = y2 + 16384;
+            for (size_t i = 0; i < (size_t)nq * y_stride; i++) y1[i] = y2[i] = y3[i] = st_sym();
+            ref->axpy_rows(y1, y_stride, a, s_stride, nq, xr, stride, nk, n);
+            ref->axpy_rows_f16(y2, y_stride, a, s_stride, nq, xh, stride, nk, n);
+            sk->axpy_rows_f16(y3, y_stride, a, s_stride, nq, xh, stride, nk, n);
+            for (size_t i = 0; i < (size_t)nq * y_stride; i++) bad_axpy16 += !st_same(y1[i], y2[i]) || !st_same(y2[i], y3[i]);
             checked_att += nq * nk + n;
         }
     { // nothing written beyond the n values of y
-        for (int i = 0; i < 16; i++) a[i] = -7.0f;
+        for (int i = 0; i < 16; i++) a[i] = b[i] = -7.0f;
         x[0] = 1.0f;
+        xh[0] = psv_f32_to_fp16(1.0f);
         float w1 = 1.0f;
         sk->axpy_rows(a, 16, &w1, 1, 1, x, 5, 1, 5);
-        for (int i = 5; i < 16; i++) CHECK(a[i] == -7.0f);
+        sk->axpy_rows_f16(b, 16, &w1, 1, 1, xh, 5, 1, 5);
+        for (int i = 5; i < 16; i++) CHECK(a[i] == -7.0f && b[i] == -7.0f);
     }
     CHECKF(bad_keys == 0 && bad_axpy == 0, "%s attention products: %lld dot_keys and %lld axpy_rows of %lld differ",
            k_set_names[set], (long long)bad_keys, (long long)bad_axpy, (long long)checked_att);
+    CHECKF(bad_keys16 == 0 && bad_axpy16 == 0, "%s attention products over halves: %lld dot_keys_f16 and %lld axpy_rows_f16 of %lld differ",
+           k_set_names[set], (long long)bad_keys16, (long long)bad_axpy16, (long long)checked_att);
     { // attention's softmax: lengths around the vectors of 8, scores of ordinary size, with a
       // spread that underflows exp (its slow lanes), or with infinities, NaNs and ties
         static const int64_t lens2[] = {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 257, 1000};
@@ -918,6 +942,11 @@ static void st_check_vec(k_set set) {
     free(a);
     free(b);
     free(kb);
+    free(kh);
+    free(xh);
+    free(kr);
+    free(xr);
+    free(c16);
 }
 
 // ---- dispatch ----------------------------------------------------------------------------------
