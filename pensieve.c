@@ -19796,6 +19796,7 @@ typedef struct {
     int port;
     int threads;
     uint32_t ctx;
+    psv_kv_type kv_type;
     int parallel;
     const char *api_key;
     int max_queue;
@@ -21916,6 +21917,7 @@ static int srv_run(srv_conf *conf) {
     for (int i = 0; i < s->conf.parallel; i++) {
         psv_ctx_params cp = psv_ctx_default_params();
         cp.n_ctx = s->conf.ctx;
+        cp.kv_type = s->conf.kv_type;
         cp.n_batch = 1; // the scheduler's scratch does the work; a slot only keeps its cache
         if (psv_ctx_new(s->model, &cp, &s->slots[i].ctx, &err) != PSV_OK) {
             fprintf(stderr, "pensieve: slot %d: %s\n", i, err.message);
@@ -21953,11 +21955,11 @@ static int srv_run(srv_conf *conf) {
     if (k_kernel_set_note()) fprintf(stderr, "pensieve: %s\n", k_kernel_set_note());
     if (psv_build_note()) fprintf(stderr, "pensieve: %s\n", psv_build_note());
     if (warning) fprintf(stderr, "pensieve: %s\n", warning);
-    printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u, %d slots, %s kernels "
-           "(ready in %.1f s)\n",
+    printf("pensieve: serving %s (%s, chat format %s) on http://%s%s%s:%d — %d threads, ctx %u (%s KV cache), %d slots, "
+           "%s kernels (ready in %.1f s)\n",
            conf->model_name, conf->model_quant ? conf->model_quant : psv_model_arch(s->model), fmt ? fmt : "none", strchr(conf->host, ':') ? "[" : "", conf->host,
-           strchr(conf->host, ':') ? "]" : "", conf->port, psv_model_n_threads(s->model), s->conf.ctx, s->conf.parallel,
-           k_kernel_set_name(), plat_now() - t0);
+           strchr(conf->host, ':') ? "]" : "", conf->port, psv_model_n_threads(s->model), s->conf.ctx,
+           s->slots[0].ctx->kv.type == PSV_KV_F16 ? "f16" : "f32", s->conf.parallel, k_kernel_set_name(), plat_now() - t0);
     fflush(stdout);
     while (!s->stopping) {
         struct pollfd pf[2] = {{s->listen_fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
@@ -22068,6 +22070,7 @@ static int cli_serve(int argc, char **argv) {
     c.cors_origin = srv_env("PENSIEVE_CORS_ORIGIN", NULL);
     c.model_path = srv_env("PENSIEVE_MODEL", NULL);
     const char *log_format = srv_env("PENSIEVE_LOG_FORMAT", "text");
+    const char *kv_type = srv_env("PENSIEVE_KV_TYPE", "f32");
     const char *mirror = NULL;
     for (int i = 1; i < argc; i += 2) { // every option takes a value
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -22085,6 +22088,7 @@ static int cli_serve(int argc, char **argv) {
                    "  -t, --threads N        threads for inference [all CPUs] (env PENSIEVE_THREADS)\n"
                    "  -c, --ctx N            context size per slot [model's, at most 4096] (env PENSIEVE_CTX)\n"
                    "  --parallel N           concurrent generation slots [4] (env PENSIEVE_PARALLEL)\n"
+                   "  --kv-type f32|f16      KV cache precision [f32]; f16 halves its memory (env PENSIEVE_KV_TYPE)\n"
                    "  --api-key KEY          require this key (x-api-key or Authorization: Bearer) (env PENSIEVE_API_KEY)\n"
                    "  --max-queue N          requests that may wait for a slot [64]; beyond: 529 / 503\n"
                    "  --timeout S            seconds a request may wait for a slot [600]\n"
@@ -22103,6 +22107,7 @@ static int cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = str_to_i64(v, 1, 1024, &threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) ok = str_to_i64(v, 16, 1 << 22, &ctx);
         else if (!strcmp(a, "--parallel")) ok = str_to_i64(v, 1, 256, &parallel);
+        else if (!strcmp(a, "--kv-type")) kv_type = v;
         else if (!strcmp(a, "--api-key")) c.api_key = v;
         else if (!strcmp(a, "--max-queue")) ok = str_to_i64(v, 0, 1 << 20, &max_queue);
         else if (!strcmp(a, "--timeout")) ok = str_to_i64(v, 1, 1 << 20, &timeout);
@@ -22124,6 +22129,11 @@ static int cli_serve(int argc, char **argv) {
         fprintf(stderr, "pensieve serve: --log-format must be text or json\n");
         return 2;
     }
+    if (!kv_type || (strcmp(kv_type, "f32") && strcmp(kv_type, "f16"))) {
+        fprintf(stderr, "pensieve serve: --kv-type must be f32 or f16\n");
+        return 2;
+    }
+    c.kv_type = !strcmp(kv_type, "f16") ? PSV_KV_F16 : PSV_KV_F32;
     if (c.cors_origin && !strcmp(c.cors_origin, "*") && c.api_key) {
         // credentials (the key) must never be combined with a wildcard origin (Fetch standard)
         fprintf(stderr, "pensieve serve: --cors-origin '*' cannot be combined with an API key; name the origin\n");

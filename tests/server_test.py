@@ -521,6 +521,25 @@ def test_keys():
         check(s.stop() == 0, "key server exits 0 on SIGTERM")
 
 
+def test_kv_type():
+    """--kv-type f16: the slots keep F16 KV caches (the ready line says so) and answer; a bad value
+    exits 2 before the model loads."""
+    s = Server("--kv-type", "f16")
+    try:
+        check("ctx 512 (f16 KV cache)" in s.ready, "--kv-type f16 in the ready line: %r" % s.ready)
+        r, e = s.json("POST", "/v1/messages", msg("Count: one, two,", max_tokens=12))
+        check(r.status == 200 and e["content"][0]["type"] == "text" and e["usage"]["output_tokens"] > 0,
+              "f16 KV cache: an answer (%s %s)" % (r.status, e))
+    finally:
+        check(s.stop() == 0, "f16 server exits 0 on SIGTERM")
+    check("(f32 KV cache)" in Server.last_ready, "f32 KV cache by default: %r" % Server.last_ready)
+    p = subprocess.run([BIN, "serve", "-m", MODEL, "--kv-type", "q8"], capture_output=True, text=True, timeout=30)
+    check(p.returncode == 2 and "--kv-type must be f32 or f16" in p.stderr, "--kv-type q8: exit 2 (%d %r)" % (p.returncode, p.stderr))
+    env = dict(os.environ, PENSIEVE_KV_TYPE="f17")
+    p = subprocess.run([BIN, "serve", "-m", MODEL], capture_output=True, text=True, timeout=30, env=env)
+    check(p.returncode == 2 and "--kv-type must be f32 or f16" in p.stderr, "PENSIEVE_KV_TYPE=f17: exit 2 (%d)" % p.returncode)
+
+
 def test_shutdown():
     s = Server()
     r, data = s.req("GET", "/health")
@@ -545,6 +564,7 @@ def main():
     try:
         if not check(s.ready.startswith("pensieve: serving"), "server started: %r %s" % (s.ready, s.proc.stderr.read() if s.proc.poll() is not None else "")):
             return
+        Server.last_ready = s.ready
         test_anthropic(s)
         test_openai(s)
         test_http(s)
@@ -556,6 +576,7 @@ def main():
     test_cors()
     test_slow_clients()
     test_emfile()
+    test_kv_type()
     test_shutdown()
 
 
