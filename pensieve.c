@@ -7561,12 +7561,21 @@ static inline double k_no_fuse(double v) {
 // ---- F32, F16, BF16 ------------------------------------------------------------------------
 // Each is its own vec_dot_type (ggml: F16 weights multiply F16 activations, BF16 multiply BF16).
 //
-// The float dot products accumulate in K_LANES double lanes: product i is added to lane
+// The F32 dot product accumulates in K_LANES double lanes: product i is added to lane
 // i % K_LANES, each lane in index order, and then the lanes are added in order, lane 0 first
 // (s = ((lane0 + lane1) + lane2) + ...). The SIMD kernels keep exactly these lanes in vector
 // registers, which makes them bit-identical to these loops; a row shorter than K_LANES is summed
 // in plain index order. Each product is exact in double, so every addition rounds once:
 // |s - exact| <= 2^-24 |exact| + (n / K_LANES + K_LANES) 2^-53 sum |x_i y_i|.
+//
+// F16 and BF16 accumulate in K_LANES float lanes, as the reference runtime's vector code does:
+// product i, formed in float, is added to lane i % K_LANES, and the lanes are then summed as a
+// vector sum ends, halving: lane l += lane l + 8, then l + 4, l + 2, l + 1 (k_flanes_sum). A
+// product of two halves is exact in float (11 + 11 significant bits, |product| < 2^32), so an
+// FMA rounds where the multiply and add do; a product of two bfloats is exact unless it leaves
+// float's range, so it is rounded first (multiply, then add: the file has contraction off). One
+// vector multiply-add per 8 or 16 values, where double lanes took a multiply, two conversions
+// and two additions; |s - exact| <= (n / K_LANES + 5) 2^-24 sum |x_i y_i| (in range).
 #define K_LANES 16
 #define K_BLOCK_LANES 4 // the quantized dot products' lanes (see the section comment)
 #define K_SOFTMAX_LANES 8 // the lanes of the attention weights' sum (k_softmax_ref)
@@ -7593,6 +7602,13 @@ static float k_lanes_sum(const double *acc, int n_lanes) {
     double s = acc[0];
     for (int l = 1; l < n_lanes; l++) s += acc[l];
     return (float)s;
+}
+
+// K_LANES float lanes summed halving (acc is overwritten): lane l += lane l + w for w = 8, 4, 2, 1.
+static float k_flanes_sum(float *acc) {
+    for (int w = K_LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] = acc[l] + acc[l + w];
+    return acc[0];
 }
 
 static void k_dequant_f32_ref(const void *vx, float *y, int64_t n) {
@@ -7637,15 +7653,13 @@ static void k_quant_f16_ref(const float *x, void *vy, int64_t n) {
     uint8_t *y = vy;
     for (int64_t i = 0; i < n; i++) k_st_f16(y + 2 * i, x[i]);
 }
-// Products of two halves are exact in float (11+11 significant bits, |product| < 2^32); summed
-// in double lanes (see K_LANES), rounded once. ggml's scalar ggml_vec_dot_f16 also accumulates
-// in double, in index order.
+// Exact float products summed in float lanes (see K_LANES).
 static void k_dot_f16_f16_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const uint8_t *x = vx, *y = vy;
     const float *lut = k_fp16_lut();
-    double acc[K_LANES] = {0};
-    for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)(lut[ld_u16(x + 2 * i)] * lut[ld_u16(y + 2 * i)]);
-    *s = k_lanes_sum(acc, K_LANES);
+    float acc[K_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += lut[ld_u16(x + 2 * i)] * lut[ld_u16(y + 2 * i)];
+    *s = k_flanes_sum(acc);
 }
 
 static void k_dequant_bf16_ref(const void *vx, float *y, int64_t n) {
@@ -7657,14 +7671,12 @@ static void k_quant_bf16_ref(const float *x, void *vy, int64_t n) {
     uint8_t *y = vy;
     for (int64_t i = 0; i < n; i++) wr_u16(y + 2 * i, psv_f32_to_bf16(x[i]));
 }
-// Products in double (exact, and unlike a float product they cannot overflow: bf16 has float's
-// range), summed in double lanes (see K_LANES), rounded once.
+// Float products (rounded, exact unless out of float's range) summed in float lanes (K_LANES).
 static void k_dot_bf16_bf16_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const uint8_t *x = vx, *y = vy;
-    double acc[K_LANES] = {0};
-    for (int64_t i = 0; i < n; i++)
-        acc[i % K_LANES] += (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
-    *s = k_lanes_sum(acc, K_LANES);
+    float acc[K_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += psv_bf16_to_f32(ld_u16(x + 2 * i)) * psv_bf16_to_f32(ld_u16(y + 2 * i));
+    *s = k_flanes_sum(acc);
 }
 
 // ---- Q8_0 and Q8_1: the activation types of the 32-value formats ------------------------------
@@ -8895,6 +8907,7 @@ static size_t k_act_side_stride(const k_traits *tr, int64_t n, bool gemm) {
 // The side data of activation row y of type atype, for weights whose quant offset is off; the
 // part at k_act_side_x only with `one_row` (the gemv1 kernels': a product of one row).
 static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uint8_t *side, bool one_row) {
+    if (atype != T_Q8_0 && atype != T_Q8_1 && atype != T_Q8_K) return; // the float types have none
     const size_t bs = atype == T_Q8_K ? K_Q8_K_SIZE : atype == T_Q8_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const size_t qo = atype == T_Q8_0 ? 2 : 4;
     const int64_t qb = atype == T_Q8_K ? QK_K : 32, nb = n / qb;
@@ -10581,11 +10594,11 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 }
 
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
-// The K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
-// acc[i]); each product is exact in double (F16: already in float), so an FMA or an add rounds
-// exactly where the reference's `+=` does. A partial last group is padded with zeros, which
-// leaves the lanes unchanged (no lane is ever -0: it starts at +0 and round-to-nearest never
-// produces -0 from a sum that is not all -0). Then the lanes are summed in order, as k_lanes_sum.
+// F32: the K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
+// acc[i]); each product is exact in double, so an FMA rounds exactly where the reference's `+=`
+// does. A partial last group is padded with zeros, which leaves the lanes unchanged (no lane is
+// ever -0: it starts at +0 and round-to-nearest never produces -0 from a sum that is not all
+// -0). Then the lanes are summed in order, as k_lanes_sum. F16 and BF16: float lanes, below.
 
 K_AVX2 K_INLINE float k_lanes_sum_avx2(__m256d a0, __m256d a1, __m256d a2, __m256d a3) {
     double l[K_LANES];
@@ -10689,52 +10702,135 @@ K_AVX2 static void k_dot_keys_f16_avx2(float *s, size_t s_stride, const float *q
     else k_dot_keys_core_avx2(true, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
 }
 
-// F16: the float product of two halves is exact, so it is formed in float and widened.
-K_AVX2 K_INLINE void k_lanes_add_f16_avx2(__m128i x0, __m128i x1, __m128i y0, __m128i y1, __m256d *a) {
-    __m256 p0 = _mm256_mul_ps(_mm256_cvtph_ps(x0), _mm256_cvtph_ps(y0));
-    __m256 p1 = _mm256_mul_ps(_mm256_cvtph_ps(x1), _mm256_cvtph_ps(y1));
-    a[0] = _mm256_add_pd(a[0], _mm256_cvtps_pd(_mm256_castps256_ps128(p0)));
-    a[1] = _mm256_add_pd(a[1], _mm256_cvtps_pd(_mm256_extractf128_ps(p0, 1)));
-    a[2] = _mm256_add_pd(a[2], _mm256_cvtps_pd(_mm256_castps256_ps128(p1)));
-    a[3] = _mm256_add_pd(a[3], _mm256_cvtps_pd(_mm256_extractf128_ps(p1, 1)));
-}
-
-K_AVX2 static void k_dot_f16_f16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
-    const uint8_t *x = vx, *y = vy;
-    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        k_lanes_add_f16_avx2(k_load128(x + 2 * i), k_load128(x + 2 * i + 16), k_load128(y + 2 * i),
-                             k_load128(y + 2 * i + 16), a);
-    if (i < n) {
-        uint8_t tx[32] = {0}, ty[32] = {0};
-        memcpy(tx, x + 2 * i, (size_t)(n - i) * 2);
-        memcpy(ty, y + 2 * i, (size_t)(n - i) * 2);
-        k_lanes_add_f16_avx2(k_load128(tx), k_load128(tx + 16), k_load128(ty), k_load128(ty + 16), a);
-    }
-    *s = k_lanes_sum_avx2(a[0], a[1], a[2], a[3]);
-}
-
-// 8 bf16 values to floats (the bf16 bits are the float's upper half).
+// F16 and BF16 (float lanes, see K_LANES): lanes 0-7 and 8-15 of each sum in two registers.
+// 8 bfloats as floats (a bfloat's bits are a float's upper half).
 K_AVX2 K_INLINE __m256 k_bf16x8_avx2(__m128i h) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-K_AVX2 static void k_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
-    const uint8_t *x = vx, *y = vy;
-    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+// 8 values at p as floats: bfloats (bf) or halves.
+K_AVX2 K_INLINE __m256 k_flt8_avx2(const bool bf, const uint8_t *p) {
+    const __m128i h = k_load128(p);
+    return bf ? k_bf16x8_avx2(h) : _mm256_cvtph_ps(h);
+}
+
+// acc + x y: one FMA for halves (the product is exact), a multiply then an add for bfloats.
+K_AVX2 K_INLINE __m256 k_flane_add_avx2(const bool bf, __m256 acc, __m256 x, __m256 y) {
+    return bf ? _mm256_add_ps(acc, _mm256_mul_ps(x, y)) : _mm256_fmadd_ps(x, y, acc);
+}
+
+// Lanes 0-7 (a0) and 8-15 (a1) summed as k_flanes_sum sums them.
+K_AVX2 K_INLINE float k_flanes_sum_avx2(__m256 a0, __m256 a1) {
+    const __m256 s8 = _mm256_add_ps(a0, a1);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// Weight row x against c (1..K_ROWS_MAX) activation rows y + r ys, all F16 or all BF16: each
+// 16 values of x converted once for all of them; the last n % 16 through zero-padded copies
+// (a product of zeros leaves a lane unchanged: no lane is ever -0, as it starts at +0).
+K_AVX2 K_INLINE void k_dot_rows_flt_avx2(const int c, const bool bf, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
+                                         const uint8_t *y, size_t ys) {
+    __m256 a[K_ROWS_MAX][2];
+    K_UNROLL
+    for (int r = 0; r < c; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        k_lanes_fma_avx2(k_bf16x8_avx2(k_load128(x + 2 * i)), k_bf16x8_avx2(k_load128(x + 2 * i + 16)),
-                         k_bf16x8_avx2(k_load128(y + 2 * i)), k_bf16x8_avx2(k_load128(y + 2 * i + 16)), a);
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x0 = k_flt8_avx2(bf, x + 2 * i), x1 = k_flt8_avx2(bf, x + 2 * i + 16);
+        K_UNROLL
+        for (int r = 0; r < c; r++) {
+            const uint8_t *yr = y + (size_t)r * ys + 2 * i;
+            a[r][0] = k_flane_add_avx2(bf, a[r][0], x0, k_flt8_avx2(bf, yr));
+            a[r][1] = k_flane_add_avx2(bf, a[r][1], x1, k_flt8_avx2(bf, yr + 16));
+        }
+    }
     if (i < n) {
         uint8_t tx[32] = {0}, ty[32] = {0};
         memcpy(tx, x + 2 * i, (size_t)(n - i) * 2);
-        memcpy(ty, y + 2 * i, (size_t)(n - i) * 2);
-        k_lanes_fma_avx2(k_bf16x8_avx2(k_load128(tx)), k_bf16x8_avx2(k_load128(tx + 16)),
-                         k_bf16x8_avx2(k_load128(ty)), k_bf16x8_avx2(k_load128(ty + 16)), a);
+        const __m256 x0 = k_flt8_avx2(bf, tx), x1 = k_flt8_avx2(bf, tx + 16);
+        for (int r = 0; r < c; r++) {
+            memcpy(ty, y + (size_t)r * ys + 2 * i, (size_t)(n - i) * 2);
+            a[r][0] = k_flane_add_avx2(bf, a[r][0], x0, k_flt8_avx2(bf, ty));
+            a[r][1] = k_flane_add_avx2(bf, a[r][1], x1, k_flt8_avx2(bf, ty + 16));
+        }
     }
-    *s = k_lanes_sum_avx2(a[0], a[1], a[2], a[3]);
+    for (int r = 0; r < c; r++) s[r * s_stride] = k_flanes_sum_avx2(a[r][0], a[r][1]);
+}
+
+K_AVX2 K_INLINE void k_dot_rows_flt_core_avx2(const bool bf, int64_t n, float *s, int64_t s_stride, const void *x,
+                                              const void *y, size_t ys, int nr) {
+    switch (nr) {
+    case 1: k_dot_rows_flt_avx2(1, bf, n, s, s_stride, x, y, ys); break;
+    case 2: k_dot_rows_flt_avx2(2, bf, n, s, s_stride, x, y, ys); break;
+    case 3: k_dot_rows_flt_avx2(3, bf, n, s, s_stride, x, y, ys); break;
+    default: k_dot_rows_flt_avx2(4, bf, n, s, s_stride, x, y, ys); break;
+    }
+}
+
+// Four weight rows at a time (a gemv1 kernel, k_gemv1_rows: four streams, each prefetched
+// K_GEMV1_PF ahead) against one activation row y, all F16 or all BF16: each 16 values of y
+// converted once for the four; each row's sum as vec_dot's. (side: unused, these types have none.)
+K_AVX2 K_INLINE void k_gemv1_flt_avx2(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
+                                      int w1, const uint8_t *y) {
+    for (int w = w0; w < w1; w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m256 a[4][2];
+        K_UNROLL
+        for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const __m256 y0 = k_flt8_avx2(bf, y + 2 * i), y1 = k_flt8_avx2(bf, y + 2 * i + 16);
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xp = xr[r] + 2 * i;
+                if ((i & 31) == 0) k_prefetch_ahead(xp, K_GEMV1_PF); // a line every other step
+                a[r][0] = k_flane_add_avx2(bf, a[r][0], k_flt8_avx2(bf, xp), y0);
+                a[r][1] = k_flane_add_avx2(bf, a[r][1], k_flt8_avx2(bf, xp + 16), y1);
+            }
+        }
+        if (i < n) { // zero-padded copies, as k_dot_rows_flt_avx2
+            uint8_t ty[32] = {0}, tx[32] = {0};
+            memcpy(ty, y + 2 * i, (size_t)(n - i) * 2);
+            const __m256 y0 = k_flt8_avx2(bf, ty), y1 = k_flt8_avx2(bf, ty + 16);
+            for (int r = 0; r < 4; r++) {
+                memcpy(tx, xr[r] + 2 * i, (size_t)(n - i) * 2);
+                a[r][0] = k_flane_add_avx2(bf, a[r][0], k_flt8_avx2(bf, tx), y0);
+                a[r][1] = k_flane_add_avx2(bf, a[r][1], k_flt8_avx2(bf, tx + 16), y1);
+            }
+        }
+        float out[4];
+        K_UNROLL
+        for (int r = 0; r < 4; r++) out[r] = k_flanes_sum_avx2(a[r][0], a[r][1]);
+        k_gemv1_put(out, s, w, nw);
+    }
+}
+
+K_AVX2 static void k_gemv1_f16_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                    const uint8_t *y, const uint8_t *side) {
+    (void)side;
+    k_gemv1_flt_avx2(false, n, s, x, x_stride, nw, w0, w1, y);
+}
+K_AVX2 static void k_gemv1_bf16_avx2(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                     const uint8_t *y, const uint8_t *side) {
+    (void)side;
+    k_gemv1_flt_avx2(true, n, s, x, x_stride, nw, w0, w1, y);
+}
+
+K_AVX2 static void k_dot_f16_f16_avx2(int64_t n, float *s, const void *x, const void *y) {
+    k_dot_rows_flt_avx2(1, false, n, s, 1, x, y, 0);
+}
+K_AVX2 static void k_dot_bf16_bf16_avx2(int64_t n, float *s, const void *x, const void *y) {
+    k_dot_rows_flt_avx2(1, true, n, s, 1, x, y, 0);
+}
+K_AVX2 static void k_dot_rows_f16_f16_avx2(int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
+                                           size_t ys, int nr) {
+    k_dot_rows_flt_core_avx2(false, n, s, s_stride, x, y, ys, nr);
+}
+K_AVX2 static void k_dot_rows_bf16_bf16_avx2(int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
+                                             size_t ys, int nr) {
+    k_dot_rows_flt_core_avx2(true, n, s, s_stride, x, y, ys, nr);
 }
 
 // ---- AVX2: activation quantizers -------------------------------------------------------------
@@ -14206,10 +14302,11 @@ static void k_quant_q8_k_neon(const float *x, void *vy, int64_t n) {
 }
 
 // ---- NEON: float dot products and attention's products -------------------------------------------
-// The reference's K_LANES = 16 double lanes as eight float64x2 registers: value i goes to lane
-// i % 16, lanes added in order at the end. F32 and BF16 products are exact in double and added
-// with one FMA (the sum of an exact product, as the reference rounds it); F16 products are exact
-// in float and converted. The conversions to float are the hardware's (exact, as the reference's).
+// F32: the reference's K_LANES = 16 double lanes as eight float64x2 registers: value i goes to
+// lane i % 16, lanes added in order at the end; the products are exact in double and added with
+// one FMA (the sum of an exact product, as the reference rounds it). F16 and BF16: the 16 float
+// lanes as four float32x4 registers (see K_LANES). The conversions to float are the hardware's
+// (exact, as the reference's).
 
 // acc[k] += values 2k, 2k + 1 of the 16 products of x and y (doubles)
 static inline void k_fma16_neon(float64x2_t acc[8], const float32x4_t x[4], const float32x4_t y[4]) {
@@ -14220,51 +14317,147 @@ static inline void k_fma16_neon(float64x2_t acc[8], const float32x4_t x[4], cons
 }
 
 // The lanes, then the values from i on one by one as the reference adds them (lane i % 16).
-static inline float k_lanes16_neon(const float64x2_t acc[8], int64_t i, int64_t n, uint32_t type, const uint8_t *x,
-                                   const uint8_t *y) {
+static inline float k_lanes16_neon(const float64x2_t acc[8], int64_t i, int64_t n, const uint8_t *x, const uint8_t *y) {
     double a[K_LANES];
     for (int k = 0; k < 8; k++) vst1q_f64(a + 2 * k, acc[k]);
-    for (; i < n; i++) {
-        double t;
-        if (type == T_F32) t = (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
-        else if (type == T_F16) t = (double)(k_f16_neon(x + 2 * i) * k_f16_neon(y + 2 * i));
-        else t = (double)psv_bf16_to_f32(ld_u16(x + 2 * i)) * (double)psv_bf16_to_f32(ld_u16(y + 2 * i));
-        a[i % K_LANES] += t;
-    }
+    for (; i < n; i++) a[i % K_LANES] += (double)k_ld_f32(x + 4 * i) * (double)k_ld_f32(y + 4 * i);
     return k_lanes_sum(a, K_LANES);
 }
 
-static inline float32x4_t k_bf16x4_neon(const uint8_t *p) {
-    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(const void *)p), 16));
-}
-
-static inline float k_dot_float_neon(uint32_t type, int64_t n, const uint8_t *x, const uint8_t *y) {
+static void k_dot_f32_f32_neon(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *x = vx, *y = vy;
     float64x2_t acc[8];
     for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f64(0);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         float32x4_t a[4], b[4];
         for (int k = 0; k < 4; k++) {
-            if (type == T_F32) {
-                a[k] = vld1q_f32((const float *)(const void *)(x + 4 * (i + 4 * k)));
-                b[k] = vld1q_f32((const float *)(const void *)(y + 4 * (i + 4 * k)));
-            } else if (type == T_BF16) {
-                a[k] = k_bf16x4_neon(x + 2 * (i + 4 * k));
-                b[k] = k_bf16x4_neon(y + 2 * (i + 4 * k));
-            } else { // F16: the float products, exact
-                const float32x4_t p = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(x + 2 * (i + 4 * k)))),
-                                                vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(y + 2 * (i + 4 * k)))));
-                acc[2 * k] = vaddq_f64(acc[2 * k], vcvt_f64_f32(vget_low_f32(p)));
-                acc[2 * k + 1] = vaddq_f64(acc[2 * k + 1], vcvt_high_f64_f32(p));
+            a[k] = vld1q_f32((const float *)(const void *)(x + 4 * (i + 4 * k)));
+            b[k] = vld1q_f32((const float *)(const void *)(y + 4 * (i + 4 * k)));
+        }
+        k_fma16_neon(acc, a, b);
+    }
+    *s = k_lanes16_neon(acc, i, n, x, y);
+}
+
+// 4 values at p as floats: bfloats (bf, a float's upper half) or halves.
+static inline float32x4_t k_flt4_neon(const bool bf, const uint8_t *p) {
+    const uint16x4_t h = vld1_u16((const uint16_t *)(const void *)p);
+    return bf ? vreinterpretq_f32_u32(vshll_n_u16(h, 16)) : vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+// acc + x y: one FMA for halves (the product is exact), a multiply then an add for bfloats.
+static inline float32x4_t k_flane_add_neon(const bool bf, float32x4_t acc, float32x4_t x, float32x4_t y) {
+    return bf ? vaddq_f32(acc, vmulq_f32(x, y)) : vfmaq_f32(acc, x, y);
+}
+
+// Weight row x against c (1..K_ROWS_MAX) activation rows y + r ys, all F16 or all BF16 (float
+// lanes, see K_LANES: lanes 4k .. 4k + 3 in a[r][k]), as k_dot_rows_flt_avx2: each 16 values of
+// x converted once for all rows, the last n % 16 through zero-padded copies.
+static inline void k_dot_rows_flt_neon(const int c, const bool bf, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
+                                       const uint8_t *y, size_t ys) {
+    float32x4_t a[K_ROWS_MAX][4];
+    for (int r = 0; r < c; r++)
+        for (int k = 0; k < 4; k++) a[r][k] = vdupq_n_f32(0);
+    int64_t i = 0;
+    uint8_t tx[32], ty[32];
+    for (; i < n; i += 16) {
+        const uint8_t *xp = x + 2 * i;
+        const bool part = i + 16 > n;
+        if (part) {
+            memset(tx, 0, sizeof tx);
+            memcpy(tx, xp, (size_t)(n - i) * 2);
+            xp = tx;
+        }
+        float32x4_t xv[4];
+        for (int k = 0; k < 4; k++) xv[k] = k_flt4_neon(bf, xp + 8 * k);
+        for (int r = 0; r < c; r++) {
+            const uint8_t *yp = y + (size_t)r * ys + 2 * i;
+            if (part) {
+                memset(ty, 0, sizeof ty);
+                memcpy(ty, yp, (size_t)(n - i) * 2);
+                yp = ty;
+            }
+            for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], xv[k], k_flt4_neon(bf, yp + 8 * k));
+        }
+    }
+    for (int r = 0; r < c; r++) { // lane l += l + 8, + 4, + 2, + 1 (k_flanes_sum)
+        const float32x4_t s4 = vaddq_f32(vaddq_f32(a[r][0], a[r][2]), vaddq_f32(a[r][1], a[r][3]));
+        const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+        s[r * s_stride] = vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+    }
+}
+
+static void k_dot_rows_flt_core_neon(const bool bf, int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
+                                     size_t ys, int nr) {
+    switch (nr) {
+    case 1: k_dot_rows_flt_neon(1, bf, n, s, s_stride, x, y, ys); break;
+    case 2: k_dot_rows_flt_neon(2, bf, n, s, s_stride, x, y, ys); break;
+    case 3: k_dot_rows_flt_neon(3, bf, n, s, s_stride, x, y, ys); break;
+    default: k_dot_rows_flt_neon(4, bf, n, s, s_stride, x, y, ys); break;
+    }
+}
+
+// Four weight rows at a time against one activation row (a gemv1 kernel), all F16 or all BF16,
+// as k_gemv1_flt_avx2: each 16 values of y converted once for the four rows.
+static inline void k_gemv1_flt_neon(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
+                                    int w1, const uint8_t *y) {
+    uint8_t tx[32], ty[32];
+    for (int w = w0; w < w1; w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        float32x4_t a[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int k = 0; k < 4; k++) a[r][k] = vdupq_n_f32(0);
+        for (int64_t i = 0; i < n; i += 16) {
+            const bool part = i + 16 > n;
+            const uint8_t *yp = y + 2 * i;
+            if (part) {
+                memset(ty, 0, sizeof ty);
+                memcpy(ty, yp, (size_t)(n - i) * 2);
+                yp = ty;
+            }
+            float32x4_t yv[4];
+            for (int k = 0; k < 4; k++) yv[k] = k_flt4_neon(bf, yp + 8 * k);
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xp = xr[r] + 2 * i;
+                if (part) {
+                    memset(tx, 0, sizeof tx);
+                    memcpy(tx, xp, (size_t)(n - i) * 2);
+                    xp = tx;
+                }
+                for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], k_flt4_neon(bf, xp + 8 * k), yv[k]);
             }
         }
-        if (type != T_F16) k_fma16_neon(acc, a, b);
+        float out[4];
+        for (int r = 0; r < 4; r++) { // lane l += l + 8, + 4, + 2, + 1 (k_flanes_sum)
+            const float32x4_t s4 = vaddq_f32(vaddq_f32(a[r][0], a[r][2]), vaddq_f32(a[r][1], a[r][3]));
+            const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+            out[r] = vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+        }
+        k_gemv1_put(out, s, w, nw);
     }
-    return k_lanes16_neon(acc, i, n, type, x, y);
 }
-static void k_dot_f32_f32_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_F32, n, x, y); }
-static void k_dot_f16_f16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_F16, n, x, y); }
-static void k_dot_bf16_bf16_neon(int64_t n, float *s, const void *x, const void *y) { *s = k_dot_float_neon(T_BF16, n, x, y); }
+
+static void k_gemv1_f16_neon(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1, const uint8_t *y,
+                             const uint8_t *side) {
+    (void)side;
+    k_gemv1_flt_neon(false, n, s, x, x_stride, nw, w0, w1, y);
+}
+static void k_gemv1_bf16_neon(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1, const uint8_t *y,
+                              const uint8_t *side) {
+    (void)side;
+    k_gemv1_flt_neon(true, n, s, x, x_stride, nw, w0, w1, y);
+}
+
+static void k_dot_f16_f16_neon(int64_t n, float *s, const void *x, const void *y) { k_dot_rows_flt_neon(1, false, n, s, 1, x, y, 0); }
+static void k_dot_bf16_bf16_neon(int64_t n, float *s, const void *x, const void *y) { k_dot_rows_flt_neon(1, true, n, s, 1, x, y, 0); }
+static void k_dot_rows_f16_f16_neon(int64_t n, float *s, int64_t s_stride, const void *x, const void *y, size_t ys, int nr) {
+    k_dot_rows_flt_core_neon(false, n, s, s_stride, x, y, ys, nr);
+}
+static void k_dot_rows_bf16_bf16_neon(int64_t n, float *s, int64_t s_stride, const void *x, const void *y, size_t ys, int nr) {
+    k_dot_rows_flt_core_neon(true, n, s, s_stride, x, y, ys, nr);
+}
 
 // Two floats at p, or two halves widened (h).
 static inline float32x2_t k_vals2_neon(const bool h, const uint8_t *p) {
@@ -14585,6 +14778,10 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     t[T_F32].vec_dot = k_dot_f32_f32_neon;
     t[T_F16].vec_dot = k_dot_f16_f16_neon;
     t[T_BF16].vec_dot = k_dot_bf16_bf16_neon;
+    t[T_F16].vec_dot_rows = k_dot_rows_f16_f16_neon;
+    t[T_BF16].vec_dot_rows = k_dot_rows_bf16_bf16_neon;
+    t[T_F16].gemv1 = k_gemv1_f16_neon;
+    t[T_BF16].gemv1 = k_gemv1_bf16_neon;
 }
 #endif // PSV_ARM64
 
@@ -14746,8 +14943,8 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q8_0, k_dot_q8_0_q8_0_avx2, k_dot_rows_q8_0_q8_0_avx2}, {T_Q2_K, k_dot_q2_k_q8_k_avx2, k_dot_rows_q2_k_q8_k_avx2},
         {T_Q3_K, k_dot_q3_k_q8_k_avx2, k_dot_rows_q3_k_q8_k_avx2}, {T_Q4_K, k_dot_q4_k_q8_k_avx2, k_dot_rows_q4_k_q8_k_avx2},
         {T_Q5_K, k_dot_q5_k_q8_k_avx2, k_dot_rows_q5_k_q8_k_avx2}, {T_Q6_K, k_dot_q6_k_q8_k_avx2, k_dot_rows_q6_k_q8_k_avx2},
-        {T_F32, k_dot_f32_f32_avx2, NULL},                         {T_F16, k_dot_f16_f16_avx2, NULL},
-        {T_BF16, k_dot_bf16_bf16_avx2, NULL},
+        {T_F32, k_dot_f32_f32_avx2, NULL},                         {T_F16, k_dot_f16_f16_avx2, k_dot_rows_f16_f16_avx2},
+        {T_BF16, k_dot_bf16_bf16_avx2, k_dot_rows_bf16_bf16_avx2},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
         t[dots[i].type].vec_dot = dots[i].dot;
@@ -14764,6 +14961,8 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
+    t[T_F16].gemv1 = k_gemv1_f16_avx2;
+    t[T_BF16].gemv1 = k_gemv1_bf16_avx2;
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx2;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx2;
     t[T_Q4_K].gemv1 = k_gemv1_q4_k_avx2;

@@ -450,11 +450,23 @@ static void test_dot_by_hand(void) {
     wr_u16(c, 0x4200); wr_u16(c + 2, 0x3400); wr_u16(c + 4, 0xc400);
     k_dot_f16_f16_ref(3, &s, a, c);
     CHECKF(s == 0.5f, "f16 . f16 = %g", s);
-    // BF16 with products beyond float's range that cancel: 2^100 * 2^100 - 2^100 * 2^100 + 1 * 3
-    wr_u16(a, 0x7180); wr_u16(a + 2, 0x7180); wr_u16(a + 4, 0x3f80); // 2^100, 2^100, 1
-    wr_u16(c, 0x7180); wr_u16(c + 2, 0xf180); wr_u16(c + 4, 0x4040); // 2^100, -2^100, 3
+    // F16's float lanes summed halving: 4096 * 4096 in lane 0, -4096 * 4096 in lane 1, 1 * 1 in
+    // lane 8; lane 0 + lane 8 = 2^24 + 1 rounds to 2^24, which lane 1 then cancels: 0 (the sum in
+    // index order would be 1)
+    uint8_t a9[18] = {0}, c9[18] = {0};
+    wr_u16(a9, 0x6c00); wr_u16(a9 + 2, 0xec00); wr_u16(a9 + 16, 0x3c00); // 4096, -4096, 0 x 6, 1
+    wr_u16(c9, 0x6c00); wr_u16(c9 + 2, 0x6c00); wr_u16(c9 + 16, 0x3c00); // 4096, 4096, 0 x 6, 1
+    k_dot_f16_f16_ref(9, &s, a9, c9);
+    CHECKF(s == 0.0f, "f16 lanes: %g", s);
+    // BF16 products are rounded to float before they are added: 2^100 * 2^100 is +inf
+    wr_u16(a, 0x7180); wr_u16(a + 2, 0x3f80); // 2^100, 1
+    wr_u16(c, 0x7180); wr_u16(c + 2, 0x4040); // 2^100, 3
+    k_dot_bf16_bf16_ref(2, &s, a, c);
+    CHECKF(s > 3.4e38f, "bf16 . bf16 = %g", s);
+    wr_u16(a, 0x3f80); wr_u16(a + 2, 0x4000); wr_u16(a + 4, 0xbf80); // 1, 2, -1
+    wr_u16(c, 0x4040); wr_u16(c + 2, 0x3f00); wr_u16(c + 4, 0x4080); // 3, 0.5, 4
     k_dot_bf16_bf16_ref(3, &s, a, c);
-    CHECKF(s == 3.0f, "bf16 . bf16 = %g", s);
+    CHECKF(s == 0.0f, "bf16 . bf16 = %g", s);
 }
 
 // Quantizers worked out by hand: ggml's rounding rules.
