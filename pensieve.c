@@ -15790,6 +15790,13 @@ typedef struct {
 } kv_seq;
 
 static size_t kv_elem_size(psv_kv_type t) { return t == PSV_KV_F16 ? 2 : 4; }
+// The names the command line takes for the KV cache types ("f32", "f16"); parse: false for any other.
+static const char *kv_type_name(psv_kv_type t) { return t == PSV_KV_F16 ? "f16" : "f32"; }
+static bool kv_type_parse(const char *v, psv_kv_type *out) {
+    if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return false;
+    *out = !strcmp(v, "f16") ? PSV_KV_F16 : PSV_KV_F32;
+    return true;
+}
 
 static void kv_free(kv_seq *kv) {
     if (!kv) return;
@@ -18559,7 +18566,7 @@ static void bench_json(const bench_opts *o, const bench_model *bm, const bench_t
         json_w_key(&w, "n_vocab"), json_w_int(&w, bm->n_vocab);
         json_w_key(&w, "weight_bytes_per_token"), json_w_int(&w, (int64_t)bm->weight_bytes_per_token);
         json_w_key(&w, "n_ctx"), json_w_int(&w, bm->n_ctx);
-        json_w_key(&w, "kv_type"), json_w_cstr(&w, o->kv_type == PSV_KV_F16 ? "f16" : "f32");
+        json_w_key(&w, "kv_type"), json_w_cstr(&w, kv_type_name(o->kv_type));
         json_w_key(&w, "kv_bytes"), json_w_int(&w, (int64_t)bm->kv_bytes);
     }
     json_w_key(&w, "kernels"), json_w_cstr(&w, kernels);
@@ -18671,10 +18678,8 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "-s") || !strcmp(f, "--seqs")) ok = tools_parse_list(v, 1, BENCH_MAX_SEQS, o.s, BENCH_MAX_LIST, &o.ns);
         else if (!strcmp(f, "-d") || !strcmp(f, "--n-depth")) ok = tools_parse_list(v, 0, 131072, o.d, BENCH_MAX_LIST, &o.nd);
         else if (!strcmp(f, "-r") || !strcmp(f, "--reps")) ok = str_to_i64(v, 1, 1000, &r), o.reps = (int)r;
-        else if (!strcmp(f, "--kv-type")) {
-            ok = v && (!strcmp(v, "f32") || !strcmp(v, "f16"));
-            o.kv_type = v && !strcmp(v, "f16") ? PSV_KV_F16 : PSV_KV_F32;
-        } else if (!strcmp(f, "--json")) o.json = true, takes = false;
+        else if (!strcmp(f, "--kv-type")) ok = kv_type_parse(v, &o.kv_type);
+        else if (!strcmp(f, "--json")) o.json = true, takes = false;
         else if (!strcmp(f, "--membw")) o.membw = true, takes = false;
         else if (!strcmp(f, "--no-warmup")) o.warmup = false, takes = false;
         else {
@@ -18857,7 +18862,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
             double base = (double)(bm.model_bytes + bm.kv_bytes);
             printf("peak memory: %s resident = model %s + KV cache %s (n_ctx %" PRId64 ", %s) %+.1f %%\n",
                    tools_bytes(b1, (double)peak), tools_bytes(b2, (double)bm.model_bytes), tools_bytes(b3, (double)bm.kv_bytes),
-                   bm.n_ctx, o.kv_type == PSV_KV_F16 ? "f16" : "f32", 100.0 * ((double)peak / base - 1.0));
+                   bm.n_ctx, kv_type_name(o.kv_type), 100.0 * ((double)peak / base - 1.0));
         } else {
             printf("peak memory: not available on this system\n");
         }
@@ -22158,7 +22163,7 @@ static int srv_run(srv_conf *conf) {
            "%s kernels (ready in %.1f s)\n",
            conf->model_name, conf->model_quant ? conf->model_quant : psv_model_arch(s->model), fmt ? fmt : "none", strchr(conf->host, ':') ? "[" : "", conf->host,
            strchr(conf->host, ':') ? "]" : "", conf->port, psv_model_n_threads(s->model), s->conf.ctx,
-           s->slots[0].ctx->kv.type == PSV_KV_F16 ? "f16" : "f32", s->conf.parallel, k_kernel_set_name(), plat_now() - t0);
+           kv_type_name(s->slots[0].ctx->kv.type), s->conf.parallel, k_kernel_set_name(), plat_now() - t0);
     fflush(stdout);
     while (!s->stopping) {
         struct pollfd pf[2] = {{s->listen_fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
@@ -22328,11 +22333,10 @@ static int cli_serve(int argc, char **argv) {
         fprintf(stderr, "pensieve serve: --log-format must be text or json\n");
         return 2;
     }
-    if (!kv_type || (strcmp(kv_type, "f32") && strcmp(kv_type, "f16"))) {
+    if (!kv_type_parse(kv_type, &c.kv_type)) {
         fprintf(stderr, "pensieve serve: --kv-type must be f32 or f16\n");
         return 2;
     }
-    c.kv_type = !strcmp(kv_type, "f16") ? PSV_KV_F16 : PSV_KV_F32;
     if (c.cors_origin && !strcmp(c.cors_origin, "*") && c.api_key) {
         // credentials (the key) must never be combined with a wildcard origin (Fetch standard)
         fprintf(stderr, "pensieve serve: --cors-origin '*' cannot be combined with an API key; name the origin\n");
@@ -22446,9 +22450,7 @@ static int cli_model_opt(const char *cmd, int argc, char **argv, int *i, cli_mod
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
         if (!str_to_i64(v, 1, 1 << 22, &o->ctx)) goto bad;
     } else if (!strcmp(a, "--kv-type")) {
-        if (v && !strcmp(v, "f32")) o->kv_type = PSV_KV_F32;
-        else if (v && !strcmp(v, "f16")) o->kv_type = PSV_KV_F16;
-        else goto bad;
+        if (!kv_type_parse(v, &o->kv_type)) goto bad;
     } else {
         return 0;
     }
