@@ -14804,29 +14804,42 @@ static void k_swiglu_ref(float *y, const float *g, const float *u, int64_t n) {
 // at v + p * stride).
 // dot_keys: s[g * s_stride + p] = the F32 vec_dot of key p with query g (at q + g * q_stride;
 // n values each), for p < nk and g < nq (the query heads that share a KV head).
-static void k_dot_keys_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
-                           size_t bstride, int64_t nk, int64_t n) {
+// The reference loops take h: the cache holds halves (dot_keys_f16, axpy_rows_f16 below), whose
+// element o k_kv_at widens to a float.
+static inline float k_kv_at(const bool h, const void *kv, size_t o) {
+    return h ? psv_fp16_to_f32(((const uint16_t *)kv)[o]) : ((const float *)kv)[o];
+}
+static inline void k_dot_keys_core_ref(const bool h, float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                       const void *k, size_t bstride, int64_t nk, int64_t n) {
     for (int g = 0; g < nq; g++)
         for (int64_t p = 0; p < nk; p++) {
-            const float *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
+            const size_t kb = (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
             double acc[K_LANES] = {0};
             const float *qg = q + (size_t)g * q_stride;
-            for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)kb[(size_t)i * K_KEY_BLOCK] * (double)qg[i];
+            for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)k_kv_at(h, k, kb + (size_t)i * K_KEY_BLOCK) * (double)qg[i];
             s[(size_t)g * s_stride + (size_t)p] = k_lanes_sum(acc, K_LANES);
         }
+}
+static void k_dot_keys_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const float *k,
+                           size_t bstride, int64_t nk, int64_t n) {
+    k_dot_keys_core_ref(false, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
 }
 
 // axpy_rows: for each query g < nq, with y_g = y + g * y_stride and w_g = w + g * w_stride:
 // y_g[i] += w_g[p] * v[p][i] for p = 0, 1, ..., nk - 1 in turn, each product rounded before its
 // sum (the weighted sum of the value rows, for the query heads that share a KV head).
-static void k_axpy_rows_ref(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v,
-                            size_t stride, int64_t nk, int64_t n) {
+static inline void k_axpy_rows_core_ref(const bool h, float *y, size_t y_stride, const float *w, size_t w_stride, int nq,
+                                        const void *v, size_t stride, int64_t nk, int64_t n) {
     for (int g = 0; g < nq; g++)
         for (int64_t p = 0; p < nk; p++)
             for (int64_t i = 0; i < n; i++) {
-                float t = w[(size_t)g * w_stride + (size_t)p] * v[(size_t)p * stride + (size_t)i];
+                float t = w[(size_t)g * w_stride + (size_t)p] * k_kv_at(h, v, (size_t)p * stride + (size_t)i);
                 y[(size_t)g * y_stride + (size_t)i] += t;
             }
+}
+static void k_axpy_rows_ref(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const float *v,
+                            size_t stride, int64_t nk, int64_t n) {
+    k_axpy_rows_core_ref(false, y, y_stride, w, w_stride, nq, v, stride, nk, n);
 }
 
 // The same two products over an F16 KV cache (dot_keys_f16, axpy_rows_f16): each key and value
@@ -14835,24 +14848,12 @@ static void k_axpy_rows_ref(float *y, size_t y_stride, const float *w, size_t w_
 // layout is the F32 cache's in halves (bstride and stride count halves).
 static void k_dot_keys_f16_ref(float *s, size_t s_stride, const float *q, size_t q_stride, int nq, const uint16_t *k,
                                size_t bstride, int64_t nk, int64_t n) {
-    for (int g = 0; g < nq; g++)
-        for (int64_t p = 0; p < nk; p++) {
-            const uint16_t *kb = k + (size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK);
-            double acc[K_LANES] = {0};
-            const float *qg = q + (size_t)g * q_stride;
-            for (int64_t i = 0; i < n; i++) acc[i % K_LANES] += (double)psv_fp16_to_f32(kb[(size_t)i * K_KEY_BLOCK]) * (double)qg[i];
-            s[(size_t)g * s_stride + (size_t)p] = k_lanes_sum(acc, K_LANES);
-        }
+    k_dot_keys_core_ref(true, s, s_stride, q, q_stride, nq, k, bstride, nk, n);
 }
 
 static void k_axpy_rows_f16_ref(float *y, size_t y_stride, const float *w, size_t w_stride, int nq, const uint16_t *v,
                                 size_t stride, int64_t nk, int64_t n) {
-    for (int g = 0; g < nq; g++)
-        for (int64_t p = 0; p < nk; p++)
-            for (int64_t i = 0; i < n; i++) {
-                float t = w[(size_t)g * w_stride + (size_t)p] * psv_fp16_to_f32(v[(size_t)p * stride + (size_t)i]);
-                y[(size_t)g * y_stride + (size_t)i] += t;
-            }
+    k_axpy_rows_core_ref(true, y, y_stride, w, w_stride, nq, v, stride, nk, n);
 }
 
 // softmax: attention's weights from n scores in place, each step rounded as written: w[p] * scale;
