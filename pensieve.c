@@ -7611,6 +7611,15 @@ static float k_flanes_sum(float *acc) {
     return acc[0];
 }
 
+// The last m (< 16) halves or bfloats of a row at p, copied into t and padded with zeros to 16,
+// for the float-lane kernels' tails: a product of zeros leaves a lane unchanged (no lane is ever
+// -0, as it starts at +0). Returns t.
+PSV_MAYBE_UNUSED static inline const uint8_t *k_halves_pad(uint8_t t[32], const uint8_t *p, int64_t m) {
+    memset(t, 0, 32);
+    memcpy(t, p, (size_t)m * 2);
+    return t;
+}
+
 static void k_dequant_f32_ref(const void *vx, float *y, int64_t n) {
     const uint8_t *x = vx;
     for (int64_t i = 0; i < n; i++) y[i] = k_ld_f32(x + 4 * i);
@@ -10728,8 +10737,7 @@ K_AVX2 K_INLINE float k_flanes_sum_avx2(__m256 a0, __m256 a1) {
 }
 
 // Weight row x against c (1..K_ROWS_MAX) activation rows y + r ys, all F16 or all BF16: each
-// 16 values of x converted once for all of them; the last n % 16 through zero-padded copies
-// (a product of zeros leaves a lane unchanged: no lane is ever -0, as it starts at +0).
+// 16 values of x converted once for all of them; the last n % 16 through k_halves_pad.
 K_AVX2 K_INLINE void k_dot_rows_flt_avx2(const int c, const bool bf, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
                                          const uint8_t *y, size_t ys) {
     __m256 a[K_ROWS_MAX][2];
@@ -10745,14 +10753,14 @@ K_AVX2 K_INLINE void k_dot_rows_flt_avx2(const int c, const bool bf, int64_t n, 
             a[r][1] = k_flane_add_avx2(bf, a[r][1], x1, k_flt8_avx2(bf, yr + 16));
         }
     }
-    if (i < n) {
-        uint8_t tx[32] = {0}, ty[32] = {0};
-        memcpy(tx, x + 2 * i, (size_t)(n - i) * 2);
-        const __m256 x0 = k_flt8_avx2(bf, tx), x1 = k_flt8_avx2(bf, tx + 16);
+    if (i < n) { // the last n % 16 through zero-padded copies
+        uint8_t tx[32], ty[32];
+        const uint8_t *xp = k_halves_pad(tx, x + 2 * i, n - i);
+        const __m256 x0 = k_flt8_avx2(bf, xp), x1 = k_flt8_avx2(bf, xp + 16);
         for (int r = 0; r < c; r++) {
-            memcpy(ty, y + (size_t)r * ys + 2 * i, (size_t)(n - i) * 2);
-            a[r][0] = k_flane_add_avx2(bf, a[r][0], x0, k_flt8_avx2(bf, ty));
-            a[r][1] = k_flane_add_avx2(bf, a[r][1], x1, k_flt8_avx2(bf, ty + 16));
+            const uint8_t *yp = k_halves_pad(ty, y + (size_t)r * ys + 2 * i, n - i);
+            a[r][0] = k_flane_add_avx2(bf, a[r][0], x0, k_flt8_avx2(bf, yp));
+            a[r][1] = k_flane_add_avx2(bf, a[r][1], x1, k_flt8_avx2(bf, yp + 16));
         }
     }
     for (int r = 0; r < c; r++) s[r * s_stride] = k_flanes_sum_avx2(a[r][0], a[r][1]);
@@ -10790,14 +10798,14 @@ K_AVX2 K_INLINE void k_gemv1_flt_avx2(const bool bf, int64_t n, float *s, const 
                 a[r][1] = k_flane_add_avx2(bf, a[r][1], k_flt8_avx2(bf, xp + 16), y1);
             }
         }
-        if (i < n) { // zero-padded copies, as k_dot_rows_flt_avx2
-            uint8_t ty[32] = {0}, tx[32] = {0};
-            memcpy(ty, y + 2 * i, (size_t)(n - i) * 2);
-            const __m256 y0 = k_flt8_avx2(bf, ty), y1 = k_flt8_avx2(bf, ty + 16);
+        if (i < n) { // zero-padded copies (k_halves_pad)
+            uint8_t ty[32], tx[32];
+            const uint8_t *yp = k_halves_pad(ty, y + 2 * i, n - i);
+            const __m256 y0 = k_flt8_avx2(bf, yp), y1 = k_flt8_avx2(bf, yp + 16);
             for (int r = 0; r < 4; r++) {
-                memcpy(tx, xr[r] + 2 * i, (size_t)(n - i) * 2);
-                a[r][0] = k_flane_add_avx2(bf, a[r][0], k_flt8_avx2(bf, tx), y0);
-                a[r][1] = k_flane_add_avx2(bf, a[r][1], k_flt8_avx2(bf, tx + 16), y1);
+                const uint8_t *xp = k_halves_pad(tx, xr[r] + 2 * i, n - i);
+                a[r][0] = k_flane_add_avx2(bf, a[r][0], k_flt8_avx2(bf, xp), y0);
+                a[r][1] = k_flane_add_avx2(bf, a[r][1], k_flt8_avx2(bf, xp + 16), y1);
             }
         }
         float out[4];
@@ -14351,9 +14359,16 @@ static inline float32x4_t k_flane_add_neon(const bool bf, float32x4_t acc, float
     return bf ? vaddq_f32(acc, vmulq_f32(x, y)) : vfmaq_f32(acc, x, y);
 }
 
+// Lanes 4k .. 4k + 3 in a[k] summed as k_flanes_sum sums them: l += l + 8, + 4, + 2, + 1.
+static inline float k_flanes_sum_neon(const float32x4_t a[4]) {
+    const float32x4_t s4 = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+    const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+
 // Weight row x against c (1..K_ROWS_MAX) activation rows y + r ys, all F16 or all BF16 (float
 // lanes, see K_LANES: lanes 4k .. 4k + 3 in a[r][k]), as k_dot_rows_flt_avx2: each 16 values of
-// x converted once for all rows, the last n % 16 through zero-padded copies.
+// x converted once for all rows, the last n % 16 through k_halves_pad.
 static inline void k_dot_rows_flt_neon(const int c, const bool bf, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
                                        const uint8_t *y, size_t ys) {
     float32x4_t a[K_ROWS_MAX][4];
@@ -14362,30 +14377,17 @@ static inline void k_dot_rows_flt_neon(const int c, const bool bf, int64_t n, fl
     int64_t i = 0;
     uint8_t tx[32], ty[32];
     for (; i < n; i += 16) {
-        const uint8_t *xp = x + 2 * i;
         const bool part = i + 16 > n;
-        if (part) {
-            memset(tx, 0, sizeof tx);
-            memcpy(tx, xp, (size_t)(n - i) * 2);
-            xp = tx;
-        }
+        const uint8_t *xp = part ? k_halves_pad(tx, x + 2 * i, n - i) : x + 2 * i;
         float32x4_t xv[4];
         for (int k = 0; k < 4; k++) xv[k] = k_flt4_neon(bf, xp + 8 * k);
         for (int r = 0; r < c; r++) {
             const uint8_t *yp = y + (size_t)r * ys + 2 * i;
-            if (part) {
-                memset(ty, 0, sizeof ty);
-                memcpy(ty, yp, (size_t)(n - i) * 2);
-                yp = ty;
-            }
+            if (part) yp = k_halves_pad(ty, yp, n - i);
             for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], xv[k], k_flt4_neon(bf, yp + 8 * k));
         }
     }
-    for (int r = 0; r < c; r++) { // lane l += l + 8, + 4, + 2, + 1 (k_flanes_sum)
-        const float32x4_t s4 = vaddq_f32(vaddq_f32(a[r][0], a[r][2]), vaddq_f32(a[r][1], a[r][3]));
-        const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
-        s[r * s_stride] = vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
-    }
+    for (int r = 0; r < c; r++) s[r * s_stride] = k_flanes_sum_neon(a[r]);
 }
 
 static void k_dot_rows_flt_core_neon(const bool bf, int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
@@ -14411,30 +14413,17 @@ static inline void k_gemv1_flt_neon(const bool bf, int64_t n, float *s, const ui
             for (int k = 0; k < 4; k++) a[r][k] = vdupq_n_f32(0);
         for (int64_t i = 0; i < n; i += 16) {
             const bool part = i + 16 > n;
-            const uint8_t *yp = y + 2 * i;
-            if (part) {
-                memset(ty, 0, sizeof ty);
-                memcpy(ty, yp, (size_t)(n - i) * 2);
-                yp = ty;
-            }
+            const uint8_t *yp = part ? k_halves_pad(ty, y + 2 * i, n - i) : y + 2 * i;
             float32x4_t yv[4];
             for (int k = 0; k < 4; k++) yv[k] = k_flt4_neon(bf, yp + 8 * k);
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xp = xr[r] + 2 * i;
-                if (part) {
-                    memset(tx, 0, sizeof tx);
-                    memcpy(tx, xp, (size_t)(n - i) * 2);
-                    xp = tx;
-                }
+                if (part) xp = k_halves_pad(tx, xp, n - i);
                 for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], k_flt4_neon(bf, xp + 8 * k), yv[k]);
             }
         }
         float out[4];
-        for (int r = 0; r < 4; r++) { // lane l += l + 8, + 4, + 2, + 1 (k_flanes_sum)
-            const float32x4_t s4 = vaddq_f32(vaddq_f32(a[r][0], a[r][2]), vaddq_f32(a[r][1], a[r][3]));
-            const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
-            out[r] = vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
-        }
+        for (int r = 0; r < 4; r++) out[r] = k_flanes_sum_neon(a[r]);
         k_gemv1_put(out, s, w, nw);
     }
 }
