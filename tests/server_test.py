@@ -521,9 +521,9 @@ def test_keys():
         check(s.stop() == 0, "key server exits 0 on SIGTERM")
 
 
-def test_kv_type():
+def test_kv_type(default_ready):
     """--kv-type f16: the slots keep F16 KV caches (the ready line says so) and answer; a bad value
-    exits 2 before the model loads."""
+    exits 2 before the model loads. default_ready: the ready line of a server without the flag."""
     s = Server("--kv-type", "f16")
     try:
         check("ctx 512 (f16 KV cache)" in s.ready, "--kv-type f16 in the ready line: %r" % s.ready)
@@ -532,7 +532,7 @@ def test_kv_type():
               "f16 KV cache: an answer (%s %s)" % (r.status, e))
     finally:
         check(s.stop() == 0, "f16 server exits 0 on SIGTERM")
-    check("(f32 KV cache)" in Server.last_ready, "f32 KV cache by default: %r" % Server.last_ready)
+    check("(f32 KV cache)" in default_ready, "f32 KV cache by default: %r" % default_ready)
     p = subprocess.run([BIN, "serve", "-m", MODEL, "--kv-type", "q8"], capture_output=True, text=True, timeout=30)
     check(p.returncode == 2 and "--kv-type must be f32 or f16" in p.stderr, "--kv-type q8: exit 2 (%d %r)" % (p.returncode, p.stderr))
     env = dict(os.environ, PENSIEVE_KV_TYPE="f17")
@@ -564,7 +564,6 @@ def main():
     try:
         if not check(s.ready.startswith("pensieve: serving"), "server started: %r %s" % (s.ready, s.proc.stderr.read() if s.proc.poll() is not None else "")):
             return
-        Server.last_ready = s.ready
         test_anthropic(s)
         test_openai(s)
         test_http(s)
@@ -576,7 +575,7 @@ def main():
     test_cors()
     test_slow_clients()
     test_emfile()
-    test_kv_type()
+    test_kv_type(s.ready)
     test_shutdown()
 
 
