@@ -8473,7 +8473,7 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   dotprod neon plus the dot product instructions (FEAT_DotProd: sdot), with GEMM kernels
 //   i8mm    dotprod whose GEMM uses the int8 matrix multiply (FEAT_I8MM: smmla)
 // The x86 sets have GEMM kernels (prompts and batches of 4-5 rows or more: "GEMM panels"; AVX2's
-// Q8_0 on int16 panels). Float dot products, quantizers, panel packers and the other element-wise
+// Q8_0 on int16 panels; F16 and BF16 on panels of floats, 512-bit in the AVX-512 sets). Float dot products, quantizers, panel packers and the other element-wise
 // kernels are the AVX2 ones in all three. The three ARM sets share their NEON float, quantizer and
 // element-wise kernels.
 //
@@ -8557,7 +8557,7 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 // so weights stay in place in the mmap (nothing is repacked at load time). From each block's
 // exact integer sums the kernels form the reference's double terms, lane for lane and in the
 // reference's order (section 11), so every result is bit-identical to vec_dot's, whatever the
-// batch it is computed in.
+// batch it is computed in. (F16 and BF16 panels hold the weights as floats: K_FLT_STEPS.)
 //
 // A packed block, one per weight block (lane r: weight row r of the panel; unused lanes zero):
 //   q      blck_size/4 vectors of 32 bytes: vector s has quants 4s..4s+3 of each row as unsigned
@@ -8784,8 +8784,53 @@ PSV_MAYBE_UNUSED static void k_panel_split4(int64_t n, const uint8_t *panel, uin
 // zero); then the eight scales as doubles, as k_panel_pack has them.
 #define K_PANEL_W16_BLK (16 * 32 + 64)
 
+// F16 and BF16 panels (the x86 sets' GEMM of these types, k_gemm_flt_avx2 and _avx512) hold the
+// weights converted to floats once, where the one-row kernels converted every weight value again
+// for every few activation rows. Their products keep K_LANES float lanes. The AVX-512 kernels
+// hold a pair's sixteen lanes in one register ("wide" panels): step j (of K_FLT_STEPS(n)) is 128
+// floats, values 16j .. 16j + 15 of row r at floats 16r .. 16r + 15. The AVX2 kernels sum lanes
+// 0-7 of four rows' sums in one pass over the row and lanes 8-15 in a second (one 8-float
+// register a pair where sixteen lanes took two), so their panels have four sections, 2g + h for
+// rows 4g..4g+3 (g = 0, 1) and pass h (0: lanes 0-7, 1: lanes 8-15), of K_FLT_STEPS(n) steps of
+// 32 floats: step j has values 16j + 8h .. 16j + 8h + 7 of row 4g + r at floats 8r .. 8r + 7.
+// Values past n and rows past nw are zero. K_FLT_PANEL_BLK bytes a value, n rounded up to 16.
+#define K_FLT_STEPS(n) (((n) + 15) / 16)
+#define K_FLT_PANEL_BLK (K_PANEL * 4)
+
+// Float index of value l (0 .. 7, wide: 0 .. 15) of row `row` in step j of pass h (wide: 0) of a
+// panel of ns steps (see above).
+static size_t k_panel_flt_at(bool wide, int64_t ns, int row, int h, int64_t j, int l) {
+    if (wide) return ((size_t)j * K_PANEL + (size_t)row) * 16 + (size_t)l;
+    return (((size_t)(2 * (row / 4) + h) * (size_t)ns + (size_t)j) * 4 + (size_t)(row % 4)) * 8 + (size_t)l;
+}
+
+// Whether set `set`'s F16 and BF16 panels are wide (the AVX-512 kernels').
+PSV_MAYBE_UNUSED static bool k_panel_flt_wide(k_set set) { return set == K_SET_AVX512 || set == K_SET_AMX; }
+
+// The portable packer of those layouts (weights of type F16 or BF16), as k_panel_pack is for the
+// quantized types: the sets' packers write the same bytes (a half's NaN quieted, as F16C's and
+// NEON's conversions do).
+PSV_MAYBE_UNUSED static void k_panel_pack_flt(uint32_t type, bool wide, int64_t n, const uint8_t *w, size_t w_stride, int nw,
+                                              uint8_t *panel) {
+    PSV_ASSERT((type == T_F16 || type == T_BF16) && nw >= 1 && nw <= K_PANEL);
+    const int64_t ns = K_FLT_STEPS(n);
+    for (int row = 0; row < K_PANEL; row++)
+        for (int64_t i = 0; i < 16 * ns; i++) {
+            float v = 0;
+            if (row < nw && i < n) {
+                const uint16_t u = ld_u16(w + (size_t)row * w_stride + 2 * (size_t)i);
+                v = type == T_F16 ? psv_fp16_to_f32(u) : psv_bf16_to_f32(u);
+                if (type == T_F16 && psv_isnan(v)) v = f32_from_bits(f32_bits(v) | 0x400000u);
+            }
+            const size_t at = wide ? k_panel_flt_at(true, ns, row, 0, i / 16, (int)(i % 16))
+                                   : k_panel_flt_at(false, ns, row, (int)(i % 16 / 8), i / 16, (int)(i % 8));
+            wr_u32(panel + 4 * at, f32_bits(v));
+        }
+}
+
 // Bytes of a panel of rows of n values of `type` in the layout of a set's packer (tr: its traits).
 static size_t k_panel_bytes(const k_traits *tr, uint32_t type, int64_t n) {
+    if (type == T_F16 || type == T_BF16) return (size_t)K_FLT_STEPS(n) * 16 * tr->panel_blk;
     return (size_t)(n / type_table[type].blck_size) * tr->panel_blk;
 }
 
@@ -10826,6 +10871,147 @@ K_AVX2 static void k_gemv1_bf16_avx2(int64_t n, float *s, const uint8_t *x, size
     k_gemv1_flt_avx2(true, n, s, x, x_stride, nw, w0, w1, y);
 }
 
+// F16 and BF16 GEMM: panels of floats (k_panel_pack_flt's layout). A tile of the panel's four
+// rows 4g..4g+3 against c activation rows y + t ys (halves or bfloats), results to out[t][4g + r]
+// for the rows below nw: two passes over the row (lanes 0-7, then 8-15), each holding the tile's
+// sums in registers, so that a weight vector, converted once by the packer, meets c activation
+// vectors and an activation vector, converted here, four weight vectors (the one-row kernels
+// converted one weight and four activation vectors for four products). c: 1..K_FLT_TILE for
+// halves (twelve sums, three activation vectors and a weight vector: the 16 registers), 1..2 for
+// bfloats, whose products take a register more (with three, clang spilled: 0.039 -> 0.029 ns a
+// value and row on Zen 4 with two, gcc 0.027 either way). Products and sums as vec_dot's
+// (k_flane_add_avx2, k_flanes_sum_avx2); the last n % 16 values through zero-padded copies of the
+// activation rows (k_halves_pad) against the panel's zeros. pf (or NULL): the next panel's rows,
+// asked for during the first pass.
+#define K_FLT_TILE 3
+#define K_GEMM_ROWS_FLT 6 // activation rows a call
+// One step of a pass: 8 values of each of the tile's c activation rows (at yv[t]) against the
+// four rows' weight vectors at wp.
+K_AVX2 K_INLINE void k_gemm_flt_step_avx2(const int c, const bool bf, const float *wp, const uint8_t *const *yv,
+                                          __m256 a[4][K_FLT_TILE]) {
+    __m256 v[K_FLT_TILE];
+    K_UNROLL
+    for (int t = 0; t < c; t++) v[t] = k_flt8_avx2(bf, yv[t]);
+    K_UNROLL
+    for (int r = 0; r < 4; r++) {
+        __m256 w = _mm256_loadu_ps(wp + 8 * r);
+        // halves: one load for the c products, where the compiler folds one into each (0.0245
+        // -> 0.0214 ns a value and row, Zen 4); bfloats' products need the register
+        if (!bf) __asm__("" : "+v"(w));
+        K_UNROLL
+        for (int t = 0; t < c; t++) a[r][t] = k_flane_add_avx2(bf, a[r][t], w, v[t]);
+    }
+}
+// Pass h of a tile: lanes 8h .. 8h + 7 of its sums, stored to sum; tail[t]: activation row t's
+// last n % 16 values, zero-padded.
+K_AVX2 K_INLINE void k_gemm_flt_pass_avx2(const int c, const bool bf, int64_t n, const float *wp, const uint8_t *y, size_t ys,
+                                          const uint8_t (*tail)[32], int h, const k_prefetch *pf, float sum[4][K_FLT_TILE][8]) {
+    const int64_t nf = n / 16;
+    __m256 a[4][K_FLT_TILE];
+    K_UNROLL
+    for (int r = 0; r < 4; r++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) a[r][t] = _mm256_setzero_ps();
+    }
+    const uint8_t *yv[K_FLT_TILE];
+    for (int64_t j = 0; j < nf; j++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) yv[t] = y + (size_t)t * ys + 32 * (size_t)j + 16 * h;
+        if (pf && (j & 1) == 0) k_prefetch_blks(pf, 16 * j, 32);
+        k_gemm_flt_step_avx2(c, bf, wp + 32 * j, yv, a);
+    }
+    if (16 * nf < n) { // the last n % 16 values
+        K_UNROLL
+        for (int t = 0; t < c; t++) yv[t] = tail[t] + 16 * h;
+        k_gemm_flt_step_avx2(c, bf, wp + 32 * nf, yv, a);
+    }
+    K_UNROLL
+    for (int r = 0; r < 4; r++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) _mm256_storeu_ps(sum[r][t], a[r][t]);
+    }
+}
+K_AVX2 K_INLINE void k_gemm_flt_tile_avx2(const int c, const bool bf, int64_t n, const float *panel, const uint8_t *y, size_t ys,
+                                          int g, float *const *out, int nw, const k_prefetch *pf) {
+    const int64_t nf = n / 16;
+    const size_t sec = (size_t)K_FLT_STEPS(n) * 32; // floats of a section
+    uint8_t tail[K_FLT_TILE][32]; // (copied before the sums are live: clang spilled them around the copies' calls)
+    if (16 * nf < n) {
+        if (pf) k_prefetch_blks(pf, 16 * nf, n - 16 * nf);
+        for (int t = 0; t < c; t++) k_halves_pad(tail[t], y + (size_t)t * ys + 32 * (size_t)nf, n - 16 * nf);
+    }
+    float lo[4][K_FLT_TILE][8], hi[4][K_FLT_TILE][8];
+    k_gemm_flt_pass_avx2(c, bf, n, panel + (size_t)(2 * g) * sec, y, ys, (const uint8_t (*)[32])tail, 0, pf, lo);
+    k_gemm_flt_pass_avx2(c, bf, n, panel + (size_t)(2 * g + 1) * sec, y, ys, (const uint8_t (*)[32])tail, 1, NULL, hi);
+    for (int r = 0; r < 4 && 4 * g + r < nw; r++)
+        for (int t = 0; t < c; t++) out[t][4 * g + r] = k_flanes_sum_avx2(_mm256_loadu_ps(lo[r][t]), _mm256_loadu_ps(hi[r][t]));
+}
+
+K_AVX2 K_INLINE void k_gemm_flt_avx2(const bool bf, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, int nr,
+                                     float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_FLT && nw >= 1 && nw <= K_PANEL);
+    const float *pw = (const float *)(const void *)panel;
+    const int tw = bf ? 2 : K_FLT_TILE; // (see above)
+    for (int t = 0; t < nr; t += tw) {
+        const int c = PSV_MIN(tw, nr - t);
+        for (int g = 0; g < 2 && 4 * g < nw; g++) {
+            const k_prefetch *p = t == 0 && g == 0 ? pf : NULL;
+            const uint8_t *yt = y + (size_t)t * ys;
+            switch (c) {
+            case 1: k_gemm_flt_tile_avx2(1, bf, n, pw, yt, ys, g, out + t, nw, p); break;
+            case 2: k_gemm_flt_tile_avx2(2, bf, n, pw, yt, ys, g, out + t, nw, p); break;
+            default: k_gemm_flt_tile_avx2(3, bf, n, pw, yt, ys, g, out + t, nw, p); break;
+            }
+        }
+    }
+}
+
+K_AVX2 static void k_gemm_f16_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                   size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    (void)side, (void)side_stride;
+    k_gemm_flt_avx2(false, n, panel, y, ys, nr, out, nw, pf);
+}
+K_AVX2 static void k_gemm_bf16_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                    size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    (void)side, (void)side_stride;
+    k_gemm_flt_avx2(true, n, panel, y, ys, nr, out, nw, pf);
+}
+
+// k_panel_pack_flt's panels (wide: the AVX-512 kernels'), eight values of a row converted at a time.
+K_AVX2 K_INLINE void k_pack_flt_avx2(const bool bf, const bool wide, int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(nw >= 1 && nw <= K_PANEL);
+    const int64_t ns = K_FLT_STEPS(n);
+    float *d = (float *)(void *)panel; // written in order
+    for (int sec = 0; sec < (wide ? 1 : 4); sec++)
+        for (int64_t j = 0; j < ns; j++)
+            for (int r = 0; r < (wide ? K_PANEL : 4); r++) {
+                const int row = wide ? r : 4 * (sec / 2) + r;
+                for (int part = 0; part < (wide ? 2 : 1); part++, d += 8) {
+                    const int64_t i = 16 * j + 8 * (wide ? part : sec % 2); // values i .. i + 7
+                    if (row >= nw || i >= n) {
+                        _mm256_storeu_ps(d, _mm256_setzero_ps());
+                    } else if (i + 8 <= n) {
+                        _mm256_storeu_ps(d, k_flt8_avx2(bf, w + (size_t)row * w_stride + 2 * i));
+                    } else {
+                        uint8_t t[32];
+                        _mm256_storeu_ps(d, k_flt8_avx2(bf, k_halves_pad(t, w + (size_t)row * w_stride + 2 * i, n - i)));
+                    }
+                }
+            }
+}
+K_AVX2 static void k_pack_f16_avx2(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_flt_avx2(false, false, n, w, w_stride, nw, panel);
+}
+K_AVX2 static void k_pack_bf16_avx2(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_flt_avx2(true, false, n, w, w_stride, nw, panel);
+}
+K_AVX2 static void k_pack16_f16_avx2(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_flt_avx2(false, true, n, w, w_stride, nw, panel);
+}
+K_AVX2 static void k_pack16_bf16_avx2(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_flt_avx2(true, true, n, w, w_stride, nw, panel);
+}
+
 K_AVX2 static void k_dot_f16_f16_avx2(int64_t n, float *s, const void *x, const void *y) {
     k_dot_rows_flt_avx2(1, false, n, s, 1, x, y, 0);
 }
@@ -12082,6 +12268,87 @@ K_DEF_GEMM(q3_k, T_Q3_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q4_k, T_Q4_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q5_k, T_Q5_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
+
+// F16 and BF16 GEMM on wide panels (k_panel_pack_flt): a pair's K_LANES float lanes are one
+// register, so a tile is all eight rows of the panel against c (1..K_FLT_TILE) activation rows,
+// 24 sums in registers, one pass over the row: each step converts c activation vectors of 16
+// values, loads eight weight vectors and does 8c multiply-adds (vec_dot's products and lanes,
+// k_flane_add_avx2's order; summed as k_flanes_sum). The last n % 16 values through zero-padded
+// copies of the activation rows (k_halves_pad) against the panel's zeros. pf (or NULL): the next
+// panel's rows, asked for as the tile goes.
+K_AVX512 K_INLINE __m512 k_flt16_avx512(const bool bf, const uint8_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+K_AVX512 K_INLINE void k_gemm_flt_step_avx512(const int c, const bool bf, const float *wp, const uint8_t *const *yv,
+                                              __m512 a[K_PANEL][K_FLT_TILE]) {
+    __m512 v[K_FLT_TILE];
+    K_UNROLL
+    for (int t = 0; t < c; t++) v[t] = k_flt16_avx512(bf, yv[t]);
+    K_UNROLL
+    for (int r = 0; r < K_PANEL; r++) {
+        __m512 w = _mm512_loadu_ps(wp + 16 * r);
+        __asm__("" : "+v"(w)); // one load for the c products, where the compiler folds one into each (F16
+                               // 0.0210 -> 0.0176 ns a value and row on Zen 4, 97 % of its multiply-adds)
+        K_UNROLL
+        for (int t = 0; t < c; t++) a[r][t] = bf ? _mm512_add_ps(a[r][t], _mm512_mul_ps(w, v[t])) : _mm512_fmadd_ps(w, v[t], a[r][t]);
+    }
+}
+K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, int64_t n, const float *panel, const uint8_t *y,
+                                              size_t ys, float *const *out, int nw, const k_prefetch *pf) {
+    const int64_t ns = K_FLT_STEPS(n), nf = n / 16;
+    uint8_t tail[K_FLT_TILE][32]; // (copied before the sums are live, as k_gemm_flt_tile_avx2's)
+    if (nf < ns)
+        for (int t = 0; t < c; t++) k_halves_pad(tail[t], y + (size_t)t * ys + 32 * (size_t)nf, n - 16 * nf);
+    __m512 a[K_PANEL][K_FLT_TILE];
+    K_UNROLL
+    for (int r = 0; r < K_PANEL; r++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) a[r][t] = _mm512_setzero_ps();
+    }
+    const uint8_t *yv[K_FLT_TILE];
+    for (int64_t j = 0; j < nf; j++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) yv[t] = y + (size_t)t * ys + 32 * (size_t)j;
+        if (pf && (j & 1) == 0) k_prefetch_blks(pf, 16 * j, 32);
+        k_gemm_flt_step_avx512(c, bf, panel + 128 * j, yv, a);
+    }
+    if (nf < ns) { // the last n % 16 values
+        K_UNROLL
+        for (int t = 0; t < c; t++) yv[t] = tail[t];
+        if (pf) k_prefetch_blks(pf, 16 * nf, n - 16 * nf);
+        k_gemm_flt_step_avx512(c, bf, panel + 128 * nf, yv, a);
+    }
+    for (int r = 0; r < nw; r++)
+        for (int t = 0; t < c; t++) {
+            const __m512 v = a[r][t];
+            out[t][r] = k_flanes_sum_avx2(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        }
+}
+
+K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, int nr,
+                                         float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_FLT && nw >= 1 && nw <= K_PANEL);
+    const float *pw = (const float *)(const void *)panel;
+    for (int t = 0; t < nr; t += K_FLT_TILE, pf = NULL) {
+        const uint8_t *yt = y + (size_t)t * ys;
+        switch (PSV_MIN(K_FLT_TILE, nr - t)) {
+        case 1: k_gemm_flt_tile_avx512(1, bf, n, pw, yt, ys, out + t, nw, pf); break;
+        case 2: k_gemm_flt_tile_avx512(2, bf, n, pw, yt, ys, out + t, nw, pf); break;
+        default: k_gemm_flt_tile_avx512(3, bf, n, pw, yt, ys, out + t, nw, pf); break;
+        }
+    }
+}
+K_AVX512 static void k_gemm_f16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                       size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    (void)side, (void)side_stride;
+    k_gemm_flt_avx512(false, n, panel, y, ys, nr, out, nw, pf);
+}
+K_AVX512 static void k_gemm_bf16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+                                        size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
+    (void)side, (void)side_stride;
+    k_gemm_flt_avx512(true, n, panel, y, ys, nr, out, nw, pf);
+}
 
 #if defined(PSV_AMX)
 // ---- AMX: the k-quant GEMM on Intel's tile unit ---------------------------------------------------
@@ -14948,6 +15215,15 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
+    static const k_gemm_entry flts[] = {{T_F16, k_gemm_f16_avx2, k_pack_f16_avx2}, {T_BF16, k_gemm_bf16_avx2, k_pack_bf16_avx2}};
+    for (size_t i = 0; i < PSV_ARRAY_LEN(flts); i++) { // (every x86 set's: the AVX2 kernels' float lanes)
+        k_traits *k = &t[flts[i].type];
+        k->gemm = flts[i].gemm;
+        k->pack = flts[i].pack;
+        k->panel_rows = K_PANEL;
+        k->gemm_rows = K_GEMM_ROWS_FLT;
+        k->panel_blk = K_FLT_PANEL_BLK;
+    }
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
@@ -15004,6 +15280,8 @@ static void k_fill_avx512(k_traits *t) {
         {T_Q5_K, k_gemm_q5_k_avx512, k_pack8_q5_k_avx2}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack8_q6_k_avx2},
     };
     k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
+    t[T_F16].gemm = k_gemm_f16_avx512, t[T_F16].pack = k_pack16_f16_avx2; // wide panels (k_panel_pack_flt)
+    t[T_BF16].gemm = k_gemm_bf16_avx512, t[T_BF16].pack = k_pack16_bf16_avx2;
     t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
     t[T_Q4_0].gemv = k_gemv_q4_0_avx512;
@@ -15963,7 +16241,10 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
                                     k_act_side_size(T_Q8_1, widest_in));
     ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
-        s->panel_size = ((size_t)widest_in * 49 + 127) & ~(size_t)63; // whole cache lines
+        // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
+        // a value of the row rounded up to 16)
+        s->panel_size = (PSV_MAX((size_t)widest_in * 49, (size_t)K_FLT_STEPS(widest_in) * 16 * K_FLT_PANEL_BLK) + 127) &
+                        ~(size_t)63; // whole cache lines
         // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));

@@ -287,7 +287,8 @@ static void st_check_gemm(k_set set) {
         uint32_t wt = st_weight_types[ti];
         const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
         if (!sk || !sk->gemm) continue;
-        CHECK(k_panel_has(wt) && sk->pack);
+        const bool flt = wt == T_F16 || wt == T_BF16; // float panels (k_panel_pack_flt)
+        CHECK((k_panel_has(wt) || flt) && sk->pack);
         uint32_t at = ref->vec_dot_type;
         int64_t lens[16];
         int nl = st_lengths(wt, lens);
@@ -302,7 +303,7 @@ static void st_check_gemm(k_set set) {
             // the panel of the portable packer (of Q5_1 for a set that packs Q4_1 so: k_panel_layout)
             const bool q41as51 = wt == T_Q4_1 && k_panel_layout(set, wt) == T_Q5_1;
             uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow),
-                    *panel = malloc(k_panel_size(q41as51 ? T_Q5_1 : wt, n)), *x51 = malloc(st_row_bytes(T_Q5_1, n) * (size_t)P),
+                    *panel = malloc(flt ? 1 : k_panel_size(q41as51 ? T_Q5_1 : wt, n)), *x51 = malloc(q41as51 ? st_row_bytes(T_Q5_1, n) * (size_t)P : 1),
                     *want = malloc(pz), *panel2 = malloc(pz);
             const size_t ss = k_act_side_stride(sk, n, true);
             uint8_t *sides = malloc(ss * nrow), *grp = malloc(k_act_vnni_size(n));
@@ -331,7 +332,7 @@ static void st_check_gemm(k_set set) {
                         }
                     k_panel_pack(T_Q5_1, n, x51, xs51, nw, panel);
                     k_panel_regroup8(T_Q5_1, n, panel);
-                } else {
+                } else if (!flt) {
                     if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
                     if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
                 }
@@ -347,6 +348,9 @@ static void st_check_gemm(k_set set) {
                     else if (wt == T_Q3_K || wt == T_Q6_K) k_panel_pack_amx6(wt, n, x, xs, nw, want);
                     else k_panel_pack_amx0(wt, n, x, xs, nw, want);
 #endif
+                } else if (flt) { // F16 and BF16: floats, n rounded up to 16
+                    CHECK(pz == (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK);
+                    k_panel_pack_flt(wt, k_panel_flt_wide(set), n, x, xs, nw, want);
                 } else if (q41as51) { // the AVX-512 sets' Q4_1: Q5_1's (above)
                     CHECK(pz == k_panel_size(T_Q5_1, n));
                     memcpy(want, panel, pz);
