@@ -184,6 +184,8 @@ typedef struct {
     bool detected;
     bool sse3, ssse3, fma, f16c, avx, avx2, avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16,
         avxvnni, sha_ni, amx;
+    bool amd;   // x86: an AMD CPU ("AuthenticAMD")
+    int family; // x86: the display family (base family, plus the extended family when it is 15)
     bool neon, dotprod, i8mm, arm_sha2, fp16;
 } plat_cpu;
 
@@ -195,7 +197,9 @@ static void plat_cpu_detect_once(void) {
     memset(&c, 0, sizeof c);
 #if defined(PSV_X86)
     unsigned a, b, cx, d;
+    if (__get_cpuid(0, &a, &b, &cx, &d)) c.amd = b == 0x68747541u && d == 0x69746e65u && cx == 0x444d4163u; // "Auth" "enti" "cAMD"
     if (__get_cpuid(1, &a, &b, &cx, &d)) {
+        c.family = (int)((a >> 8) & 15) + ((a >> 8 & 15) == 15 ? (int)((a >> 20) & 255) : 0);
         c.sse3 = (cx >> 0) & 1;
         c.ssse3 = (cx >> 9) & 1;
         c.fma = (cx >> 12) & 1;
@@ -9046,7 +9050,7 @@ K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint
 // defeat them (measured on Zen 4, Q4_0 rows of 896 values from memory: 19-20 GB/s with
 // adjacent rows and software prefetch, 24-25 GB/s with quarters and none, which prefetching
 // there only slowed; a plain read of four such streams: 35-39 GB/s, of the rows in order: 28-30).
-// On Zen 5 the quarters gain from software prefetching in the 32-value kernels: K_GEMV1_PF.
+// On Zen 5 the quarters gain from software prefetching in the 32-value kernels: k_gemv1_pf.
 K_INLINE int k_gemv1_groups(int nw) { return (nw + 3) / 4; }
 
 // The rows of group w (past the end: the last row again, its result not stored).
@@ -9096,7 +9100,7 @@ static inline double k_w1_term_scalar(uint32_t type, const uint8_t *x, const uin
     return (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum + (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
 }
 
-// How far ahead (bytes) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the others of every
+// How far ahead (bytes, k_gemv1_pf) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the others of every
 // type; measured with the AVX-512 Q4_0, Q5_0, Q8_0, Q4_K and Q6_K kernels) prefetch each of their
 // four row streams into the level-2 cache, a prefetch per step of each stream (per 64 bytes of
 // the k-quants' blocks). The
@@ -9108,7 +9112,16 @@ static inline double k_w1_term_scalar(uint32_t type, const uint8_t *x, const uin
 // values in 2 MiB pages (as a model's mapping mostly is), medians of six: 37.9 -> 40.1 and 38.9
 // -> 40.6 GB/s (in 4 KiB pages the Q4_K kernel had read 13 % slower with it in one build), and
 // phi4-mini Q4_K_M generation with one thread 14.3 -> 15.1 t/s (gcc), 13.9 -> 15.3 (clang).
+// On Zen 4 (AMD family 25) the same distance cost a fifth of generation's speed: qwen2-0.5b,
+// alternated, one thread, Q4_0 71 t/s with none or 1024 bytes against 55.5 with 2048, Q4_K_M 59
+// against 48, F16 (its AVX-512 kernel) 27.5 against 23, two threads Q4_0 132 against 110-114;
+// the same in 2 MiB pages (75-77 against 62). Zen 4 streams fewer bytes at once per core, and
+// requests that far ahead outran what it keeps in flight. So 1024 there (k_gemv1_pf_for);
+// 2048 elsewhere, where it was measured (Zen 5) or not re-measured since (Intel).
 #define K_GEMV1_PF 2048
+#define K_GEMV1_PF_ZEN4 1024
+static size_t k_gemv1_pf = K_GEMV1_PF; // set once with the kernel sets (k_sets_init)
+PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return c->amd && c->family == 25 ? K_GEMV1_PF_ZEN4 : K_GEMV1_PF; }
 
 // A prefetch of the line `ahead` bytes past p, into the level-2 cache. The address may lie past
 // the tensor (the last stream's last rows): a prefetch never faults, and it is formed as an
@@ -9442,7 +9455,7 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 136 bytes: 3 lines
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     __m256i d[4];
                     K_UNROLL
                     for (int j = 0; j < 4; j++) {
@@ -9465,7 +9478,7 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
+                    k_prefetch_ahead(xb, k_gemv1_pf); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
                     const __m256i w01 = k_cat128_avx2(xb + qo, xb + xs + qo);
                     const __m256i w23 = k_cat128_avx2(xb + 2 * xs + qo, xb + 3 * xs + qo);
                     __m256i lo01 = _mm256_and_si256(w01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), m4);
@@ -9890,7 +9903,7 @@ K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *s, const
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210, 110 or 84 bytes
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
                 wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
                 const __m128i sb = type == T_Q6_K   ? k_load128(xb + 192)
@@ -9961,7 +9974,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *s, cons
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 144 or 176 bytes: 3 lines
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 144 or 176 bytes: 3 lines
                 __m256i p[8];
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
@@ -10822,7 +10835,7 @@ K_AVX2 K_INLINE void k_dot_rows_flt_core_avx2(const bool bf, int64_t n, float *s
 }
 
 // Four weight rows at a time (a gemv1 kernel, k_gemv1_rows: four streams, each prefetched
-// K_GEMV1_PF ahead) against one activation row y, all F16 or all BF16: each 16 values of y
+// k_gemv1_pf ahead) against one activation row y, all F16 or all BF16: each 16 values of y
 // converted once for the four; each row's sum as vec_dot's. (side: unused, these types have none.)
 K_AVX2 K_INLINE void k_gemv1_flt_avx2(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
                                       int w1, const uint8_t *y) {
@@ -10838,7 +10851,7 @@ K_AVX2 K_INLINE void k_gemv1_flt_avx2(const bool bf, int64_t n, float *s, const 
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xp = xr[r] + 2 * i;
-                if ((i & 31) == 0) k_prefetch_ahead(xp, K_GEMV1_PF); // a line every other step
+                if ((i & 31) == 0) k_prefetch_ahead(xp, k_gemv1_pf); // a line every other step
                 a[r][0] = k_flane_add_avx2(bf, a[r][0], k_flt8_avx2(bf, xp), y0);
                 a[r][1] = k_flane_add_avx2(bf, a[r][1], k_flt8_avx2(bf, xp + 16), y1);
             }
@@ -11460,7 +11473,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 136 bytes: 3 lines
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     const __m512i v0 = _mm512_dpbusd_epi32(z, _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip), a01);
                     const __m512i v1 = _mm512_dpbusd_epi32(z, _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip), a23);
                     // 128-bit lanes (b0 lo, b0 hi, b1 lo, b1 hi), (b2 lo, ...) added to b0, b1, b2, b3
@@ -11472,7 +11485,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
+                    k_prefetch_ahead(xb, k_gemv1_pf); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
                     __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
                     k_loaded2(&x0, &x1);
                     const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
@@ -11565,8 +11578,8 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, con
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                k_prefetch_ahead(xb, K_GEMV1_PF); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
-                k_prefetch_ahead(xb + 64, K_GEMV1_PF);
+                k_prefetch_ahead(xb, k_gemv1_pf); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
+                k_prefetch_ahead(xb + 64, k_gemv1_pf);
                 __m512i h0 = _mm512_loadu_si512(xb), h1 = _mm512_loadu_si512(xb + (five ? 32 : 16)); // (within the step's bytes)
                 k_loaded2(&h0, &h1);
                 hw[r] = _mm512_permutex2var_epi16(h0, iw, h1);
@@ -11683,7 +11696,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, 
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 xb[r] = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb[r] + o, K_GEMV1_PF); // 144 or 176 bytes: 3 lines
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb[r] + o, k_gemv1_pf); // 144 or 176 bytes: 3 lines
             }
             __m512i h = _mm512_castsi128_si512(k_load128(xb[0]));
             h = _mm512_inserti32x4(h, k_load128(xb[1]), 1);
@@ -11787,7 +11800,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, c
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, K_GEMV1_PF); // 210, 110 or 84 bytes
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 210, 110 or 84 bytes
                 __m256i sc16, mn16 = _mm256_setzero_si256();
                 if (six) {
                     sc16 = _mm256_cvtepi8_epi16(k_load128(xb + 192));
@@ -12338,6 +12351,56 @@ K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, int64_t n, const uint8_t
         default: k_gemm_flt_tile_avx512(3, bf, n, pw, yt, ys, out + t, nw, pf); break;
         }
     }
+}
+// Four weight rows at a time against one activation row (gemv1, as k_gemv1_flt_avx2), all F16 or
+// all BF16: a row's sixteen lanes in one register, so each 16 values of a row take one
+// conversion and one multiply-add (the AVX2 kernel: two of each), the instructions of a step
+// halved for the memory stream to set its speed.
+K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
+                                          int w1, const uint8_t *y) {
+    const int64_t nf = n / 16;
+    uint8_t ty[32];
+    if (16 * nf < n) k_halves_pad(ty, y + 32 * (size_t)nf, n - 16 * nf);
+    for (int w = w0; w < w1; w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        __m512 a[4];
+        K_UNROLL
+        for (int r = 0; r < 4; r++) a[r] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nf; j++) {
+            const __m512 v = k_flt16_avx512(bf, y + 32 * j);
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xp = xr[r] + 32 * j;
+                if ((j & 1) == 0) k_prefetch_ahead(xp, k_gemv1_pf); // a line every other step
+                const __m512 u = k_flt16_avx512(bf, xp);
+                a[r] = bf ? _mm512_add_ps(a[r], _mm512_mul_ps(u, v)) : _mm512_fmadd_ps(u, v, a[r]);
+            }
+        }
+        if (16 * nf < n) { // zero-padded copies (k_halves_pad)
+            const __m512 v = k_flt16_avx512(bf, ty);
+            for (int r = 0; r < 4; r++) {
+                uint8_t tx[32];
+                const __m512 u = k_flt16_avx512(bf, k_halves_pad(tx, xr[r] + 32 * nf, n - 16 * nf));
+                a[r] = bf ? _mm512_add_ps(a[r], _mm512_mul_ps(u, v)) : _mm512_fmadd_ps(u, v, a[r]);
+            }
+        }
+        float out[4];
+        K_UNROLL
+        for (int r = 0; r < 4; r++)
+            out[r] = k_flanes_sum_avx2(_mm512_castps512_ps256(a[r]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1)));
+        k_gemv1_put(out, s, w, nw);
+    }
+}
+K_AVX512 static void k_gemv1_f16_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                        const uint8_t *y, const uint8_t *side) {
+    (void)side;
+    k_gemv1_flt_avx512(false, n, s, x, x_stride, nw, w0, w1, y);
+}
+K_AVX512 static void k_gemv1_bf16_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                         const uint8_t *y, const uint8_t *side) {
+    (void)side;
+    k_gemv1_flt_avx512(true, n, s, x, x_stride, nw, w0, w1, y);
 }
 K_AVX512 static void k_gemm_f16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                        size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
@@ -15297,6 +15360,8 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q5_1].gemv1 = k_gemv1_q5_1_avx512;
     t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx512;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
+    t[T_F16].gemv1 = k_gemv1_f16_avx512;
+    t[T_BF16].gemv1 = k_gemv1_bf16_avx512;
 }
 
 #if defined(PSV_AMX)
@@ -15368,6 +15433,9 @@ static void k_sets_init(void) {
         k_set_vec[s].softmax = k_softmax_neon;
         k_set_vec[s].exp_shift = k_exp_shift_neon;
     }
+#endif
+#if defined(PSV_X86)
+    k_gemv1_pf = k_gemv1_pf_for(plat_cpu_get());
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }
@@ -15452,6 +15520,10 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, c)) printf(" %s", k_set_names[s]);
     printf("\nkernel set: %s\n", k_kernel_set_name());
+#if defined(PSV_X86)
+    // (after k_kernel_set_name, which sets the kernels up)
+    printf("cpu: %s family %d; generation prefetches %zu bytes ahead\n", c->amd ? "AMD" : "x86", c->family, k_gemv1_pf);
+#endif
     printf("build: %s\n", PSV_BUILD_OPTIMISED ? "optimised" : "not optimised");
     const char *note = k_kernel_set_note();
     if (note) fprintf(stderr, "pensieve: warning: %s\n", note);

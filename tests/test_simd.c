@@ -1023,6 +1023,34 @@ static void test_choose(void) {
     }
     CHECK(k_traits_of_set(K_SET_REF, T_Q4_0)->vec_dot == k_dot_q4_0_q8_0_ref);
     CHECK(k_traits_of_set(K_SET_COUNT, T_Q4_0) == NULL && k_traits_get(T_COUNT) == NULL && k_traits_get(T_IQ2_XXS) == NULL);
+#if defined(PSV_X86)
+    // generation's prefetch distance (k_gemv1_pf): 1024 bytes on Zen 3 and 4 (AMD family 25), 2048
+    // elsewhere; this CPU's as k_gemv1_pf_for says once the sets are set up
+    plat_cpu zen4 = v4, zen5 = v4, intel = v4, amd_old = v4;
+    zen4.amd = zen5.amd = amd_old.amd = true;
+    zen4.family = 25, zen5.family = 26, intel.family = 6, amd_old.family = 23;
+    CHECK(k_gemv1_pf_for(&zen4) == 1024 && k_gemv1_pf_for(&zen5) == 2048 && k_gemv1_pf_for(&intel) == 2048 &&
+          k_gemv1_pf_for(&amd_old) == 2048);
+    intel.family = 25; // an Intel CPU of that family number would not be a Zen
+    CHECK(k_gemv1_pf_for(&intel) == 2048);
+    CHECK(k_gemv1_pf == k_gemv1_pf_for(plat_cpu_get()));
+    // the vendor and family detected, against what Linux reports
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) {
+        SKIP("no /proc/cpuinfo: the CPU's vendor and family are not cross-checked");
+    } else {
+        char line[512], vendor[64] = "";
+        int family = -1;
+        while (fgets(line, sizeof line, f) && (family < 0 || !vendor[0])) {
+            if (!strncmp(line, "vendor_id", 9) && strchr(line, ':')) sscanf(strchr(line, ':') + 1, "%63s", vendor);
+            if (!strncmp(line, "cpu family", 10) && strchr(line, ':')) family = atoi(strchr(line, ':') + 1);
+        }
+        fclose(f);
+        CHECKF(plat_cpu_get()->family == family && plat_cpu_get()->amd == !strcmp(vendor, "AuthenticAMD"),
+               "detected %s family %d; /proc/cpuinfo: %s family %d", plat_cpu_get()->amd ? "AMD" : "not AMD",
+               plat_cpu_get()->family, vendor, family);
+    }
+#endif
     printf("cpu: best kernel set %s; active %s%s%s\n", k_set_names[k_set_best(plat_cpu_get())], k_kernel_set_name(),
            k_kernel_set_note() ? " — " : "", k_kernel_set_note() ? k_kernel_set_note() : "");
 }
