@@ -8797,9 +8797,54 @@ PSV_MAYBE_UNUSED static void k_panel_split4(int64_t n, const uint8_t *panel, uin
 // register a pair where sixteen lanes took two), so their panels have four sections, 2g + h for
 // rows 4g..4g+3 (g = 0, 1) and pass h (0: lanes 0-7, 1: lanes 8-15), of K_FLT_STEPS(n) steps of
 // 32 floats: step j has values 16j + 8h .. 16j + 8h + 7 of row 4g + r at floats 8r .. 8r + 7.
-// Values past n and rows past nw are zero. K_FLT_PANEL_BLK bytes a value, n rounded up to 16.
+// Values past n and rows past nw are zero. K_FLT_PANEL_BLK bytes a value, n rounded up to 16;
+// then K_FLT_TRAILER bytes: the k_flt_range of the panel's values.
+//
+// A bfloat product is rounded before it is added (see K_LANES), so the BF16 kernels take a
+// multiply and an add, where one FMA adds the exact product. The two agree whenever the product
+// is exact in float: it has at most 16 significant bits, so it is unless it falls below float's
+// normal range or past its largest. k_flt_range keeps the magnitudes of a set of values, as the
+// bits of floats without their signs (whose order as integers is theirs as numbers): the
+// smallest nonzero one less one (mn; 0xffffffff: none) and the largest (mx). A panel (its
+// trailer) and each BF16 activation row (its side data, k_act_side) carry theirs, and
+// k_flt_fused tells from them when every product of the two is exact, so the FMA is taken
+// (bench_simd gemmR 0.0223 -> 0.0176 ns a value and row on Zen 4, F16's speed); where a product
+// could fall below 2^-126 or reach 2^128 (or meet an infinity or NaN), the multiply and add.
 #define K_FLT_STEPS(n) (((n) + 15) / 16)
 #define K_FLT_PANEL_BLK (K_PANEL * 4)
+#define K_FLT_TRAILER 64
+typedef struct {
+    uint32_t mn, mx;
+} k_flt_range;
+#define K_FLT_RANGE_EMPTY ((k_flt_range){0xffffffffu, 0})
+
+// Adds the float whose bits are u to r.
+static inline void k_flt_range_add(k_flt_range *r, uint32_t u) {
+    const uint32_t a = u & 0x7fffffffu;
+    if (a - 1 < r->mn) r->mn = a - 1; // (a zero: 0xffffffff)
+    if (a > r->mx) r->mx = a;
+}
+static void k_flt_range_put(uint8_t *p, k_flt_range r) {
+    memset(p, 0, 16);
+    wr_u32(p, r.mn), wr_u32(p + 4, r.mx);
+}
+PSV_MAYBE_UNUSED static k_flt_range k_flt_range_get(const uint8_t *p) { return (k_flt_range){ld_u32(p), ld_u32(p + 4)}; }
+// The binary exponents of r: each nonzero value v has 2^lo <= |v| < 2^(hi + 1) (a subnormal:
+// -149 and -127; an infinity or NaN: 128); false when r has none.
+static bool k_flt_exps(k_flt_range r, int32_t *lo, int32_t *hi) {
+    if (r.mx == 0) return false;
+    const int32_t el = (int32_t)((r.mn + 1) >> 23), eh = (int32_t)(r.mx >> 23);
+    *lo = el ? el - 127 : -149;
+    *hi = eh ? eh - 127 : -127;
+    return true;
+}
+// Whether every product of a value of w and one of a is exact in float: zero, or >= 2^-126 and
+// < 2^128.
+PSV_MAYBE_UNUSED static bool k_flt_exact(k_flt_range w, k_flt_range a) {
+    int32_t wl, wh, al, ah;
+    if (!k_flt_exps(w, &wl, &wh) || !k_flt_exps(a, &al, &ah)) return true; // (all products zero)
+    return wl + al >= -126 && wh + ah <= 126;
+}
 
 // Float index of value l (0 .. 7, wide: 0 .. 15) of row `row` in step j of pass h (wide: 0) of a
 // panel of ns steps (see above).
@@ -8818,6 +8863,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack_flt(uint32_t type, bool wide, int64_t 
                                               uint8_t *panel) {
     PSV_ASSERT((type == T_F16 || type == T_BF16) && nw >= 1 && nw <= K_PANEL);
     const int64_t ns = K_FLT_STEPS(n);
+    k_flt_range r = K_FLT_RANGE_EMPTY;
     for (int row = 0; row < K_PANEL; row++)
         for (int64_t i = 0; i < 16 * ns; i++) {
             float v = 0;
@@ -8829,12 +8875,25 @@ PSV_MAYBE_UNUSED static void k_panel_pack_flt(uint32_t type, bool wide, int64_t 
             const size_t at = wide ? k_panel_flt_at(true, ns, row, 0, i / 16, (int)(i % 16))
                                    : k_panel_flt_at(false, ns, row, (int)(i % 16 / 8), i / 16, (int)(i % 8));
             wr_u32(panel + 4 * at, f32_bits(v));
+            k_flt_range_add(&r, f32_bits(v));
         }
+    memset(panel + (size_t)ns * 16 * K_FLT_PANEL_BLK, 0, K_FLT_TRAILER); // (F16's products are all exact: zeros)
+    if (type == T_BF16) k_flt_range_put(panel + (size_t)ns * 16 * K_FLT_PANEL_BLK, r);
+}
+
+// Whether the BF16 products of a panel (of rows of n values) and activation rows y + t ys, t < nr,
+// with their side data at side + t side_stride, are all exact (k_flt_exact), so that FMAs give
+// their results.
+PSV_MAYBE_UNUSED static bool k_flt_fused(int64_t n, const uint8_t *panel, const uint8_t *side, size_t side_stride, int nr) {
+    const k_flt_range w = k_flt_range_get(panel + (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK);
+    for (int t = 0; t < nr; t++)
+        if (!k_flt_exact(w, k_flt_range_get(side + (size_t)t * side_stride))) return false;
+    return true;
 }
 
 // Bytes of a panel of rows of n values of `type` in the layout of a set's packer (tr: its traits).
 static size_t k_panel_bytes(const k_traits *tr, uint32_t type, int64_t n) {
-    if (type == T_F16 || type == T_BF16) return (size_t)K_FLT_STEPS(n) * 16 * tr->panel_blk;
+    if (type == T_F16 || type == T_BF16) return (size_t)K_FLT_STEPS(n) * 16 * tr->panel_blk + K_FLT_TRAILER;
     return (size_t)(n / type_table[type].blck_size) * tr->panel_blk;
 }
 
@@ -8903,6 +8962,7 @@ static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(si
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_g(int64_t n) { return (k_act_side_o(n) + (size_t)(n / 32) * 4 + 7) & ~(size_t)7; }
 static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: rows of it stay aligned
+    if (atype == T_BF16) return 16; // its k_flt_range
     if (atype == T_Q8_0) return k_act_side_g(n) + (size_t)(n / 32) * K_ACT_G_BLK;
     int64_t nb = n / (atype == T_Q8_K ? QK_K : 32);
     return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : 8) + 7) & ~(size_t)7;
@@ -8965,7 +9025,13 @@ static size_t k_act_side_stride(const k_traits *tr, int64_t n, bool gemm) {
 // The side data of activation row y of type atype, for weights whose quant offset is off; the
 // part at k_act_side_x only with `one_row` (the gemv1 kernels': a product of one row).
 static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uint8_t *side, bool one_row) {
-    if (atype != T_Q8_0 && atype != T_Q8_1 && atype != T_Q8_K) return; // the float types have none
+    if (atype == T_BF16) { // the k_flt_range of its values, for the GEMM kernels (k_flt_exact)
+        k_flt_range r = K_FLT_RANGE_EMPTY;
+        for (int64_t i = 0; i < n; i++) k_flt_range_add(&r, (uint32_t)ld_u16(y + 2 * i) << 16);
+        k_flt_range_put(side, r);
+        return;
+    }
+    if (atype != T_Q8_0 && atype != T_Q8_1 && atype != T_Q8_K) return; // the other float types have none
     const size_t bs = atype == T_Q8_K ? K_Q8_K_SIZE : atype == T_Q8_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const size_t qo = atype == T_Q8_0 ? 2 : 4;
     const int64_t qb = atype == T_Q8_K ? QK_K : 32, nb = n / qb;
@@ -10900,7 +10966,7 @@ K_AVX2 static void k_gemv1_bf16_avx2(int64_t n, float *s, const uint8_t *x, size
 #define K_GEMM_ROWS_FLT 6 // activation rows a call
 // One step of a pass: 8 values of each of the tile's c activation rows (at yv[t]) against the
 // four rows' weight vectors at wp.
-K_AVX2 K_INLINE void k_gemm_flt_step_avx2(const int c, const bool bf, const float *wp, const uint8_t *const *yv,
+K_AVX2 K_INLINE void k_gemm_flt_step_avx2(const int c, const bool bf, const bool ma, const float *wp, const uint8_t *const *yv,
                                           __m256 a[4][K_FLT_TILE]) {
     __m256 v[K_FLT_TILE];
     K_UNROLL
@@ -10910,14 +10976,14 @@ K_AVX2 K_INLINE void k_gemm_flt_step_avx2(const int c, const bool bf, const floa
         __m256 w = _mm256_loadu_ps(wp + 8 * r);
         // halves: one load for the c products, where the compiler folds one into each (0.0245
         // -> 0.0214 ns a value and row, Zen 4); bfloats' products need the register
-        if (!bf) __asm__("" : "+v"(w));
+        if (!ma) __asm__("" : "+v"(w));
         K_UNROLL
-        for (int t = 0; t < c; t++) a[r][t] = k_flane_add_avx2(bf, a[r][t], w, v[t]);
+        for (int t = 0; t < c; t++) a[r][t] = k_flane_add_avx2(ma, a[r][t], w, v[t]);
     }
 }
 // Pass h of a tile: lanes 8h .. 8h + 7 of its sums, stored to sum; tail[t]: activation row t's
 // last n % 16 values, zero-padded.
-K_AVX2 K_INLINE void k_gemm_flt_pass_avx2(const int c, const bool bf, int64_t n, const float *wp, const uint8_t *y, size_t ys,
+K_AVX2 K_INLINE void k_gemm_flt_pass_avx2(const int c, const bool bf, const bool ma, int64_t n, const float *wp, const uint8_t *y, size_t ys,
                                           const uint8_t (*tail)[32], int h, const k_prefetch *pf, float sum[4][K_FLT_TILE][8]) {
     const int64_t nf = n / 16;
     __m256 a[4][K_FLT_TILE];
@@ -10931,12 +10997,12 @@ K_AVX2 K_INLINE void k_gemm_flt_pass_avx2(const int c, const bool bf, int64_t n,
         K_UNROLL
         for (int t = 0; t < c; t++) yv[t] = y + (size_t)t * ys + 32 * (size_t)j + 16 * h;
         if (pf && (j & 1) == 0) k_prefetch_blks(pf, 16 * j, 32);
-        k_gemm_flt_step_avx2(c, bf, wp + 32 * j, yv, a);
+        k_gemm_flt_step_avx2(c, bf, ma, wp + 32 * j, yv, a);
     }
     if (16 * nf < n) { // the last n % 16 values
         K_UNROLL
         for (int t = 0; t < c; t++) yv[t] = tail[t] + 16 * h;
-        k_gemm_flt_step_avx2(c, bf, wp + 32 * nf, yv, a);
+        k_gemm_flt_step_avx2(c, bf, ma, wp + 32 * nf, yv, a);
     }
     K_UNROLL
     for (int r = 0; r < 4; r++) {
@@ -10944,7 +11010,7 @@ K_AVX2 K_INLINE void k_gemm_flt_pass_avx2(const int c, const bool bf, int64_t n,
         for (int t = 0; t < c; t++) _mm256_storeu_ps(sum[r][t], a[r][t]);
     }
 }
-K_AVX2 K_INLINE void k_gemm_flt_tile_avx2(const int c, const bool bf, int64_t n, const float *panel, const uint8_t *y, size_t ys,
+K_AVX2 K_INLINE void k_gemm_flt_tile_avx2(const int c, const bool bf, const bool ma, int64_t n, const float *panel, const uint8_t *y, size_t ys,
                                           int g, float *const *out, int nw, const k_prefetch *pf) {
     const int64_t nf = n / 16;
     const size_t sec = (size_t)K_FLT_STEPS(n) * 32; // floats of a section
@@ -10954,26 +11020,26 @@ K_AVX2 K_INLINE void k_gemm_flt_tile_avx2(const int c, const bool bf, int64_t n,
         for (int t = 0; t < c; t++) k_halves_pad(tail[t], y + (size_t)t * ys + 32 * (size_t)nf, n - 16 * nf);
     }
     float lo[4][K_FLT_TILE][8], hi[4][K_FLT_TILE][8];
-    k_gemm_flt_pass_avx2(c, bf, n, panel + (size_t)(2 * g) * sec, y, ys, (const uint8_t (*)[32])tail, 0, pf, lo);
-    k_gemm_flt_pass_avx2(c, bf, n, panel + (size_t)(2 * g + 1) * sec, y, ys, (const uint8_t (*)[32])tail, 1, NULL, hi);
+    k_gemm_flt_pass_avx2(c, bf, ma, n, panel + (size_t)(2 * g) * sec, y, ys, (const uint8_t (*)[32])tail, 0, pf, lo);
+    k_gemm_flt_pass_avx2(c, bf, ma, n, panel + (size_t)(2 * g + 1) * sec, y, ys, (const uint8_t (*)[32])tail, 1, NULL, hi);
     for (int r = 0; r < 4 && 4 * g + r < nw; r++)
         for (int t = 0; t < c; t++) out[t][4 * g + r] = k_flanes_sum_avx2(_mm256_loadu_ps(lo[r][t]), _mm256_loadu_ps(hi[r][t]));
 }
 
-K_AVX2 K_INLINE void k_gemm_flt_avx2(const bool bf, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, int nr,
-                                     float *const *out, int nw, const k_prefetch *pf) {
+K_AVX2 K_INLINE void k_gemm_flt_avx2(const bool bf, const bool ma, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                     int nr, float *const *out, int nw, const k_prefetch *pf) {
     PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_FLT && nw >= 1 && nw <= K_PANEL);
     const float *pw = (const float *)(const void *)panel;
-    const int tw = bf ? 2 : K_FLT_TILE; // (see above)
+    const int tw = ma ? 2 : K_FLT_TILE; // (see above)
     for (int t = 0; t < nr; t += tw) {
         const int c = PSV_MIN(tw, nr - t);
         for (int g = 0; g < 2 && 4 * g < nw; g++) {
             const k_prefetch *p = t == 0 && g == 0 ? pf : NULL;
             const uint8_t *yt = y + (size_t)t * ys;
             switch (c) {
-            case 1: k_gemm_flt_tile_avx2(1, bf, n, pw, yt, ys, g, out + t, nw, p); break;
-            case 2: k_gemm_flt_tile_avx2(2, bf, n, pw, yt, ys, g, out + t, nw, p); break;
-            default: k_gemm_flt_tile_avx2(3, bf, n, pw, yt, ys, g, out + t, nw, p); break;
+            case 1: k_gemm_flt_tile_avx2(1, bf, ma, n, pw, yt, ys, g, out + t, nw, p); break;
+            case 2: k_gemm_flt_tile_avx2(2, bf, ma, n, pw, yt, ys, g, out + t, nw, p); break;
+            default: k_gemm_flt_tile_avx2(3, bf, ma, n, pw, yt, ys, g, out + t, nw, p); break;
             }
         }
     }
@@ -10982,12 +11048,19 @@ K_AVX2 K_INLINE void k_gemm_flt_avx2(const bool bf, int64_t n, const uint8_t *pa
 K_AVX2 static void k_gemm_f16_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                    size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     (void)side, (void)side_stride;
-    k_gemm_flt_avx2(false, n, panel, y, ys, nr, out, nw, pf);
+    k_gemm_flt_avx2(false, false, n, panel, y, ys, nr, out, nw, pf);
 }
 K_AVX2 static void k_gemm_bf16_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                     size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
-    (void)side, (void)side_stride;
-    k_gemm_flt_avx2(true, n, panel, y, ys, nr, out, nw, pf);
+    if (k_flt_fused(n, panel, side, side_stride, nr)) k_gemm_flt_avx2(true, false, n, panel, y, ys, nr, out, nw, pf);
+    else k_gemm_flt_avx2(true, true, n, panel, y, ys, nr, out, nw, pf);
+}
+
+// k_flt_range_add for the 8 floats whose bits are u, per lane.
+K_AVX2 K_INLINE void k_flt_range8_avx2(__m256i u, __m256i *mn, __m256i *mx) {
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    *mn = _mm256_min_epu32(*mn, _mm256_sub_epi32(a, _mm256_set1_epi32(1)));
+    *mx = _mm256_max_epu32(*mx, a);
 }
 
 // k_panel_pack_flt's panels (wide: the AVX-512 kernels'), eight values of a row converted at a time.
@@ -10995,6 +11068,7 @@ K_AVX2 K_INLINE void k_pack_flt_avx2(const bool bf, const bool wide, int64_t n, 
     PSV_ASSERT(nw >= 1 && nw <= K_PANEL);
     const int64_t ns = K_FLT_STEPS(n);
     float *d = (float *)(void *)panel; // written in order
+    __m256i mn = _mm256_set1_epi32(-1), mx = _mm256_setzero_si256();
     for (int sec = 0; sec < (wide ? 1 : 4); sec++)
         for (int64_t j = 0; j < ns; j++)
             for (int r = 0; r < (wide ? K_PANEL : 4); r++) {
@@ -11003,14 +11077,24 @@ K_AVX2 K_INLINE void k_pack_flt_avx2(const bool bf, const bool wide, int64_t n, 
                     const int64_t i = 16 * j + 8 * (wide ? part : sec % 2); // values i .. i + 7
                     if (row >= nw || i >= n) {
                         _mm256_storeu_ps(d, _mm256_setzero_ps());
-                    } else if (i + 8 <= n) {
-                        _mm256_storeu_ps(d, k_flt8_avx2(bf, w + (size_t)row * w_stride + 2 * i));
-                    } else {
-                        uint8_t t[32];
-                        _mm256_storeu_ps(d, k_flt8_avx2(bf, k_halves_pad(t, w + (size_t)row * w_stride + 2 * i, n - i)));
+                        continue;
                     }
+                    uint8_t t[32];
+                    const __m256 v = k_flt8_avx2(bf, i + 8 <= n ? w + (size_t)row * w_stride + 2 * i
+                                                               : k_halves_pad(t, w + (size_t)row * w_stride + 2 * i, n - i));
+                    _mm256_storeu_ps(d, v);
+                    if (bf) k_flt_range8_avx2(_mm256_castps_si256(v), &mn, &mx);
                 }
             }
+    uint8_t *tr = (uint8_t *)d;
+    memset(tr, 0, K_FLT_TRAILER); // (F16: zeros, as k_panel_pack_flt)
+    if (bf) {
+        uint32_t l[8], h[8];
+        _mm256_storeu_si256((__m256i *)(void *)l, mn), _mm256_storeu_si256((__m256i *)(void *)h, mx);
+        k_flt_range r = K_FLT_RANGE_EMPTY;
+        for (int k = 0; k < 8; k++) r.mn = PSV_MIN(r.mn, l[k]), r.mx = PSV_MAX(r.mx, h[k]);
+        k_flt_range_put(tr, r);
+    }
 }
 K_AVX2 static void k_pack_f16_avx2(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
     k_pack_flt_avx2(false, false, n, w, w_stride, nw, panel);
@@ -12293,7 +12377,7 @@ K_AVX512 K_INLINE __m512 k_flt16_avx512(const bool bf, const uint8_t *p) {
     const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
     return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
-K_AVX512 K_INLINE void k_gemm_flt_step_avx512(const int c, const bool bf, const float *wp, const uint8_t *const *yv,
+K_AVX512 K_INLINE void k_gemm_flt_step_avx512(const int c, const bool bf, const bool ma, const float *wp, const uint8_t *const *yv,
                                               __m512 a[K_PANEL][K_FLT_TILE]) {
     __m512 v[K_FLT_TILE];
     K_UNROLL
@@ -12304,10 +12388,10 @@ K_AVX512 K_INLINE void k_gemm_flt_step_avx512(const int c, const bool bf, const 
         __asm__("" : "+v"(w)); // one load for the c products, where the compiler folds one into each (F16
                                // 0.0210 -> 0.0176 ns a value and row on Zen 4, 97 % of its multiply-adds)
         K_UNROLL
-        for (int t = 0; t < c; t++) a[r][t] = bf ? _mm512_add_ps(a[r][t], _mm512_mul_ps(w, v[t])) : _mm512_fmadd_ps(w, v[t], a[r][t]);
+        for (int t = 0; t < c; t++) a[r][t] = ma ? _mm512_add_ps(a[r][t], _mm512_mul_ps(w, v[t])) : _mm512_fmadd_ps(w, v[t], a[r][t]);
     }
 }
-K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, int64_t n, const float *panel, const uint8_t *y,
+K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, const bool ma, int64_t n, const float *panel, const uint8_t *y,
                                               size_t ys, float *const *out, int nw, const k_prefetch *pf) {
     const int64_t ns = K_FLT_STEPS(n), nf = n / 16;
     uint8_t tail[K_FLT_TILE][32]; // (copied before the sums are live, as k_gemm_flt_tile_avx2's)
@@ -12324,13 +12408,13 @@ K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, int64_
         K_UNROLL
         for (int t = 0; t < c; t++) yv[t] = y + (size_t)t * ys + 32 * (size_t)j;
         if (pf && (j & 1) == 0) k_prefetch_blks(pf, 16 * j, 32);
-        k_gemm_flt_step_avx512(c, bf, panel + 128 * j, yv, a);
+        k_gemm_flt_step_avx512(c, bf, ma, panel + 128 * j, yv, a);
     }
     if (nf < ns) { // the last n % 16 values
         K_UNROLL
         for (int t = 0; t < c; t++) yv[t] = tail[t];
         if (pf) k_prefetch_blks(pf, 16 * nf, n - 16 * nf);
-        k_gemm_flt_step_avx512(c, bf, panel + 128 * nf, yv, a);
+        k_gemm_flt_step_avx512(c, bf, ma, panel + 128 * nf, yv, a);
     }
     for (int r = 0; r < nw; r++)
         for (int t = 0; t < c; t++) {
@@ -12339,16 +12423,16 @@ K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, int64_
         }
 }
 
-K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, int nr,
-                                         float *const *out, int nw, const k_prefetch *pf) {
+K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, const bool ma, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                         int nr, float *const *out, int nw, const k_prefetch *pf) {
     PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_FLT && nw >= 1 && nw <= K_PANEL);
     const float *pw = (const float *)(const void *)panel;
     for (int t = 0; t < nr; t += K_FLT_TILE, pf = NULL) {
         const uint8_t *yt = y + (size_t)t * ys;
         switch (PSV_MIN(K_FLT_TILE, nr - t)) {
-        case 1: k_gemm_flt_tile_avx512(1, bf, n, pw, yt, ys, out + t, nw, pf); break;
-        case 2: k_gemm_flt_tile_avx512(2, bf, n, pw, yt, ys, out + t, nw, pf); break;
-        default: k_gemm_flt_tile_avx512(3, bf, n, pw, yt, ys, out + t, nw, pf); break;
+        case 1: k_gemm_flt_tile_avx512(1, bf, ma, n, pw, yt, ys, out + t, nw, pf); break;
+        case 2: k_gemm_flt_tile_avx512(2, bf, ma, n, pw, yt, ys, out + t, nw, pf); break;
+        default: k_gemm_flt_tile_avx512(3, bf, ma, n, pw, yt, ys, out + t, nw, pf); break;
         }
     }
 }
@@ -12405,12 +12489,12 @@ K_AVX512 static void k_gemv1_bf16_avx512(int64_t n, float *s, const uint8_t *x, 
 K_AVX512 static void k_gemm_f16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                        size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     (void)side, (void)side_stride;
-    k_gemm_flt_avx512(false, n, panel, y, ys, nr, out, nw, pf);
+    k_gemm_flt_avx512(false, false, n, panel, y, ys, nr, out, nw, pf);
 }
 K_AVX512 static void k_gemm_bf16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                         size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
-    (void)side, (void)side_stride;
-    k_gemm_flt_avx512(true, n, panel, y, ys, nr, out, nw, pf);
+    if (k_flt_fused(n, panel, side, side_stride, nr)) k_gemm_flt_avx512(true, false, n, panel, y, ys, nr, out, nw, pf);
+    else k_gemm_flt_avx512(true, true, n, panel, y, ys, nr, out, nw, pf);
 }
 
 #if defined(PSV_AMX)

@@ -349,7 +349,7 @@ static void st_check_gemm(k_set set) {
                     else k_panel_pack_amx0(wt, n, x, xs, nw, want);
 #endif
                 } else if (flt) { // F16 and BF16: floats, n rounded up to 16
-                    CHECK(pz == (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK);
+                    CHECK(pz == (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK + K_FLT_TRAILER);
                     k_panel_pack_flt(wt, k_panel_flt_wide(set), n, x, xs, nw, want);
                 } else if (q41as51) { // the AVX-512 sets' Q4_1: Q5_1's (above)
                     CHECK(pz == k_panel_size(T_Q5_1, n));
@@ -415,6 +415,55 @@ static void st_check_gemm(k_set set) {
         CHECKF(mismatches == 0, "%s gemm %s: %d of %d products differ from the reference", k_set_names[set],
                type_get(wt)->name, mismatches, checked);
     }
+}
+
+// The BF16 GEMM takes FMAs where every product of the panel and the activation rows is exact
+// in float (k_flt_fused), the reference's multiply and add elsewhere: rows whose products fall
+// below 2^-126 (underflow: rounded to subnormals when multiplied first) or reach 2^128 (a
+// multiply overflows where the FMA's sum need not), each beside ordinary rows, must still give
+// the reference's results, as must ordinary rows (the FMAs).
+static uint16_t st_bf16_pow2(int lo, int span) { // +-(1 + f) 2^e, lo <= e < lo + span, 7 random fraction bits
+    const int e = lo + (int)(st_rng() % (uint64_t)span);
+    return (uint16_t)((st_rng() & 1) << 15 | (uint32_t)(e + 127) << 7 | (uint32_t)(st_rng() & 127));
+}
+static void st_check_gemm_bf16_edges(k_set set) {
+    const k_traits *sk = k_traits_of_set(set, T_BF16), *ref = k_traits_ref(T_BF16);
+    if (!sk || !sk->gemm) return;
+    enum { N = 96, NR = 3 };
+    const size_t ys = 2 * N, ss = k_act_side_stride(sk, N, true);
+    uint8_t x[K_PANEL][2 * N], y[NR][2 * N], side[NR][64], *panel = malloc(k_panel_bytes(sk, T_BF16, N));
+    PSV_ASSERT(panel && ss <= sizeof side[0]);
+    // exponents of the weights, of the first activation rows and of the last one: ordinary,
+    // products underflowing, overflowing, and underflowing in the last row only
+    const int cases[][6] = {{-8, -2, -8, -2, -8, -2}, {-75, -70, -75, -70, -75, -70}, {63, 64, 63, 64, 63, 64},
+                            {-60, -55, -8, -2, -75, -70}};
+    int mismatches = 0, checked = 0;
+    for (size_t ci = 0; ci < PSV_ARRAY_LEN(cases); ci++)
+        for (int rep = 0; rep < 20; rep++) {
+            for (int r = 0; r < K_PANEL; r++)
+                for (int i = 0; i < N; i++) wr_u16(x[r] + 2 * i, st_bf16_pow2(cases[ci][0], cases[ci][1] - cases[ci][0] + 1));
+            for (int t = 0; t < NR; t++) {
+                const int *e = cases[ci] + (t == NR - 1 ? 4 : 2);
+                for (int i = 0; i < N; i++) wr_u16(y[t] + 2 * i, st_bf16_pow2(e[0], e[1] - e[0] + 1));
+                k_act_side(T_BF16, 0, y[t], N, side[t], false);
+            }
+            sk->pack(N, x[0], 2 * N, K_PANEL, panel);
+            CHECK(k_flt_fused(N, panel, side[0], sizeof side[0], NR) == (ci == 0));
+            float res[NR][K_PANEL], *out[NR] = {res[0], res[1], res[2]};
+            sk->gemm(N, panel, y[0], ys, side[0], sizeof side[0], NR, out, K_PANEL, NULL);
+            for (int t = 0; t < NR; t++)
+                for (int r = 0; r < K_PANEL; r++) {
+                    float want;
+                    ref->vec_dot(N, &want, x[r], y[t]);
+                    checked++;
+                    if (!st_same(want, res[t][r]) && mismatches++ < 5)
+                        fprintf(stderr, "%s gemm BF16 case %zu rep %d w%d a%d: ref %.9g vs %.9g\n", k_set_names[set], ci, rep, r,
+                                t, want, res[t][r]);
+                }
+        }
+    CHECKF(mismatches == 0, "%s gemm BF16 at float's range ends: %d of %d products differ from the reference", k_set_names[set],
+           mismatches, checked);
+    free(panel);
 }
 
 // The set's gemv kernels (generation's products with the activation's side data) against the
@@ -1065,6 +1114,7 @@ int main(void) {
         }
         st_check_dots((k_set)s);
         st_check_gemm((k_set)s);
+        st_check_gemm_bf16_edges((k_set)s);
         st_check_gemv((k_set)s);
         st_check_gemv1((k_set)s);
         st_check_quantizers((k_set)s);
