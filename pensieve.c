@@ -8813,6 +8813,8 @@ PSV_MAYBE_UNUSED static void k_panel_split4(int64_t n, const uint8_t *panel, uin
 #define K_FLT_STEPS(n) (((n) + 15) / 16)
 #define K_FLT_PANEL_BLK (K_PANEL * 4)
 #define K_FLT_TRAILER 64
+// Bytes of a panel's floats, rows of n values: where its trailer starts.
+static size_t k_panel_flt_bytes(int64_t n) { return (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK; }
 typedef struct {
     uint32_t mn, mx;
 } k_flt_range;
@@ -8877,15 +8879,15 @@ PSV_MAYBE_UNUSED static void k_panel_pack_flt(uint32_t type, bool wide, int64_t 
             wr_u32(panel + 4 * at, f32_bits(v));
             k_flt_range_add(&r, f32_bits(v));
         }
-    memset(panel + (size_t)ns * 16 * K_FLT_PANEL_BLK, 0, K_FLT_TRAILER); // (F16's products are all exact: zeros)
-    if (type == T_BF16) k_flt_range_put(panel + (size_t)ns * 16 * K_FLT_PANEL_BLK, r);
+    memset(panel + k_panel_flt_bytes(n), 0, K_FLT_TRAILER); // (F16's products are all exact: zeros)
+    if (type == T_BF16) k_flt_range_put(panel + k_panel_flt_bytes(n), r);
 }
 
 // Whether the BF16 products of a panel (of rows of n values) and activation rows y + t ys, t < nr,
 // with their side data at side + t side_stride, are all exact (k_flt_exact), so that FMAs give
 // their results.
 PSV_MAYBE_UNUSED static bool k_flt_fused(int64_t n, const uint8_t *panel, const uint8_t *side, size_t side_stride, int nr) {
-    const k_flt_range w = k_flt_range_get(panel + (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK);
+    const k_flt_range w = k_flt_range_get(panel + k_panel_flt_bytes(n));
     for (int t = 0; t < nr; t++)
         if (!k_flt_exact(w, k_flt_range_get(side + (size_t)t * side_stride))) return false;
     return true;
@@ -8893,7 +8895,7 @@ PSV_MAYBE_UNUSED static bool k_flt_fused(int64_t n, const uint8_t *panel, const 
 
 // Bytes of a panel of rows of n values of `type` in the layout of a set's packer (tr: its traits).
 static size_t k_panel_bytes(const k_traits *tr, uint32_t type, int64_t n) {
-    if (type == T_F16 || type == T_BF16) return (size_t)K_FLT_STEPS(n) * 16 * tr->panel_blk + K_FLT_TRAILER;
+    if (type == T_F16 || type == T_BF16) return k_panel_flt_bytes(n) + K_FLT_TRAILER; // (panel_blk: K_FLT_PANEL_BLK)
     return (size_t)(n / type_table[type].blck_size) * tr->panel_blk;
 }
 
@@ -12377,6 +12379,14 @@ K_AVX512 K_INLINE __m512 k_flt16_avx512(const bool bf, const uint8_t *p) {
     const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
     return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
+// acc + x y as k_flane_add_avx2 (ma: a multiply then an add), and the 16 lanes summed as
+// k_flanes_sum_avx2 sums them.
+K_AVX512 K_INLINE __m512 k_flane_add_avx512(const bool ma, __m512 acc, __m512 x, __m512 y) {
+    return ma ? _mm512_add_ps(acc, _mm512_mul_ps(x, y)) : _mm512_fmadd_ps(x, y, acc);
+}
+K_AVX512 K_INLINE float k_flanes_sum_avx512(__m512 a) {
+    return k_flanes_sum_avx2(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
 K_AVX512 K_INLINE void k_gemm_flt_step_avx512(const int c, const bool bf, const bool ma, const float *wp, const uint8_t *const *yv,
                                               __m512 a[K_PANEL][K_FLT_TILE]) {
     __m512 v[K_FLT_TILE];
@@ -12388,7 +12398,7 @@ K_AVX512 K_INLINE void k_gemm_flt_step_avx512(const int c, const bool bf, const 
         __asm__("" : "+v"(w)); // one load for the c products, where the compiler folds one into each (F16
                                // 0.0210 -> 0.0176 ns a value and row on Zen 4, 97 % of its multiply-adds)
         K_UNROLL
-        for (int t = 0; t < c; t++) a[r][t] = ma ? _mm512_add_ps(a[r][t], _mm512_mul_ps(w, v[t])) : _mm512_fmadd_ps(w, v[t], a[r][t]);
+        for (int t = 0; t < c; t++) a[r][t] = k_flane_add_avx512(ma, a[r][t], w, v[t]);
     }
 }
 K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, const bool ma, int64_t n, const float *panel, const uint8_t *y,
@@ -12417,10 +12427,7 @@ K_AVX512 K_INLINE void k_gemm_flt_tile_avx512(const int c, const bool bf, const 
         k_gemm_flt_step_avx512(c, bf, ma, panel + 128 * nf, yv, a);
     }
     for (int r = 0; r < nw; r++)
-        for (int t = 0; t < c; t++) {
-            const __m512 v = a[r][t];
-            out[t][r] = k_flanes_sum_avx2(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-        }
+        for (int t = 0; t < c; t++) out[t][r] = k_flanes_sum_avx512(a[r][t]);
 }
 
 K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, const bool ma, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
@@ -12458,7 +12465,7 @@ K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *s, co
                 const uint8_t *xp = xr[r] + 32 * j;
                 if ((j & 1) == 0) k_prefetch_ahead(xp, k_gemv1_pf); // a line every other step
                 const __m512 u = k_flt16_avx512(bf, xp);
-                a[r] = bf ? _mm512_add_ps(a[r], _mm512_mul_ps(u, v)) : _mm512_fmadd_ps(u, v, a[r]);
+                a[r] = k_flane_add_avx512(bf, a[r], u, v);
             }
         }
         if (16 * nf < n) { // zero-padded copies (k_halves_pad)
@@ -12466,13 +12473,12 @@ K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *s, co
             for (int r = 0; r < 4; r++) {
                 uint8_t tx[32];
                 const __m512 u = k_flt16_avx512(bf, k_halves_pad(tx, xr[r] + 32 * nf, n - 16 * nf));
-                a[r] = bf ? _mm512_add_ps(a[r], _mm512_mul_ps(u, v)) : _mm512_fmadd_ps(u, v, a[r]);
+                a[r] = k_flane_add_avx512(bf, a[r], u, v);
             }
         }
         float out[4];
         K_UNROLL
-        for (int r = 0; r < 4; r++)
-            out[r] = k_flanes_sum_avx2(_mm512_castps512_ps256(a[r]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1)));
+        for (int r = 0; r < 4; r++) out[r] = k_flanes_sum_avx512(a[r]);
         k_gemv1_put(out, s, w, nw);
     }
 }
@@ -16398,9 +16404,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
-        // a value of the row rounded up to 16)
-        s->panel_size = (PSV_MAX((size_t)widest_in * 49, (size_t)K_FLT_STEPS(widest_in) * 16 * K_FLT_PANEL_BLK) + 127) &
-                        ~(size_t)63; // whole cache lines
+        // a value of the row rounded up to 16, and their trailer)
+        s->panel_size = (PSV_MAX((size_t)widest_in * 49, k_panel_flt_bytes(widest_in) + K_FLT_TRAILER) + 127) & ~(size_t)63; // whole cache lines
         // 64-byte aligned, as the kernels' full-vector loads of it are (malloc's 16-byte alignment
         // split every other AVX-512 load over two cache lines: Q4_0 GEMM 214 -> 236-244 GMAC/s)
         ok = ok && (s->panels = aligned_alloc(64, (size_t)s->n_threads * s->panel_size));

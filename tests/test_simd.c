@@ -349,7 +349,7 @@ static void st_check_gemm(k_set set) {
                     else k_panel_pack_amx0(wt, n, x, xs, nw, want);
 #endif
                 } else if (flt) { // F16 and BF16: floats, n rounded up to 16
-                    CHECK(pz == (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK + K_FLT_TRAILER);
+                    CHECK(pz == (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK + K_FLT_TRAILER && pz == k_panel_flt_bytes(n) + K_FLT_TRAILER);
                     k_panel_pack_flt(wt, k_panel_flt_wide(set), n, x, xs, nw, want);
                 } else if (q41as51) { // the AVX-512 sets' Q4_1: Q5_1's (above)
                     CHECK(pz == k_panel_size(T_Q5_1, n));
