@@ -9025,9 +9025,11 @@ static size_t k_act_side_stride(const k_traits *tr, int64_t n, bool gemm) {
 }
 
 // The side data of activation row y of type atype, for weights whose quant offset is off; the
-// part at k_act_side_x only with `one_row` (the gemv1 kernels': a product of one row).
+// part at k_act_side_x only with `one_row` (the gemv1 kernels': a product of one row). BF16's,
+// which only its GEMM kernels read, not with one_row (generation's products need not scan the row).
 static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uint8_t *side, bool one_row) {
     if (atype == T_BF16) { // the k_flt_range of its values, for the GEMM kernels (k_flt_exact)
+        if (one_row) return;
         k_flt_range r = K_FLT_RANGE_EMPTY;
         for (int64_t i = 0; i < n; i++) k_flt_range_add(&r, (uint32_t)ld_u16(y + 2 * i) << 16);
         k_flt_range_put(side, r);
@@ -16401,7 +16403,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     const size_t one = PSV_MAX(k_act_side_one(T_Q8_0, widest_in), k_act_side_one(T_Q8_K, widest_in)); // gemv1's
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
-    ok = ok && (s->sides = malloc(PSV_MAX(B * PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), one)));
+    const size_t side_row = PSV_MAX(PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), k_act_side_size(T_BF16, widest_in));
+    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, one)));
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
         // a value of the row rounded up to 16, and their trailer)
