@@ -1083,6 +1083,13 @@ static void test_choose(void) {
     intel.family = 25; // an Intel CPU of that family number would not be a Zen
     CHECK(k_gemv1_pf_for(&intel) == 2048);
     CHECK(k_gemv1_pf == k_gemv1_pf_for(plat_cpu_get()));
+    // and the level-1 distance of the AVX-512 kernels (k_gemv1_pf_l1): 384 bytes on Zen 4, none elsewhere
+    intel.family = 6;
+    CHECK(k_gemv1_pf_l1_for(&zen4) == 384 && k_gemv1_pf_l1_for(&zen5) == 0 && k_gemv1_pf_l1_for(&intel) == 0 &&
+          k_gemv1_pf_l1_for(&amd_old) == 0);
+    intel.family = 25;
+    CHECK(k_gemv1_pf_l1_for(&intel) == 0);
+    CHECK(k_gemv1_pf_l1 == k_gemv1_pf_l1_for(plat_cpu_get()));
     // the vendor and family detected, against what Linux reports
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f) {
