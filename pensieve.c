@@ -9194,13 +9194,13 @@ static size_t k_gemv1_pf = K_GEMV1_PF; // set once with the kernel sets (k_sets_
 PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return c->amd && c->family == 25 ? K_GEMV1_PF_ZEN4 : K_GEMV1_PF; }
 
 // On Zen 4 the AVX-512 kernels of the quantized types (not F16/BF16's) also ask for the line
-// K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch_avx512),
-// where its own prefetchers left them waiting: measured alternating token by token in one
-// process (so the machine's load moves both alike), medians, one thread, phi4-mini Q4_K_M
-// (Q4_K and Q6_K) 1.097x (7.29 -> 7.99 t/s), two threads 1.05x; qwen2-0.5b Q4_0 1.07x (1.06x
-// with two threads), Q8_0 1.09x, Q4_K_M (mostly Q5_0) 1.065x; 256 bytes ahead about the same,
-// 448 and 512 less (phi4-mini 0.94x and 0.93x of 384's), the same request into the level-2
-// cache nothing (0.99x). F16's kernel lost by it (0.945x) and the AVX2 kernels on the same Zen 4
+// K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch), where
+// its own prefetchers left them waiting: measured alternating token by token in one process (so
+// the machine's load moves both alike), medians, one thread, phi4-mini Q4_K_M (Q4_K and Q6_K)
+// 1.02-1.10x (7.29 -> 7.99 t/s in a busy hour), two threads 1.02-1.05x; qwen2-0.5b Q4_0 1.07x
+// (1.06x with two threads), Q8_0 1.09x, Q4_K_M (mostly Q5_0) 1.03-1.07x; 256 bytes ahead about
+// the same, 448 and 512 less (phi4-mini 0.94x and 0.93x of 384's), the same request into the
+// level-2 cache nothing (0.99x). F16's kernel lost by it (0.945x) and the AVX2 kernels on the same Zen 4
 // gained nothing (0.99-1.01x), so they keep the one request. Other CPUs were not measured with
 // it: 0 (none) there (k_gemv1_pf_l1_for). The AVX-512 kernels never run on Zen 3, the other
 // family 25.
