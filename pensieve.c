@@ -9191,7 +9191,9 @@ static inline double k_w1_term_scalar(uint32_t type, const uint8_t *x, const uin
 #define K_GEMV1_PF 2048
 #define K_GEMV1_PF_ZEN4 1024
 static size_t k_gemv1_pf = K_GEMV1_PF; // set once with the kernel sets (k_sets_init)
-PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return c->amd && c->family == 25 ? K_GEMV1_PF_ZEN4 : K_GEMV1_PF; }
+// Zen 3 or Zen 4 (AMD family 25), whose prefetch distances the gemv1 kernels set apart.
+PSV_MAYBE_UNUSED static bool k_cpu_amd_f25(const plat_cpu *c) { return c->amd && c->family == 25; }
+PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return k_cpu_amd_f25(c) ? K_GEMV1_PF_ZEN4 : K_GEMV1_PF; }
 
 // On Zen 4 the AVX-512 kernels of the quantized types (not F16/BF16's) also ask for the line
 // K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch), where
@@ -9200,13 +9202,13 @@ PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return c->amd
 // 1.02-1.10x (7.29 -> 7.99 t/s in a busy hour), two threads 1.02-1.05x; qwen2-0.5b Q4_0 1.07x
 // (1.06x with two threads), Q8_0 1.09x, Q4_K_M (mostly Q5_0) 1.03-1.07x; 256 bytes ahead about
 // the same, 448 and 512 less (phi4-mini 0.94x and 0.93x of 384's), the same request into the
-// level-2 cache nothing (0.99x). F16's kernel lost by it (0.945x) and the AVX2 kernels on the same Zen 4
-// gained nothing (0.99-1.01x), so they keep the one request. Other CPUs were not measured with
-// it: 0 (none) there (k_gemv1_pf_l1_for). The AVX-512 kernels never run on Zen 3, the other
-// family 25.
+// level-2 cache nothing (0.99x). F16's kernel lost by it (0.945x) and the AVX2 kernels on the
+// same Zen 4 gained nothing (0.99-1.01x), so they keep the one request. Other CPUs were not
+// measured with it: 0 (none) there (k_gemv1_pf_l1_for). The AVX-512 kernels never run on Zen 3,
+// the other family 25.
 #define K_GEMV1_PF_L1 384
 static size_t k_gemv1_pf_l1 = 0; // set once with the kernel sets (k_sets_init)
-PSV_MAYBE_UNUSED static size_t k_gemv1_pf_l1_for(const plat_cpu *c) { return c->amd && c->family == 25 ? K_GEMV1_PF_L1 : 0; }
+PSV_MAYBE_UNUSED static size_t k_gemv1_pf_l1_for(const plat_cpu *c) { return k_cpu_amd_f25(c) ? K_GEMV1_PF_L1 : 0; }
 
 // A prefetch of the line `ahead` bytes past p, into the level-2 cache. The address may lie past
 // the tensor (the last stream's last rows): a prefetch never faults, and it is formed as an
