@@ -121,7 +121,8 @@ check-syms: pensieve.c pensieve.h
 # The same unit tests, cross-compiled for aarch64 and run under qemu-user.
 test-arm64:
 	$(MAKE) $(patsubst tests/%.c,$(BUILD)/arm64/tests/%,$(TEST_SRCS)) BUILD=$(BUILD)/arm64 CC=$(ARM_CC) CFLAGS="-O2 -g -static"
-	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" sh tests/run.sh $(BUILD)/arm64/tests
+	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" ARM_CC="$(ARM_CC)" QEMU="$(QEMU_ARM)" \
+	    sh tests/run.sh $(BUILD)/arm64/tests tests/cli_armicount.sh
 
 # Benchmarks print measurements; they assert nothing (tests never time anything).
 $(BUILD)/bench_tokenizer: tests/bench_tokenizer.c pensieve.c pensieve.h

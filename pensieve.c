@@ -8813,6 +8813,7 @@ PSV_MAYBE_UNUSED static void k_panel_split4(int64_t n, const uint8_t *panel, uin
 #define K_FLT_STEPS(n) (((n) + 15) / 16)
 #define K_FLT_PANEL_BLK (K_PANEL * 4)
 #define K_FLT_TRAILER 64
+#define K_GEMM_ROWS_FLT 6 // activation rows a GEMM call of these types (every set's)
 // Bytes of a panel's floats, rows of n values: where its trailer starts.
 static size_t k_panel_flt_bytes(int64_t n) { return (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK; }
 typedef struct {
@@ -10992,7 +10993,6 @@ K_AVX2 static void k_gemv1_bf16_avx2(int64_t n, float *s, const uint8_t *x, size
 // activation rows (k_halves_pad) against the panel's zeros. pf (or NULL): the next panel's rows,
 // asked for during the first pass.
 #define K_FLT_TILE 3
-#define K_GEMM_ROWS_FLT 6 // activation rows a call
 // One step of a pass: 8 values of each of the tile's c activation rows (at yv[t]) against the
 // four rows' weight vectors at wp.
 K_AVX2 K_INLINE void k_gemm_flt_step_avx2(const int c, const bool bf, const bool ma, const float *wp, const uint8_t *const *yv,
@@ -14796,18 +14796,18 @@ static void k_dot_f32_f32_neon(int64_t n, float *s, const void *vx, const void *
 }
 
 // 4 values at p as floats: bfloats (bf, a float's upper half) or halves.
-static inline float32x4_t k_flt4_neon(const bool bf, const uint8_t *p) {
+K_INLINE float32x4_t k_flt4_neon(const bool bf, const uint8_t *p) {
     const uint16x4_t h = vld1_u16((const uint16_t *)(const void *)p);
     return bf ? vreinterpretq_f32_u32(vshll_n_u16(h, 16)) : vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
 // acc + x y: one FMA for halves (the product is exact), a multiply then an add for bfloats.
-static inline float32x4_t k_flane_add_neon(const bool bf, float32x4_t acc, float32x4_t x, float32x4_t y) {
+K_INLINE float32x4_t k_flane_add_neon(const bool bf, float32x4_t acc, float32x4_t x, float32x4_t y) {
     return bf ? vaddq_f32(acc, vmulq_f32(x, y)) : vfmaq_f32(acc, x, y);
 }
 
 // Lanes 4k .. 4k + 3 in a[k] summed as k_flanes_sum sums them: l += l + 8, + 4, + 2, + 1.
-static inline float k_flanes_sum_neon(const float32x4_t a[4]) {
+K_INLINE float k_flanes_sum_neon(const float32x4_t a[4]) {
     const float32x4_t s4 = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
     const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
     return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
@@ -14815,30 +14815,43 @@ static inline float k_flanes_sum_neon(const float32x4_t a[4]) {
 
 // Weight row x against c (1..K_ROWS_MAX) activation rows y + r ys, all F16 or all BF16 (float
 // lanes, see K_LANES: lanes 4k .. 4k + 3 in a[r][k]), as k_dot_rows_flt_avx2: each 16 values of
-// x converted once for all rows, the last n % 16 through k_halves_pad.
-static inline void k_dot_rows_flt_neon(const int c, const bool bf, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
-                                       const uint8_t *y, size_t ys) {
-    float32x4_t a[K_ROWS_MAX][4];
-    for (int r = 0; r < c; r++)
-        for (int k = 0; k < 4; k++) a[r][k] = vdupq_n_f32(0);
-    int64_t i = 0;
-    uint8_t tx[32], ty[32];
-    for (; i < n; i += 16) {
-        const bool part = i + 16 > n;
-        const uint8_t *xp = part ? k_halves_pad(tx, x + 2 * i, n - i) : x + 2 * i;
-        float32x4_t xv[4];
-        for (int k = 0; k < 4; k++) xv[k] = k_flt4_neon(bf, xp + 8 * k);
-        for (int r = 0; r < c; r++) {
-            const uint8_t *yp = y + (size_t)r * ys + 2 * i;
-            if (part) yp = k_halves_pad(ty, yp, n - i);
-            for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], xv[k], k_flt4_neon(bf, yp + 8 * k));
-        }
+// x converted once for all rows, the last n % 16 through zero-padded copies (k_halves_pad).
+// Inlined for each c and type (as static inline functions, gcc made one function of them with c
+// and the type as arguments, and clang a loop for each that tested the type for every vector:
+// 4.6 instructions a product, counted under qemu).
+K_INLINE void k_dot_rows_flt_step_neon(const int c, const bool bf, const uint8_t *xp, const uint8_t *yp, size_t ys,
+                                       float32x4_t a[K_ROWS_MAX][4]) {
+    float32x4_t xv[4];
+    K_UNROLL
+    for (int k = 0; k < 4; k++) xv[k] = k_flt4_neon(bf, xp + 8 * k);
+    K_UNROLL
+    for (int r = 0; r < c; r++) {
+        K_UNROLL
+        for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], xv[k], k_flt4_neon(bf, yp + (size_t)r * ys + 8 * k));
     }
+}
+K_INLINE void k_dot_rows_flt_neon(const int c, const bool bf, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
+                                  const uint8_t *y, size_t ys) {
+    float32x4_t a[K_ROWS_MAX][4];
+    K_UNROLL
+    for (int r = 0; r < c; r++) {
+        K_UNROLL
+        for (int k = 0; k < 4; k++) a[r][k] = vdupq_n_f32(0);
+    }
+    const int64_t nf = n / 16;
+    for (int64_t j = 0; j < nf; j++) k_dot_rows_flt_step_neon(c, bf, x + 32 * j, y + 32 * j, ys, a);
+    if (16 * nf < n) {
+        uint8_t tx[32], ty[K_ROWS_MAX][32];
+        k_halves_pad(tx, x + 32 * nf, n - 16 * nf);
+        for (int r = 0; r < c; r++) k_halves_pad(ty[r], y + (size_t)r * ys + 32 * nf, n - 16 * nf);
+        k_dot_rows_flt_step_neon(c, bf, tx, ty[0], 32, a);
+    }
+    K_UNROLL
     for (int r = 0; r < c; r++) s[r * s_stride] = k_flanes_sum_neon(a[r]);
 }
 
-static void k_dot_rows_flt_core_neon(const bool bf, int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
-                                     size_t ys, int nr) {
+K_INLINE void k_dot_rows_flt_core_neon(const bool bf, int64_t n, float *s, int64_t s_stride, const void *x, const void *y,
+                                       size_t ys, int nr) {
     switch (nr) {
     case 1: k_dot_rows_flt_neon(1, bf, n, s, s_stride, x, y, ys); break;
     case 2: k_dot_rows_flt_neon(2, bf, n, s, s_stride, x, y, ys); break;
@@ -14848,26 +14861,40 @@ static void k_dot_rows_flt_core_neon(const bool bf, int64_t n, float *s, int64_t
 }
 
 // Four weight rows at a time against one activation row (a gemv1 kernel), all F16 or all BF16,
-// as k_gemv1_flt_avx2: each 16 values of y converted once for the four rows.
-static inline void k_gemv1_flt_neon(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
-                                    int w1, const uint8_t *y) {
-    uint8_t tx[32], ty[32];
+// as k_gemv1_flt_avx2: each 16 values of y converted once for the four rows (at xp[r]); inlined
+// for each type, as k_dot_rows_flt_neon.
+K_INLINE void k_gemv1_flt_step_neon(const bool bf, const uint8_t *yp, const uint8_t *const *xp, float32x4_t a[4][4]) {
+    float32x4_t yv[4];
+    K_UNROLL
+    for (int k = 0; k < 4; k++) yv[k] = k_flt4_neon(bf, yp + 8 * k);
+    K_UNROLL
+    for (int r = 0; r < 4; r++) {
+        K_UNROLL
+        for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], k_flt4_neon(bf, xp[r] + 8 * k), yv[k]);
+    }
+}
+K_INLINE void k_gemv1_flt_neon(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                               const uint8_t *y) {
+    const int64_t nf = n / 16;
     for (int w = w0; w < w1; w++) {
-        const uint8_t *xr[4];
+        const uint8_t *xr[4], *xp[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         float32x4_t a[4][4];
-        for (int r = 0; r < 4; r++)
+        K_UNROLL
+        for (int r = 0; r < 4; r++) {
+            K_UNROLL
             for (int k = 0; k < 4; k++) a[r][k] = vdupq_n_f32(0);
-        for (int64_t i = 0; i < n; i += 16) {
-            const bool part = i + 16 > n;
-            const uint8_t *yp = part ? k_halves_pad(ty, y + 2 * i, n - i) : y + 2 * i;
-            float32x4_t yv[4];
-            for (int k = 0; k < 4; k++) yv[k] = k_flt4_neon(bf, yp + 8 * k);
-            for (int r = 0; r < 4; r++) {
-                const uint8_t *xp = xr[r] + 2 * i;
-                if (part) xp = k_halves_pad(tx, xp, n - i);
-                for (int k = 0; k < 4; k++) a[r][k] = k_flane_add_neon(bf, a[r][k], k_flt4_neon(bf, xp + 8 * k), yv[k]);
-            }
+        }
+        for (int64_t j = 0; j < nf; j++) {
+            K_UNROLL
+            for (int r = 0; r < 4; r++) xp[r] = xr[r] + 32 * j;
+            k_gemv1_flt_step_neon(bf, y + 32 * j, xp, a);
+        }
+        if (16 * nf < n) {
+            uint8_t tx[4][32], ty[32];
+            k_halves_pad(ty, y + 32 * nf, n - 16 * nf);
+            for (int r = 0; r < 4; r++) xp[r] = k_halves_pad(tx[r], xr[r] + 32 * nf, n - 16 * nf);
+            k_gemv1_flt_step_neon(bf, ty, xp, a);
         }
         float out[4];
         for (int r = 0; r < 4; r++) out[r] = k_flanes_sum_neon(a[r]);
@@ -14895,15 +14922,161 @@ static void k_dot_rows_bf16_bf16_neon(int64_t n, float *s, int64_t s_stride, con
     k_dot_rows_flt_core_neon(true, n, s, s_stride, x, y, ys, nr);
 }
 
+// F16 and BF16 GEMM on the narrow panels of k_panel_pack_flt (the AVX2 kernels' layout), as
+// k_gemm_flt_avx2: a tile of the panel's four rows 4g..4g+3 against c activation rows, in two
+// passes over the row (lanes 0-7, then 8-15), each holding the tile's sums in registers, four
+// lanes a register: 8c sums, with c up to K_FLT_TILE_NEON = 2 (with three, 24 sums, both gcc and
+// clang kept some on the stack in the loop). A weight vector, converted once by the packer,
+// meets c activation vectors and an activation vector, converted here, four weight vectors,
+// where the multi-row kernel (k_dot_rows_flt_neon) converted every activation vector again for
+// each weight row: a conversion for four FMAs, where it took more than one for each.
+// Products and sums as vec_dot's (k_flane_add_neon: ma, a multiply and an add, for bfloats
+// whose products may round; else one FMA, see k_flt_fused; k_flanes_sum_neon); the last n % 16
+// values through zero-padded copies of the activation rows (k_halves_pad) against the panel's
+// zeros. pf (or NULL): the next panel's rows, asked for during the first pass.
+#define K_FLT_TILE_NEON 2
+// One step of a pass: 8 values of each of the tile's c activation rows (at yv[t]) against the
+// four rows' weights at wp, four lanes (k) at a time.
+K_INLINE void k_gemm_flt_step_neon(const int c, const bool bf, const bool ma, const float *wp, const uint8_t *const *yv,
+                                   float32x4_t a[4][K_FLT_TILE_NEON][2]) {
+    K_UNROLL
+    for (int k = 0; k < 2; k++) {
+        float32x4_t v[K_FLT_TILE_NEON];
+        K_UNROLL
+        for (int t = 0; t < c; t++) v[t] = k_flt4_neon(bf, yv[t] + 8 * k);
+        K_UNROLL
+        for (int r = 0; r < 4; r++) {
+            const float32x4_t w = vld1q_f32(wp + 8 * r + 4 * k);
+            K_UNROLL
+            for (int t = 0; t < c; t++) a[r][t][k] = k_flane_add_neon(ma, a[r][t][k], w, v[t]);
+        }
+    }
+}
+// Pass h of a tile: lanes 8h .. 8h + 7 of its sums, to sum; tail[t]: activation row t's last n %
+// 16 values, zero-padded.
+K_INLINE void k_gemm_flt_pass_neon(const int c, const bool bf, const bool ma, int64_t n, const float *wp, const uint8_t *y,
+                                   size_t ys, const uint8_t (*tail)[32], int h, const k_prefetch *pf,
+                                   float32x4_t sum[4][K_FLT_TILE_NEON][2]) {
+    const int64_t nf = n / 16;
+    float32x4_t a[4][K_FLT_TILE_NEON][2];
+    K_UNROLL
+    for (int r = 0; r < 4; r++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) a[r][t][0] = a[r][t][1] = vdupq_n_f32(0);
+    }
+    const uint8_t *yv[K_FLT_TILE_NEON];
+    for (int64_t j = 0; j < nf; j++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) yv[t] = y + (size_t)t * ys + 32 * (size_t)j + 16 * h;
+        if (pf && (j & 1) == 0) k_prefetch_blks(pf, 16 * j, 32);
+        k_gemm_flt_step_neon(c, bf, ma, wp + 32 * j, yv, a);
+    }
+    if (16 * nf < n) { // the last n % 16 values
+        K_UNROLL
+        for (int t = 0; t < c; t++) yv[t] = tail[t] + 16 * h;
+        k_gemm_flt_step_neon(c, bf, ma, wp + 32 * nf, yv, a);
+    }
+    K_UNROLL
+    for (int r = 0; r < 4; r++) {
+        K_UNROLL
+        for (int t = 0; t < c; t++) sum[r][t][0] = a[r][t][0], sum[r][t][1] = a[r][t][1];
+    }
+}
+K_INLINE void k_gemm_flt_tile_neon(const int c, const bool bf, const bool ma, int64_t n, const float *panel, const uint8_t *y,
+                                   size_t ys, int g, float *const *out, int nw, const k_prefetch *pf) {
+    const int64_t nf = n / 16;
+    const size_t sec = (size_t)K_FLT_STEPS(n) * 32; // floats of a section
+    uint8_t tail[K_FLT_TILE_NEON][32];
+    if (16 * nf < n) {
+        if (pf) k_prefetch_blks(pf, 16 * nf, n - 16 * nf);
+        for (int t = 0; t < c; t++) k_halves_pad(tail[t], y + (size_t)t * ys + 32 * (size_t)nf, n - 16 * nf);
+    }
+    float32x4_t lo[4][K_FLT_TILE_NEON][2], hi[4][K_FLT_TILE_NEON][2];
+    k_gemm_flt_pass_neon(c, bf, ma, n, panel + (size_t)(2 * g) * sec, y, ys, (const uint8_t (*)[32])tail, 0, pf, lo);
+    k_gemm_flt_pass_neon(c, bf, ma, n, panel + (size_t)(2 * g + 1) * sec, y, ys, (const uint8_t (*)[32])tail, 1, NULL, hi);
+    for (int r = 0; r < 4 && 4 * g + r < nw; r++)
+        for (int t = 0; t < c; t++) {
+            const float32x4_t l[4] = {lo[r][t][0], lo[r][t][1], hi[r][t][0], hi[r][t][1]};
+            out[t][4 * g + r] = k_flanes_sum_neon(l);
+        }
+}
+K_INLINE void k_gemm_flt_neon(const bool bf, const bool ma, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                              int nr, float *const *out, int nw, const k_prefetch *pf) {
+    PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS_FLT && nw >= 1 && nw <= K_PANEL);
+    const float *pw = (const float *)(const void *)panel;
+    for (int t = 0; t < nr; t += K_FLT_TILE_NEON) {
+        const int c = PSV_MIN(K_FLT_TILE_NEON, nr - t);
+        for (int g = 0; g < 2 && 4 * g < nw; g++) {
+            const k_prefetch *p = t == 0 && g == 0 ? pf : NULL;
+            const uint8_t *yt = y + (size_t)t * ys;
+            switch (c) {
+            case 1: k_gemm_flt_tile_neon(1, bf, ma, n, pw, yt, ys, g, out + t, nw, p); break;
+            default: k_gemm_flt_tile_neon(2, bf, ma, n, pw, yt, ys, g, out + t, nw, p); break;
+            }
+        }
+    }
+}
+static void k_gemm_f16_neon(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
+                            int nr, float *const *out, int nw, const k_prefetch *pf) {
+    (void)side, (void)side_stride;
+    k_gemm_flt_neon(false, false, n, panel, y, ys, nr, out, nw, pf);
+}
+static void k_gemm_bf16_neon(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
+                             int nr, float *const *out, int nw, const k_prefetch *pf) {
+    if (k_flt_fused(n, panel, side, side_stride, nr)) k_gemm_flt_neon(true, false, n, panel, y, ys, nr, out, nw, pf);
+    else k_gemm_flt_neon(true, true, n, panel, y, ys, nr, out, nw, pf);
+}
+
+// k_panel_pack_flt's narrow panels, a row's eight values of a step converted at a time (a half's
+// NaN quieted by the conversion, as the portable packer quiets it), with BF16's k_flt_range.
+K_INLINE void k_pack_flt_neon(const bool bf, int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    PSV_ASSERT(nw >= 1 && nw <= K_PANEL);
+    const int64_t ns = K_FLT_STEPS(n);
+    float *pf = (float *)(void *)panel;
+    uint32x4_t mn = vdupq_n_u32(0xffffffffu), mx = vdupq_n_u32(0);
+    for (int sec = 0; sec < 4; sec++)
+        for (int r = 0; r < 4; r++) {
+            const int row = 4 * (sec / 2) + r;
+            float *d = pf + ((size_t)sec * (size_t)ns * 4 + (size_t)r) * 8; // step j's 8 floats at d + 32 j
+            const uint8_t *src = w + (size_t)PSV_MIN(row, nw - 1) * w_stride;
+            for (int64_t j = 0; j < ns; j++, d += 32) {
+                const int64_t i = 16 * j + 8 * (sec % 2); // values i .. i + 7
+                if (row >= nw || i >= n) {
+                    vst1q_f32(d, vdupq_n_f32(0)), vst1q_f32(d + 4, vdupq_n_f32(0));
+                    continue;
+                }
+                uint8_t t[32];
+                const uint8_t *p = i + 8 <= n ? src + 2 * i : k_halves_pad(t, src + 2 * i, n - i);
+                const float32x4_t v0 = k_flt4_neon(bf, p), v1 = k_flt4_neon(bf, p + 8);
+                vst1q_f32(d, v0), vst1q_f32(d + 4, v1);
+                if (bf) { // k_flt_range_add, per lane
+                    const uint32x4_t m = vdupq_n_u32(0x7fffffffu), one = vdupq_n_u32(1);
+                    const uint32x4_t a0 = vandq_u32(vreinterpretq_u32_f32(v0), m), a1 = vandq_u32(vreinterpretq_u32_f32(v1), m);
+                    mn = vminq_u32(mn, vminq_u32(vsubq_u32(a0, one), vsubq_u32(a1, one)));
+                    mx = vmaxq_u32(mx, vmaxq_u32(a0, a1));
+                }
+            }
+        }
+    uint8_t *tr = panel + k_panel_flt_bytes(n);
+    memset(tr, 0, K_FLT_TRAILER); // (F16: zeros, as k_panel_pack_flt)
+    if (bf) k_flt_range_put(tr, (k_flt_range){vminvq_u32(mn), vmaxvq_u32(mx)});
+}
+static void k_pack_f16_neon(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_flt_neon(false, n, w, w_stride, nw, panel);
+}
+static void k_pack_bf16_neon(int64_t n, const uint8_t *w, size_t w_stride, int nw, uint8_t *panel) {
+    k_pack_flt_neon(true, n, w, w_stride, nw, panel);
+}
+
 // Two floats at p, or two halves widened (h).
-static inline float32x2_t k_vals2_neon(const bool h, const uint8_t *p) {
+K_INLINE float32x2_t k_vals2_neon(const bool h, const uint8_t *p) {
     if (!h) return vld1_f32((const float *)(const void *)p);
     uint32_t u;
     memcpy(&u, p, 4);
     return vget_low_f32(vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(u))));
 }
 // Four floats at p, or four halves widened (h).
-static inline float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
+K_INLINE float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
     return h ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)p)))
              : vld1q_f32((const float *)(const void *)p);
 }
@@ -14911,8 +15084,8 @@ static inline float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
 // dot_keys (k_vec_ops): each key row's F32 dot product with each query; dot_keys_f16 (h): the
 // same of the halves' floats.
 // k_dot_keys_avx2's scheme with two keys a register, a quarter block at a time.
-static inline void k_dot_keys_q_neon(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
-                                     size_t bstride, int64_t nk, int64_t n) {
+K_INLINE void k_dot_keys_q_neon(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
+                                size_t bstride, int64_t nk, int64_t n) {
     const size_t el = h ? 2 : 4;
     for (int64_t p = 0; p < nk; p += 2) {
         const uint8_t *kb = (const uint8_t *)k + ((size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK)) * el;
@@ -14934,8 +15107,8 @@ static inline void k_dot_keys_q_neon(const int c, const bool h, float *s, size_t
     }
 }
 
-static inline void k_dot_keys_core_neon(const bool h, float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
-                                        const void *k, size_t bstride, int64_t nk, int64_t n) {
+K_INLINE void k_dot_keys_core_neon(const bool h, float *s, size_t s_stride, const float *q, size_t q_stride, int nq,
+                                   const void *k, size_t bstride, int64_t nk, int64_t n) {
     const int chunks = (nq + 3) / 4, per = (nq + chunks - 1) / chunks;
     double qd[4 * K_KEYS_MAX_N];
     for (int g0 = 0; g0 < nq; g0 += per) {
@@ -14966,7 +15139,7 @@ static void k_dot_keys_f16_neon(float *s, size_t s_stride, const float *q, size_
 // axpy_rows (k_vec_ops): y += w[p] * v[p] for p in order, each product rounded before its sum
 // (the file has contraction off: no FMA); 32 values of y in registers over all the rows.
 // axpy_rows_f16 (h): the same of the halves' floats.
-static inline void k_axpy_row_neon(const bool h, float *y, const float *w, const void *v, size_t stride, int64_t nk, int64_t n) {
+K_INLINE void k_axpy_row_neon(const bool h, float *y, const float *w, const void *v, size_t stride, int64_t nk, int64_t n) {
     const size_t el = h ? 2 : 4;
     const uint8_t *v8 = v;
     int64_t i = 0;
@@ -15218,6 +15391,12 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     t[T_BF16].vec_dot_rows = k_dot_rows_bf16_bf16_neon;
     t[T_F16].gemv1 = k_gemv1_f16_neon;
     t[T_BF16].gemv1 = k_gemv1_bf16_neon;
+    // F16 and BF16 GEMM (every ARM set's: plain NEON), on narrow panels (k_panel_flt_wide)
+    t[T_F16].gemm = k_gemm_f16_neon, t[T_F16].pack = k_pack_f16_neon;
+    t[T_BF16].gemm = k_gemm_bf16_neon, t[T_BF16].pack = k_pack_bf16_neon;
+    static const uint32_t flts[] = {T_F16, T_BF16};
+    for (size_t i = 0; i < PSV_ARRAY_LEN(flts); i++)
+        t[flts[i]].panel_rows = K_PANEL, t[flts[i]].gemm_rows = K_GEMM_ROWS_FLT, t[flts[i]].panel_blk = K_FLT_PANEL_BLK;
 }
 #endif // PSV_ARM64
 
