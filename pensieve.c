@@ -14509,8 +14509,11 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
                 int32x4_t t[16]; // sub-block e / 16 of value e = 128h + 32k + 16 half
+                K_UNROLL
                 for (int h = 0; h < 2; h++)
+                    K_UNROLL
                     for (int k = 0; k < 4; k++)
+                        K_UNROLL
                         for (int half = 0; half < 2; half++) {
                             const int8x16_t qv = type == T_Q6_K
                                                      ? vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(xb, h, k, half)), vdupq_n_s8(32))
