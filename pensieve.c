@@ -8576,8 +8576,10 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          others: splitting its nibbles in the kernels, once per panel vector and activation
 //          rows' call, measured 2-3 % slower Q4_0 prompts with AVX-512, 8 % with AVX2. The
 //          AVX2 set unpacks Q4_K too, into Q5_K's layout (k_panel_bytes4: phi4-mini pp64 +8-11 %
-//          on an Intel Xeon); the AVX-512 set's Q4_K prompts were 3-7 % slower so (twice the
-//          panel bytes, for half an operation a vector and row).
+//          on an Intel Xeon), and so do the ARM sets (1.41x the instructions of Q5_K's GEMM
+//          with the nibbles split in the kernel, counted under qemu); the AVX-512 set's Q4_K
+//          prompts were 3-7 % slower so (twice the panel bytes, for half an operation a vector
+//          and row).
 //          The AVX-512 set groups the quants by eight instead (k_panel_g8: every panel type;
 //          its Q4_1 panels are Q5_1's, k_panel_bytes4): 64-byte vector j has quants 8j..8j+7 of each row (Q4_K: quant bytes
 //          8j..8j+7 of its chunk), row r in bytes 8r..8r+7, so that one vpdpbusd takes eight
@@ -8737,7 +8739,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // sets' Q4_1 in Q5_1's, which the Q5_1 kernel then computes (bench_simd gemmR 0.0060 -> 0.0042 ns
 // a value and row on Zen 5, the nibbles' layout having no groups of eight).
 PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
-    return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI) && type == T_Q4_K) ||
+    return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI || set == K_SET_DOTPROD || set == K_SET_I8MM) && type == T_Q4_K) ||
            ((set == K_SET_AVX512 || set == K_SET_AMX) && type == T_Q4_1);
 }
 PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) {
@@ -14033,8 +14035,7 @@ static inline void k_i32x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[
 // (*w0) and 4-7 (*w1), as int8.
 K_DOTPROD K_INLINE void k_panel_q_neon(uint32_t type, const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
     int v, nib = -1; // the panel vector, and which nibble of it (-1: bytes)
-    if (type == T_Q4_1) v = lane, nib = g;                            // step s low, s + 4 high
-    else if (type == T_Q4_K) v = 8 * (g / 4) + 4 * (g % 2) + lane, nib = g % 4 / 2; // chunk g / 4
+    if (type == T_Q4_1) v = lane, nib = g; // step s low, s + 4 high (Q4_K's panels are Q5_K's: k_panel_bytes4)
     else v = 4 * g + lane;
     uint8x16_t a = vld1q_u8(pb + 32 * v), b = vld1q_u8(pb + 32 * v + 16);
     if (nib == 0) a = vandq_u8(a, vdupq_n_u8(15)), b = vandq_u8(b, vdupq_n_u8(15));
@@ -14310,7 +14311,6 @@ K_DEF_GEMM_NEON(k_gemm_q5_1, T_Q5_1)
 K_DEF_GEMM_NEON(k_gemm_q8_0, T_Q8_0)
 K_DEF_GEMM_NEON(k_gemm_q2_k, T_Q2_K)
 K_DEF_GEMM_NEON(k_gemm_q3_k, T_Q3_K)
-K_DEF_GEMM_NEON(k_gemm_q4_k, T_Q4_K)
 K_DEF_GEMM_NEON(k_gemm_q5_k, T_Q5_K)
 K_DEF_GEMM_NEON(k_gemm_q6_k, T_Q6_K)
 
@@ -14603,10 +14603,11 @@ static inline void k_tr4_store_neon(const uint8_t *const src[4], int e, uint8_t 
 }
 
 static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    const uint32_t lt = k_panel_layout(K_SET_DOTPROD, type); // (Q4_K: Q5_K's, k_panel_bytes4)
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
-    const size_t bb = k_panel_blk(type), xs = type_table[type].type_size, dxo = k_panel_dx(type);
-    const bool min = k_panel_min(type), kq = qb == QK_K;
-    const int nvec = (int)(k_panel_nibbles(type) ? qb / 8 : qb / 4); // the block's panel vectors
+    const size_t bb = k_panel_blk(lt), xs = type_table[type].type_size, dxo = k_panel_dx(lt);
+    const bool min = k_panel_min(lt), kq = qb == QK_K;
+    const int nvec = (int)(k_panel_nibbles(lt) ? qb / 8 : qb / 4); // the block's panel vectors
     PSV_ASSERT(k_panel_has(type) && n % qb == 0 && nw >= 1 && nw <= K_PANEL);
     static const uint8_t zero[QK_K] = {0}; // the rows past nw
     uint8_t q[K_PANEL][QK_K];
@@ -14621,13 +14622,57 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
             if (r >= nw) continue;
             const uint8_t *x = w + (size_t)r * ws + (size_t)b * xs;
             switch (type) {
-            case T_Q4_1: case T_Q4_K: // the stored bytes
-                src[r] = x + (type == T_Q4_1 ? 4 : 16);
+            case T_Q4_1: // the stored bytes
+                src[r] = x + 4;
                 dx[r] = (double)k_f16_neon(x);
-                if (min) dm[r] = (double)k_f16_neon(x + 2);
-                if (type == T_Q4_K)
-                    for (int k = 0; k < 16; k++) k_scale_min_k4(x + 4, k / 2, &sc[r][k], &mco[r][k]);
+                dm[r] = (double)k_f16_neon(x + 2);
                 break;
+            case T_Q4_K: case T_Q5_K: { // the quants in value order (k_unpack_q45_k: byte 32c + l of qs
+                // holds values 64c + l and 64c + 32 + l; Q5_K's fifth bit of value e is bit e / 32 of qh[e % 32])
+                const bool five = type == T_Q5_K;
+                const uint8x16_t h[2] = {vld1q_u8(x + 16), vld1q_u8(x + 32)}, m4 = vdupq_n_u8(15), b4 = vdupq_n_u8(16);
+                K_UNROLL
+                for (int c = 0; c < 4; c++)
+                    K_UNROLL
+                    for (int half = 0; half < 2; half++) {
+                        const uint8x16_t v = vld1q_u8(x + (five ? 48 : 16) + 32 * c + 16 * half);
+                        uint8x16_t lo = vandq_u8(v, m4), hi = vshrq_n_u8(v, 4);
+                        if (five) { // bits 2c and 2c + 1 to bit 4
+                            lo = vorrq_u8(lo, vandq_u8(vshlq_u8(h[half], vdupq_n_s8((int8_t)(4 - 2 * c))), b4));
+                            hi = vorrq_u8(hi, vandq_u8(vshlq_u8(h[half], vdupq_n_s8((int8_t)(3 - 2 * c))), b4));
+                        }
+                        vst1q_u8(q[r] + 64 * c + 16 * half, lo);
+                        vst1q_u8(q[r] + 64 * c + 32 + 16 * half, hi);
+                    }
+                src[r] = q[r];
+                dx[r] = (double)k_f16_neon(x);
+                dm[r] = (double)k_f16_neon(x + 2);
+                for (int k = 0; k < 16; k++) k_scale_min_k4(x + 4, k / 2, &sc[r][k], &mco[r][k]);
+                break;
+            }
+            case T_Q2_K: case T_Q3_K: { // the quants plus the type's offset (Q3_K's 4), in value order
+                const bool three = type == T_Q3_K;
+                K_UNROLL
+                for (int h = 0; h < 2; h++)
+                    K_UNROLL
+                    for (int j = 0; j < 4; j++)
+                        K_UNROLL
+                        for (int half = 0; half < 2; half++)
+                            vst1q_u8(q[r] + 128 * h + 32 * j + 16 * half,
+                                     vreinterpretq_u8_s8(vaddq_s8(k_q23_k_q16_neon(type, x, h, j, half), vdupq_n_s8(three ? 4 : 0))));
+                src[r] = q[r];
+                if (three) {
+                    uint32_t s4[4];
+                    k_q3_k_scales4(x, s4);
+                    for (int k = 0; k < 16; k++) sc[r][k] = (int)(s4[k / 4] >> 8 * (k % 4) & 0xff) - 32, cor[r][k] = -4 * sc[r][k];
+                    dx[r] = (double)k_f16_neon(x + 108);
+                } else {
+                    for (int k = 0; k < 16; k++) sc[r][k] = x[k] & 15, mco[r][k] = x[k] >> 4;
+                    dx[r] = (double)k_f16_neon(x + 80);
+                    dm[r] = (double)k_f16_neon(x + 82);
+                }
+                break;
+            }
             case T_Q8_0:
                 vst1q_u8(q[r], veorq_u8(vld1q_u8(x + 2), vdupq_n_u8(0x80)));
                 vst1q_u8(q[r] + 16, veorq_u8(vld1q_u8(x + 18), vdupq_n_u8(0x80)));
@@ -14659,10 +14704,7 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 dx[r] = (double)k_f16_neon(x + 208);
                 break;
             }
-            default: // Q2_K, Q3_K, Q5_K
-                k_panel_unpack(type, x, q[r], sc[r], cor[r], mco[r], &dx[r], &dm[r]);
-                src[r] = q[r];
-                break;
+            default: PSV_ASSERT(!"k_pack_core_neon: type without a panel");
             }
         }
         for (int e = 0; e < nvec; e += 4) {
@@ -14672,9 +14714,9 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
         if (kq)
             for (int k = 0; k < 16; k++)
                 for (int r = 0; r < K_PANEL; r++) {
-                    wr_u32(pb + k_panel_sc(type) + 32 * k + 4 * r, (uint32_t)sc[r][k]);
-                    if (k_panel_off(type)) wr_u16(pb + k_panel_cor(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[r][k]);
-                    if (min) wr_u16(pb + k_panel_mco(type) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[r][k]);
+                    wr_u32(pb + k_panel_sc(lt) + 32 * k + 4 * r, (uint32_t)sc[r][k]);
+                    if (k_panel_off(lt)) wr_u16(pb + k_panel_cor(lt) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[r][k]);
+                    if (min) wr_u16(pb + k_panel_mco(lt) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[r][k]);
                 }
         memcpy(pb + dxo, dx, sizeof dx);
         if (min) memcpy(pb + dxo + 64, dm, sizeof dm);
@@ -15358,7 +15400,7 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         {T_Q8_0, k_dot_q8_0_q8_0_neon, k_dot_q8_0_q8_0_dotprod, k_gemm_q8_0_dotprod, k_gemm_q8_0_i8mm, k_pack_q8_0_neon},
         {T_Q2_K, k_dot_q2_k_q8_k_neon, k_dot_q2_k_q8_k_dotprod, k_gemm_q2_k_dotprod, k_gemm_q2_k_i8mm, k_pack_q2_k_neon},
         {T_Q3_K, k_dot_q3_k_q8_k_neon, k_dot_q3_k_q8_k_dotprod, k_gemm_q3_k_dotprod, k_gemm_q3_k_i8mm, k_pack_q3_k_neon},
-        {T_Q4_K, k_dot_q4_k_q8_k_neon, k_dot_q4_k_q8_k_dotprod, k_gemm_q4_k_dotprod, k_gemm_q4_k_i8mm, k_pack_q4_k_neon},
+        {T_Q4_K, k_dot_q4_k_q8_k_neon, k_dot_q4_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_gemm_q5_k_i8mm, k_pack_q4_k_neon}, // (bytes4)
         {T_Q5_K, k_dot_q5_k_q8_k_neon, k_dot_q5_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_gemm_q5_k_i8mm, k_pack_q5_k_neon},
         {T_Q6_K, k_dot_q6_k_q8_k_neon, k_dot_q6_k_q8_k_dotprod, k_gemm_q6_k_dotprod, k_gemm_q6_k_i8mm, k_pack_q6_k_neon},
     };
@@ -15368,7 +15410,7 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         k->vec_dot_rows = NULL;
         if (dp)
             k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS, k->panel_rows = K_PANEL,
-            k->panel_blk = k_panel_blk(dots[i].type);
+            k->panel_blk = k_panel_blk(k_panel_layout(mm ? K_SET_I8MM : K_SET_DOTPROD, dots[i].type));
     }
     if (dp) {
         t[T_Q4_0].gemv1 = k_gemv1_q4_0_dotprod;
