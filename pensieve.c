@@ -13786,6 +13786,16 @@ static inline float k_f16_neon(const uint8_t *p) {
     return (float)h;
 }
 
+// The halves at p[r] + off (r < 4) as floats, lane r: one conversion, where four of k_f16_neon
+// became, with gcc, four conversions and the floats moved through general registers into pairs.
+K_INLINE float32x4_t k_f16x4_neon(const uint8_t *const p[4], size_t off) {
+    uint16x4_t h = vdup_n_u16(ld_u16(p[0] + off));
+    h = vset_lane_u16(ld_u16(p[1] + off), h, 1);
+    h = vset_lane_u16(ld_u16(p[2] + off), h, 2);
+    h = vset_lane_u16(ld_u16(p[3] + off), h, 3);
+    return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
 // sdot: lane i of acc += sum_k q[4i + k] a[4i + k]. (Not always_inline: the shared kernels below
 // reach it through k_dot16x_neon, which has no target attribute itself; it is inlined where
 // they are, into the K_DOTPROD entry points.)
@@ -13805,11 +13815,17 @@ K_INLINE int32_t k_isum16_neon(bool dp, const int8_t *q, const int8_t *a) {
     return vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a)));
 }
 
-// Byte j (j < 16) of the result: 16 if bit j of b is set, else 0 (the fifth bit of Q5 values).
-static inline uint8x16_t k_bits16_neon(uint32_t b) {
+// Byte j of *lo (*hi): 16 if bit j (16 + j) of b is set, else 0 (the fifth bits of a Q5_0 or
+// Q5_1 block's values): the bit's byte of b to every lane by a table lookup, where building the
+// two vectors from b's bytes took gcc 14 instructions (generation of Q5_0 1.105 -> 0.855
+// instructions a product, tools/arm_icount.sh).
+static inline void k_bits32_neon(uint32_t b, uint8x16_t *lo, uint8x16_t *hi) {
     static const uint8_t m[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-    uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)b), vdup_n_u8((uint8_t)(b >> 8)));
-    return vandq_u8(vtstq_u8(v, vld1q_u8(m)), vdupq_n_u8(16));
+    static const uint8_t il[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}; // bytes 0, 1 (lo); 2, 3 (hi)
+    static const uint8_t ih[16] = {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    const uint8x16_t v = vreinterpretq_u8_u32(vdupq_n_u32(b)), mk = vld1q_u8(m), b4 = vdupq_n_u8(16);
+    *lo = vandq_u8(vtstq_u8(vqtbl1q_u8(v, vld1q_u8(il)), mk), b4);
+    *hi = vandq_u8(vtstq_u8(vqtbl1q_u8(v, vld1q_u8(ih)), mk), b4);
 }
 
 // The block's values 0-15 (*lo) and 16-31 (*hi) as int8, as the reference reads them: q - 8 for
@@ -13824,9 +13840,10 @@ static inline void k_w32_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, in
     uint8x16_t v = vld1q_u8(x + qs);
     uint8x16_t l = vandq_u8(v, vdupq_n_u8(15)), h = vshrq_n_u8(v, 4);
     if (type == T_Q5_0 || type == T_Q5_1) {
-        uint32_t qh = ld_u32(x + qs - 4);
-        l = vorrq_u8(l, k_bits16_neon(qh & 0xffff));
-        h = vorrq_u8(h, k_bits16_neon(qh >> 16));
+        uint8x16_t bl, bh;
+        k_bits32_neon(ld_u32(x + qs - 4), &bl, &bh);
+        l = vorrq_u8(l, bl);
+        h = vorrq_u8(h, bh);
     }
     int8x16_t sl = vreinterpretq_s8_u8(l), sh = vreinterpretq_s8_u8(h);
     if (type == T_Q4_0 || type == T_Q5_0) {
@@ -13933,16 +13950,31 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
                         vreinterpretq_s8_u8(h1), vld1q_s8(ac + 48));
 }
 
+// The eight six-bit scales and minimums of a Q4_K or Q5_K block (its 12 bytes at p, as
+// k_scale_min_k4 reads them) as int32 lanes: scales 0-3 to *s03, 4-7 to *s47, the minimums to
+// *m03 and *m47. (gcc kept k_scale_min_k4's eight calls scalar: a quarter of the instructions of the
+// dotprod set's Q4_K generation, 0.648 -> 0.490 a product, tools/arm_icount.sh.)
+K_INLINE void k_scale_min_k4x8_neon(const uint8_t *p, int32x4_t *s03, int32x4_t *s47, int32x4_t *m03, int32x4_t *m47) {
+    const uint32_t u0 = ld_u32(p), u1 = ld_u32(p + 4), u2 = ld_u32(p + 8);
+    const uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | (u0 >> 2 & 0x30303030u)) << 32;
+    const uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)((u2 >> 4 & 0x0f0f0f0fu) | (u1 >> 2 & 0x30303030u)) << 32;
+    const uint16x8_t s16 = vmovl_u8(vcreate_u8(sc)), m16 = vmovl_u8(vcreate_u8(mn)); // (byte k: scale k)
+    *s03 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(s16))), *s47 = vreinterpretq_s32_u32(vmovl_high_u16(s16));
+    *m03 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(m16))), *m47 = vreinterpretq_s32_u32(vmovl_high_u16(m16));
+}
+
 // Q4_K and Q5_K unpacked in registers (k_q4_k_chunk_neon).
 K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, const uint8_t *y, bool five) {
     PSV_ASSERT(n % QK_K == 0);
     const size_t size = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
-    int sc[8], m[8];
+    int32_t sc[8], m[8];
     double acc[K_BLOCK_LANES] = {0};
     for (int64_t b = 0; b < n / QK_K; b++, x += size, y += K_Q8_K_SIZE) {
         const int8_t *a = (const int8_t *)(y + 4);
         int32_t t[8];
-        for (int k = 0; k < 8; k++) k_scale_min_k4(x + 4, k, &sc[k], &m[k]);
+        int32x4_t s03, s47, m03, m47;
+        k_scale_min_k4x8_neon(x + 4, &s03, &s47, &m03, &m47);
+        vst1q_s32(sc, s03), vst1q_s32(sc + 4, s47), vst1q_s32(m, m03), vst1q_s32(m + 4, m47);
         for (int c = 0; c < 4; c++) {
             int32x4_t lo, hi;
             k_q4_k_chunk_neon(dp, five ? x + 48 : x + 16, five ? x + 16 : NULL, a, c, &lo, &hi);
@@ -14347,30 +14379,30 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
     const uint8_t *yb = y + (size_t)b * (one ? K_Q8_1_SIZE : K_Q8_0_SIZE) + (one ? 4 : 2);
     const int8x16_t a0 = vld1q_s8((const int8_t *)yb), a1 = vld1q_s8((const int8_t *)(yb + 16));
     int32x4_t t[4];
-    float dx[4], mx[4];
+    const uint8_t *xb[4];
     K_UNROLL
     for (int r = 0; r < 4; r++) {
-        const uint8_t *xb = xr[r] + (size_t)b * xs;
+        xb[r] = xr[r] + (size_t)b * xs;
         int8x16_t lo, hi;
-        k_w32_neon(type, xb, &lo, &hi);
+        k_w32_neon(type, xb[r], &lo, &hi);
         t[r] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), lo, a0), hi, a1);
-        dx[r] = k_f16_neon(xb);
-        mx[r] = one ? k_f16_neon(xb + 2) : 0.0f;
     }
     const int32x4_t is = k_hsum4_neon(t);
+    const float32x4_t dx = k_f16x4_neon(xb, 0);
     if (one) { // reference: dx * dy * isum + mx * sy, both products exact: one FMA rounds their sum
+        const float32x4_t mx = k_f16x4_neon(xb, 2);
         K_UNROLL
         for (int h = 0; h < 2; h++) {
-            const float64x2_t ms = vmulq_n_f64(vcvt_f64_f32(vld1_f32(mx + 2 * h)), sy);
+            const float64x2_t ms = vmulq_n_f64(vcvt_f64_f32(h ? vget_high_f32(mx) : vget_low_f32(mx)), sy);
             const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
-            acc[h] = vaddq_f64(acc[h], vfmaq_f64(ms, vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dy), isd));
+            acc[h] = vaddq_f64(acc[h], vfmaq_f64(ms, vmulq_n_f64(vcvt_f64_f32(h ? vget_high_f32(dx) : vget_low_f32(dx)), dy), isd));
         }
         return;
     }
     // reference: (double)dx * (double)dy * (double)isum, exact (11 + 11 + 19 bits): one FMA
     // rounds the sum as the reference's addition does
-    acc[0] = vfmaq_f64(acc[0], vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx)), dy), vcvtq_f64_s64(vmovl_s32(vget_low_s32(is))));
-    acc[1] = vfmaq_f64(acc[1], vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2)), dy), vcvtq_f64_s64(vmovl_high_s32(is)));
+    acc[0] = vfmaq_f64(acc[0], vmulq_n_f64(vcvt_f64_f32(vget_low_f32(dx)), dy), vcvtq_f64_s64(vmovl_s32(vget_low_s32(is))));
+    acc[1] = vfmaq_f64(acc[1], vmulq_n_f64(vcvt_f64_f32(vget_high_f32(dx)), dy), vcvtq_f64_s64(vmovl_high_s32(is)));
 }
 
 K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
@@ -14438,29 +14470,28 @@ K_DOTPROD K_INLINE void k_gemv1_q45_k_dotprod(uint32_t type, int64_t n, float *s
             memcpy(&bs1, yb + 276, 16);
             const int32x4_t p03 = vpaddlq_s16(bs0), p47 = vpaddlq_s16(bs1); // bsums 2k + (2k + 1)
             int32_t is[4], ms[4];
-            float dx[4], dm[4];
+            const uint8_t *xbs[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * bsize;
+                const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
                 int32x4_t t[8];
                 K_UNROLL
                 for (int c = 0; c < 4; c++)
                     k_q4_k_chunk_neon(true, five ? xb + 48 : xb + 16, five ? xb + 16 : NULL, a, c, &t[2 * c], &t[2 * c + 1]);
-                int sc[8], m[8];
-                K_UNROLL
-                for (int k = 0; k < 8; k++) k_scale_min_k4(xb + 4, k, &sc[k], &m[k]);
-                const int32x4_t s03 = vld1q_s32(sc), s47 = vld1q_s32(sc + 4), m03 = vld1q_s32(m), m47 = vld1q_s32(m + 4);
+                int32x4_t s03, s47, m03, m47;
+                k_scale_min_k4x8_neon(xb + 4, &s03, &s47, &m03, &m47);
                 is[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(k_hsum4_neon(t), s03), k_hsum4_neon(t + 4), s47));
                 ms[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(p03, m03), p47, m47));
-                dx[r] = k_f16_neon(xb);
-                dm[r] = k_f16_neon(xb + 2);
             }
+            const float32x4_t dx = k_f16x4_neon(xbs, 0), dm = k_f16x4_neon(xbs, 2);
             float64x2_t t[2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const int32x2_t i2 = vld1_s32(is + 2 * h), m2 = vld1_s32(ms + 2 * h);
-                const float64x2_t di = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), vcvtq_f64_s64(vmovl_s32(i2))));
-                const float64x2_t dmm = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dm + 2 * h)), vcvtq_f64_s64(vmovl_s32(m2))));
+                const float64x2_t di =
+                    k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(h ? vget_high_f32(dx) : vget_low_f32(dx)), vcvtq_f64_s64(vmovl_s32(i2))));
+                const float64x2_t dmm =
+                    k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(h ? vget_high_f32(dm) : vget_low_f32(dm)), vcvtq_f64_s64(vmovl_s32(m2))));
                 t[h] = k_no_fuse_f64x2(vmulq_n_f64(vsubq_f64(di, dmm), dys[b]));
             }
             k_gemv1_add_neon(acc, b, t);
@@ -14685,7 +14716,9 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 uint8x16_t lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
                 if (type != T_Q4_0) { // the fifth bits
                     const uint32_t qh = ld_u32(x + qs - 4);
-                    lo = vorrq_u8(lo, k_bits16_neon(qh & 0xffff)), hi = vorrq_u8(hi, k_bits16_neon(qh >> 16));
+                    uint8x16_t bl, bh;
+                    k_bits32_neon(qh, &bl, &bh);
+                    lo = vorrq_u8(lo, bl), hi = vorrq_u8(hi, bh);
                 }
                 vst1q_u8(q[r], lo);
                 vst1q_u8(q[r] + 16, hi);
