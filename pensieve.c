@@ -8902,6 +8902,12 @@ static size_t k_panel_bytes(const k_traits *tr, uint32_t type, int64_t n) {
     return (size_t)(n / type_table[type].blck_size) * tr->panel_blk;
 }
 
+// A set's GEMM of F16 or BF16 (gemm and pack, on k_panel_pack_flt's panels) into its table entry k.
+PSV_MAYBE_UNUSED static void k_set_flt_gemm(k_traits *k, k_gemm_fn gemm, k_pack_fn pack) {
+    k->gemm = gemm, k->pack = pack;
+    k->panel_rows = K_PANEL, k->gemm_rows = K_GEMM_ROWS_FLT, k->panel_blk = K_FLT_PANEL_BLK;
+}
+
 // A Q8_0 panel of k_panel_pack's layout, of nw rows, into the int16 one (K_PANEL_W16_BLK bytes a
 // block) at dst.
 PSV_MAYBE_UNUSED static void k_panel_widen16(int64_t n, int nw, const uint8_t *panel, uint8_t *dst) {
@@ -13928,26 +13934,33 @@ K_INLINE void k_dot_q3_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
 
 K_DEF_DOTK_NEON(k_dot_q3_k_q8_k, k_dot_q3_k_neon)
 
-// Q4_K chunk c (64 values: qs[32c + l] holds value 64c + l in its low nibble, 64c + 32 + l in its
-// high one) against the activation's quants a: the lanes of sub-blocks 2c (*lo) and 2c + 1 (*hi).
-// Q5_K (qh not NULL): bit k of qh[l] is value 32k + l's fifth bit (+16), shifted into place.
-K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, const int8_t *a, int c, int32x4_t *lo,
-                                int32x4_t *hi) {
+// Q4_K chunk c as bytes (64 values: qs[32c + l] holds value 64c + l in its low nibble, 64c + 32 + l
+// in its high one): values 64c + 16i .. + 15 in v[i]. Q5_K (qh not NULL): bit k of qh[l] is value
+// 32k + l's fifth bit (+16), shifted into place.
+K_INLINE void k_q45_k_bytes_neon(const uint8_t *qs, const uint8_t *qh, int c, uint8x16_t v[4]) {
     const uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16), m4 = vdupq_n_u8(15);
-    uint8x16_t l0 = vandq_u8(v0, m4), l1 = vandq_u8(v1, m4), h0 = vshrq_n_u8(v0, 4), h1 = vshrq_n_u8(v1, 4);
+    v[0] = vandq_u8(v0, m4), v[1] = vandq_u8(v1, m4), v[2] = vshrq_n_u8(v0, 4), v[3] = vshrq_n_u8(v1, 4);
     if (qh) {
         const uint8x16_t b0 = vld1q_u8(qh), b1 = vld1q_u8(qh + 16), m16 = vdupq_n_u8(16);
         const int8x16_t sl = vdupq_n_s8((int8_t)(4 - 2 * c)), sh = vdupq_n_s8((int8_t)(3 - 2 * c)); // bits 2c, 2c + 1 to 4
-        l0 = vorrq_u8(l0, vandq_u8(vshlq_u8(b0, sl), m16));
-        l1 = vorrq_u8(l1, vandq_u8(vshlq_u8(b1, sl), m16));
-        h0 = vorrq_u8(h0, vandq_u8(vshlq_u8(b0, sh), m16));
-        h1 = vorrq_u8(h1, vandq_u8(vshlq_u8(b1, sh), m16));
+        v[0] = vorrq_u8(v[0], vandq_u8(vshlq_u8(b0, sl), m16));
+        v[1] = vorrq_u8(v[1], vandq_u8(vshlq_u8(b1, sl), m16));
+        v[2] = vorrq_u8(v[2], vandq_u8(vshlq_u8(b0, sh), m16));
+        v[3] = vorrq_u8(v[3], vandq_u8(vshlq_u8(b1, sh), m16));
     }
+}
+
+// Q4_K (Q5_K) chunk c (k_q45_k_bytes_neon) against the activation's quants a: the lanes of
+// sub-blocks 2c (*lo) and 2c + 1 (*hi).
+K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, const int8_t *a, int c, int32x4_t *lo,
+                                int32x4_t *hi) {
+    uint8x16_t v[4];
+    k_q45_k_bytes_neon(qs, qh, c, v);
     const int8_t *ac = a + 64 * c;
-    *lo = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(l0), vld1q_s8(ac)),
-                        vreinterpretq_s8_u8(l1), vld1q_s8(ac + 16));
-    *hi = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(h0), vld1q_s8(ac + 32)),
-                        vreinterpretq_s8_u8(h1), vld1q_s8(ac + 48));
+    *lo = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), vld1q_s8(ac)),
+                        vreinterpretq_s8_u8(v[1]), vld1q_s8(ac + 16));
+    *hi = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32)),
+                        vreinterpretq_s8_u8(v[3]), vld1q_s8(ac + 48));
 }
 
 // The eight six-bit scales and minimums of a Q4_K or Q5_K block (its 12 bytes at p, as
@@ -14658,23 +14671,15 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 dx[r] = (double)k_f16_neon(x);
                 dm[r] = (double)k_f16_neon(x + 2);
                 break;
-            case T_Q4_K: case T_Q5_K: { // the quants in value order (k_unpack_q45_k: byte 32c + l of qs
-                // holds values 64c + l and 64c + 32 + l; Q5_K's fifth bit of value e is bit e / 32 of qh[e % 32])
+            case T_Q4_K: case T_Q5_K: { // the quants in value order (k_q45_k_bytes_neon)
                 const bool five = type == T_Q5_K;
-                const uint8x16_t h[2] = {vld1q_u8(x + 16), vld1q_u8(x + 32)}, m4 = vdupq_n_u8(15), b4 = vdupq_n_u8(16);
                 K_UNROLL
-                for (int c = 0; c < 4; c++)
+                for (int c = 0; c < 4; c++) {
+                    uint8x16_t v[4];
+                    k_q45_k_bytes_neon(five ? x + 48 : x + 16, five ? x + 16 : NULL, c, v);
                     K_UNROLL
-                    for (int half = 0; half < 2; half++) {
-                        const uint8x16_t v = vld1q_u8(x + (five ? 48 : 16) + 32 * c + 16 * half);
-                        uint8x16_t lo = vandq_u8(v, m4), hi = vshrq_n_u8(v, 4);
-                        if (five) { // bits 2c and 2c + 1 to bit 4
-                            lo = vorrq_u8(lo, vandq_u8(vshlq_u8(h[half], vdupq_n_s8((int8_t)(4 - 2 * c))), b4));
-                            hi = vorrq_u8(hi, vandq_u8(vshlq_u8(h[half], vdupq_n_s8((int8_t)(3 - 2 * c))), b4));
-                        }
-                        vst1q_u8(q[r] + 64 * c + 16 * half, lo);
-                        vst1q_u8(q[r] + 64 * c + 32 + 16 * half, hi);
-                    }
+                    for (int i = 0; i < 4; i++) vst1q_u8(q[r] + 64 * c + 16 * i, v[i]);
+                }
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 dm[r] = (double)k_f16_neon(x + 2);
@@ -15470,11 +15475,8 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     t[T_F16].gemv1 = k_gemv1_f16_neon;
     t[T_BF16].gemv1 = k_gemv1_bf16_neon;
     // F16 and BF16 GEMM (every ARM set's: plain NEON), on narrow panels (k_panel_flt_wide)
-    t[T_F16].gemm = k_gemm_f16_neon, t[T_F16].pack = k_pack_f16_neon;
-    t[T_BF16].gemm = k_gemm_bf16_neon, t[T_BF16].pack = k_pack_bf16_neon;
-    static const uint32_t flts[] = {T_F16, T_BF16};
-    for (size_t i = 0; i < PSV_ARRAY_LEN(flts); i++)
-        t[flts[i]].panel_rows = K_PANEL, t[flts[i]].gemm_rows = K_GEMM_ROWS_FLT, t[flts[i]].panel_blk = K_FLT_PANEL_BLK;
+    k_set_flt_gemm(&t[T_F16], k_gemm_f16_neon, k_pack_f16_neon);
+    k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_neon, k_pack_bf16_neon);
 }
 #endif // PSV_ARM64
 
@@ -15652,15 +15654,8 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
-    static const k_gemm_entry flts[] = {{T_F16, k_gemm_f16_avx2, k_pack_f16_avx2}, {T_BF16, k_gemm_bf16_avx2, k_pack_bf16_avx2}};
-    for (size_t i = 0; i < PSV_ARRAY_LEN(flts); i++) { // (every x86 set's: the AVX2 kernels' float lanes)
-        k_traits *k = &t[flts[i].type];
-        k->gemm = flts[i].gemm;
-        k->pack = flts[i].pack;
-        k->panel_rows = K_PANEL;
-        k->gemm_rows = K_GEMM_ROWS_FLT;
-        k->panel_blk = K_FLT_PANEL_BLK;
-    }
+    k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
+    k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
     t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
     t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
