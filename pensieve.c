@@ -8584,13 +8584,15 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 //          its Q4_1 panels are Q5_1's, k_panel_bytes4): 64-byte vector j has quants 8j..8j+7 of each row (Q4_K: quant bytes
 //          8j..8j+7 of its chunk), row r in bytes 8r..8r+7, so that one vpdpbusd takes eight
 //          values of each row against one broadcast of eight activation bytes
-//          (k_panel_regroup8 turns the four-value layout into it).
+//          (k_panel_regroup8 turns the four-value layout into it). So does the i8mm set,
+//          whose usmmla takes each 16 bytes (eight quants of two rows) as they are.
 //   sc     k-quants: 16 vectors of int32, the scales of the 16 sub-blocks of 16 values (Q4_K,
 //          Q5_K: each of their 8 scales of 32 values twice)
 //   cor    k-quants with an offset (Q3_K, Q6_K): 8 vectors of int16 pairs, the coefficients of
 //          the activation's sums of 16 values in isum (-offset * scale)
 //   mco    k-quants with a minimum (Q2_K, Q4_K, Q5_K): the same for the minimum's msum (the
-//          minimums). Each k-quant has one of the two.
+//          minimums). Each k-quant has one of the two. (The ARM sets hold both by sub-block
+//          instead: k_panel_by16.)
 //   dx, dm 8 doubles each: the block's scale and (types with a minimum: Q4_1, Q5_1, Q2_K, Q4_K,
 //          Q5_K) its minimum's scale
 // The activation side: the quantized rows as vec_dot takes them, plus k_act_side of each row
@@ -8737,16 +8739,18 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // Q4_K in Q5_K's (their vpmaddubsw takes the bytes as they are, where splitting the nibbles in
 // the kernel cost three operations a panel vector for every two activation rows), the AVX-512
 // sets' Q4_1 in Q5_1's, which the Q5_1 kernel then computes (bench_simd gemmR 0.0060 -> 0.0042 ns
-// a value and row on Zen 5, the nibbles' layout having no groups of eight).
+// a value and row on Zen 5, the nibbles' layout having no groups of eight), and the ARM sets'
+// both (dotprod's Q4_1 GEMM 0.313 -> 0.286 instructions a product, tools/arm_icount.sh).
 PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
-    return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI || set == K_SET_DOTPROD || set == K_SET_I8MM) && type == T_Q4_K) ||
-           ((set == K_SET_AVX512 || set == K_SET_AMX) && type == T_Q4_1);
+    const bool arm = set == K_SET_DOTPROD || set == K_SET_I8MM;
+    return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI || arm) && type == T_Q4_K) ||
+           ((set == K_SET_AVX512 || set == K_SET_AMX || arm) && type == T_Q4_1);
 }
 PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) {
     return k_panel_bytes4(set, type) ? (type == T_Q4_K ? T_Q5_K : T_Q5_1) : type;
 }
 PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
-    return (set == K_SET_AVX512 || set == K_SET_AMX) &&
+    return (set == K_SET_AVX512 || set == K_SET_AMX || set == K_SET_I8MM) &&
            (type_table[type].blck_size == QK_K || !k_panel_nibbles(k_panel_layout(set, type)));
 }
 
@@ -8764,6 +8768,24 @@ PSV_MAYBE_UNUSED static void k_panel_dup16(uint32_t type, int64_t n, uint8_t *pa
             wr_u32(sc + 4 * i, (uint32_t)v | (uint32_t)v << 16);
         }
     }
+}
+
+// Whether set `set`'s k-quant panels hold the cor and mco coefficients by sub-block (16 int16, row
+// r's at 2r, for each of the 16 sub-blocks in turn) instead of in pairs: the ARM sets, whose
+// smlal by element weights four rows' coefficients of a sub-block by one activation sum, two
+// instructions a sub-block and activation row where the pairs took four a pair (dotprod Q6_K GEMM
+// 0.232 -> 0.205 instructions a product, tools/arm_icount.sh), and that change made to a panel of k_panel_pack's layout.
+PSV_MAYBE_UNUSED static bool k_panel_by16(k_set set) { return set == K_SET_DOTPROD || set == K_SET_I8MM; }
+PSV_MAYBE_UNUSED static void k_panel_regroup16(uint32_t type, int64_t n, uint8_t *panel) {
+    PSV_ASSERT(type_table[type].blck_size == QK_K);
+    for (int64_t b = 0; b < n / QK_K; b++)
+        for (int f = 0; f < 2; f++) {
+            if (f == 0 ? !k_panel_off(type) : !k_panel_min(type)) continue;
+            uint8_t *c = panel + (size_t)b * k_panel_blk(type) + (f == 0 ? k_panel_cor(type) : k_panel_mco(type)), t[256];
+            memcpy(t, c, sizeof t);
+            for (int k = 0; k < 16; k++)
+                for (int r = 0; r < K_PANEL; r++) memcpy(c + 16 * k + 2 * r, t + 32 * (k / 2) + 4 * r + 2 * (k % 2), 2);
+        }
 }
 
 // A Q4_K panel of k_panel_pack's layout (its quant bytes) into k_panel_bytes4's at dst: vector
@@ -13765,7 +13787,7 @@ K_AVX2 static void k_axpy_rows_f16_avx2(float *y, size_t ys, const float *w, siz
 // Cortex-A76 and later; run-time detected) is the same kernels with each 16 products summed by
 // one sdot (k_sdot_neon) instead of two multiplies and two pairwise adds (`dp` below), plus GEMM
 // and four-row generation kernels ("NEON dotprod: GEMM on panels", "... generation of one
-// sequence"); the "i8mm" set is dotprod with smmla in the GEMM. The NEON float, quantizer and
+// sequence"); the "i8mm" set is dotprod with usmmla in the GEMM. The NEON float, quantizer and
 // element-wise kernels further down serve all three sets.
 #if defined(PSV_ARM64)
 
@@ -14049,8 +14071,9 @@ K_DEF_DOTK_NEON(k_dot_q6_k_q8_k, k_dot_q6_k_neon)
 // packed quants are the stored value plus the type's offset (k_panel_off), at most 63 and so
 // valid int8 as they are, except Q8_0's (q + 128), which are flipped back to q (xor 0x80) with
 // their sums started from 0 instead of the offset term. The k-quants weight each 16 values' sums
-// by their scale (vmla) and add the offset or minimum terms from the activation's sums of 16
-// (int16 pairs: widening multiplies and a pairwise add). Each block's term is formed for the
+// by their scale (vmla; Q4_K's and Q5_K's each 32 values', their scales' size) and add the
+// offset or minimum terms from the activation's sums of 16 (smlal by element: k_panel_by16,
+// k_by16_neon). Each block's term is formed for the
 // eight weight rows, exactly as the reference forms it, and goes to lane b % 4 of each row: the
 // kernel runs over the blocks of one lane at a time (b = l, l + 4, ...), so one set of double
 // accumulators stays in registers, and adds the four lanes in the reference's order at the end.
@@ -14076,16 +14099,20 @@ static inline void k_i32x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[
     out[3] = vcvtq_f64_s64(vmovl_high_s32(v1));
 }
 
+// The same for int32 of magnitude under 2^24, through float (exact): six instructions for eight.
+static inline void k_i24x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[4]) {
+    const float32x4_t f0 = vcvtq_f32_s32(v0), f1 = vcvtq_f32_s32(v1);
+    out[0] = vcvt_f64_f32(vget_low_f32(f0)), out[1] = vcvt_high_f64_f32(f0);
+    out[2] = vcvt_f64_f32(vget_low_f32(f1)), out[3] = vcvt_high_f64_f32(f1);
+}
+
 // The panel's quants of step `lane` of group g (values 16g + 4 lane .. + 3) for weight rows 0-3
-// (*w0) and 4-7 (*w1), as int8.
+// (*w0) and 4-7 (*w1), as int8. (The ARM sets' panels hold every type's quants as bytes:
+// k_panel_bytes4.)
 K_DOTPROD K_INLINE void k_panel_q_neon(uint32_t type, const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
-    int v, nib = -1; // the panel vector, and which nibble of it (-1: bytes)
-    if (type == T_Q4_1) v = lane, nib = g; // step s low, s + 4 high (Q4_K's panels are Q5_K's: k_panel_bytes4)
-    else v = 4 * g + lane;
+    const int v = 4 * g + lane; // the panel vector
     uint8x16_t a = vld1q_u8(pb + 32 * v), b = vld1q_u8(pb + 32 * v + 16);
-    if (nib == 0) a = vandq_u8(a, vdupq_n_u8(15)), b = vandq_u8(b, vdupq_n_u8(15));
-    else if (nib == 1) a = vshrq_n_u8(a, 4), b = vshrq_n_u8(b, 4);
-    else if (type == T_Q8_0) a = veorq_u8(a, vdupq_n_u8(0x80)), b = veorq_u8(b, vdupq_n_u8(0x80));
+    if (type == T_Q8_0) a = veorq_u8(a, vdupq_n_u8(0x80)), b = veorq_u8(b, vdupq_n_u8(0x80));
     *w0 = vreinterpretq_s8_u8(a);
     *w1 = vreinterpretq_s8_u8(b);
 }
@@ -14108,21 +14135,29 @@ K_DOTPROD K_INLINE void k_gemm_grp_neon(uint32_t type, int R, const uint8_t *pb,
 #undef K_GRP_LANE
 }
 
-// isum (or msum) += the panel's int16 pair coefficients c (8 pairs: row r's at 4r) times the
-// activation's pair of int16 sums at p, for rows 0-3 (*i0) and 4-7 (*i1).
-static inline void k_pairs_neon(const uint8_t *c, const int16_t *p, int32x4_t *i0, int32x4_t *i1) {
-    int32_t pair;
-    memcpy(&pair, p, 4);
-    const int16x8_t a = vreinterpretq_s16_s32(vdupq_n_s32(pair));
-    const int16x8_t c0 = vreinterpretq_s16_u8(vld1q_u8(c)), c1 = vreinterpretq_s16_u8(vld1q_u8(c + 16));
-    *i0 = vaddq_s32(*i0, vpaddq_s32(vmull_s16(vget_low_s16(c0), vget_low_s16(a)), vmull_high_s16(c0, a)));
-    *i1 = vaddq_s32(*i1, vpaddq_s32(vmull_s16(vget_low_s16(c1), vget_low_s16(a)), vmull_high_s16(c1, a)));
+// isum (or msum) of activation row r += the panel's coefficients c (k_panel_by16: sub-block k's
+// eight rows at 16k) times the activation's 16 int16 sums at p, for rows 0-3 (*i0) and 4-7 (*i1):
+// smlal by element.
+K_INLINE void k_by16_neon(const int16x8_t c[16], const int16_t *p, int32x4_t *i0, int32x4_t *i1) {
+    const int16x8_t a0 = vld1q_s16(p), a1 = vld1q_s16(p + 8);
+#define K_BY16(k, a, l)                                                 \
+    *i0 = vmlal_laneq_s16(*i0, vget_low_s16(c[k]), a, l);              \
+    *i1 = vmlal_high_laneq_s16(*i1, c[k], a, l);
+    K_BY16(0, a0, 0) K_BY16(1, a0, 1) K_BY16(2, a0, 2) K_BY16(3, a0, 3)
+    K_BY16(4, a0, 4) K_BY16(5, a0, 5) K_BY16(6, a0, 6) K_BY16(7, a0, 7)
+    K_BY16(8, a1, 0) K_BY16(9, a1, 1) K_BY16(10, a1, 2) K_BY16(11, a1, 3)
+    K_BY16(12, a1, 4) K_BY16(13, a1, 5) K_BY16(14, a1, 6) K_BY16(15, a1, 7)
+#undef K_BY16
 }
 
 // The "i8mm" set (FEAT_I8MM: Apple M2 and later, Graviton 3 and later, Neoverse V1/N2) is the
-// dotprod set whose GEMM takes two activation rows with smmla: a 2 x 8 by 8 x 2 int8 matrix
-// product, 32 multiply-adds, twice sdot's. Two consecutive panel vectors zipped by 32-bit
-// elements give each pair of weight rows' eight consecutive quants, the operand smmla wants.
+// dotprod set whose GEMM takes activation rows in pairs with usmmla: a 2 x 8 by 8 x 2 product of
+// unsigned (the panel's quants, offset as k_panel_off says) by signed bytes (the activations), 32
+// multiply-adds, twice sdot's. Its panels are in groups of eight quants (k_panel_g8), where each
+// 16 bytes of a 64-byte vector are the eight quants of a pair of weight rows, the operand usmmla
+// wants as it is; so Q8_0's packed q + 128 need no flip either (its offset term takes the 128 off,
+// as for the other 32-value types). Per 16 values of a block and pair of activation rows: two
+// 64-byte loads, two 16-byte loads of the activations and two zips, eight usmmla.
 #if defined(__ARM_FEATURE_MATMUL_INT8) && defined(__ARM_FEATURE_DOTPROD)
 #define K_I8MM
 #elif defined(__clang__)
@@ -14133,66 +14168,156 @@ static inline void k_pairs_neon(const uint8_t *c, const int16_t *p, int32x4_t *i
 #define K_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
 #endif
 
-// acc += [w0 . a0, w0 . a1, w1 . a0, w1 . a1], w = (w0 | w1) and a = (a0 | a1) of 8 values each.
-// (Not always_inline, as k_sdot_neon: it is inlined into the K_I8MM entry points.)
-K_I8MM static inline int32x4_t k_smmla_neon(int32x4_t acc, int8x16_t w, int8x16_t a) {
-    __asm__("smmla %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(w), "w"(a));
+// acc += [w0 . a0, w0 . a1, w1 . a0, w1 . a1], w = (w0 | w1) unsigned and a = (a0 | a1) signed, of
+// 8 values each. (Not always_inline, as k_sdot_neon: it is inlined into the K_I8MM entry points.)
+K_I8MM static inline int32x4_t k_usmmla_neon(int32x4_t acc, uint8x16_t w, int8x16_t a) {
+    __asm__("usmmla %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(w), "w"(a));
     return acc;
 }
 
-// Steps lane and lane + 1 of group g of the panel (values 16g + 4 lane ... + 7) for two
-// activation rows whose quants are at a0 and a1 (plus that offset): c[k] (weight rows 2k, 2k + 1)
-// += their products, smmla's layout.
-K_DOTPROD K_INLINE void k_gemm_pair_mm_neon(uint32_t type, const uint8_t *pb, int g, int lane, const int8_t *a0,
-                                            const int8_t *a1, int32x4_t c[4]) {
-    int8x16_t p0, q0, p1, q1; // p: rows 0-3, q: rows 4-7, of steps lane (0) and lane + 1 (1)
-    k_panel_q_neon(type, pb, g, lane, &p0, &q0);
-    k_panel_q_neon(type, pb, g, lane + 1, &p1, &q1);
-    const int8x16_t av = vcombine_s8(vld1_s8(a0 + 16 * g + 4 * lane), vld1_s8(a1 + 16 * g + 4 * lane));
-    const int32x4_t w[4] = {vzip1q_s32(vreinterpretq_s32_s8(p0), vreinterpretq_s32_s8(p1)),
-                            vzip2q_s32(vreinterpretq_s32_s8(p0), vreinterpretq_s32_s8(p1)),
-                            vzip1q_s32(vreinterpretq_s32_s8(q0), vreinterpretq_s32_s8(q1)),
-                            vzip2q_s32(vreinterpretq_s32_s8(q0), vreinterpretq_s32_s8(q1))};
-    K_UNROLL
-    for (int k = 0; k < 4; k++) c[k] = k_smmla_neon(c[k], vreinterpretq_s8_s32(w[k]), av);
+// Group g (values 16g ... + 15) of a block of a k_panel_g8 panel (at pb) against two activation
+// rows, whose block quants are at a0 and a1: c[k] (weight rows 2k, 2k + 1) += their products, in
+// usmmla's layout (row 2k against a0, a1, row 2k + 1 against a0, a1).
+K_DOTPROD K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_t *a0, const int8_t *a1, int32x4_t c[4]) {
+    // the panel's loads after the sums so far: gcc's scheduler hoisted two groups' 16 vectors
+    // above the first's products, and spilled
+    const uint8_t *p = pb + 128 * g;
+    __asm__("" : "+r"(p) : "w"(c[0]), "w"(c[1]), "w"(c[2]), "w"(c[3]));
+    const int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(a0 + 16 * g)), x1 = vreinterpretq_s64_s8(vld1q_s8(a1 + 16 * g));
+    const int8x16_t lo = vreinterpretq_s8_s64(vzip1q_s64(x0, x1)), hi = vreinterpretq_s8_s64(vzip2q_s64(x0, x1));
+    const uint8x16x4_t w0 = vld1q_u8_x4(p), w1 = vld1q_u8_x4(p + 64);
+    c[0] = k_usmmla_neon(c[0], w0.val[0], lo), c[1] = k_usmmla_neon(c[1], w0.val[1], lo);
+    c[2] = k_usmmla_neon(c[2], w0.val[2], lo), c[3] = k_usmmla_neon(c[3], w0.val[3], lo);
+    c[0] = k_usmmla_neon(c[0], w1.val[0], hi), c[1] = k_usmmla_neon(c[1], w1.val[1], hi);
+    c[2] = k_usmmla_neon(c[2], w1.val[2], hi), c[3] = k_usmmla_neon(c[3], w1.val[3], hi);
 }
 
-// The integer sums of block b (at pb) against two activation rows by smmla, as the sdot path of
-// k_gemm_blk_neon leaves them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r,
-// before the offset and minimum terms, and without 32-value blocks' offset term.
+// The integer sums of k-quant block b (at pb, a k_panel_g8 panel) against two activation rows by
+// usmmla, each 16 values' weighted by their scale (Q4_K's and Q5_K's scales are those of 32
+// values, each twice in the panel: they weight two groups' sums at once), as the sdot path leaves
+// them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r, before the offset and
+// minimum terms.
 K_DOTPROD K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t *a0, const int8_t *a1,
                                             int32x4_t i0[2], int32x4_t i1[2]) {
+    const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale
     int32x4_t c[4];
     K_UNROLL
     for (int k = 0; k < 4; k++) c[k] = vdupq_n_s32(0);
-    if (type_table[type].blck_size == 32) {
+    for (int g = 0; g < 16; g += gs) {
+        int32x4_t d[4];
         K_UNROLL
-        for (int g = 0; g < 2; g++) {
-            k_gemm_pair_mm_neon(type, pb, g, 0, a0, a1, c);
-            k_gemm_pair_mm_neon(type, pb, g, 2, a0, a1, c);
-        }
-    } else {
-        for (int g = 0; g < 16; g++) { // each 16 values' sums weighted by their scale
-            int32x4_t d[4];
-            K_UNROLL
-            for (int k = 0; k < 4; k++) d[k] = vdupq_n_s32(0);
-            k_gemm_pair_mm_neon(type, pb, g, 0, a0, a1, d);
-            k_gemm_pair_mm_neon(type, pb, g, 2, a0, a1, d);
-            const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
-            const int32x4_t s0 = vreinterpretq_s32_u8(vld1q_u8(sc)), s1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
-            c[0] = vmlaq_s32(c[0], d[0], vzip1q_s32(s0, s0)); // (s0, s0, s1, s1): smmla's rows
-            c[1] = vmlaq_s32(c[1], d[1], vzip2q_s32(s0, s0));
-            c[2] = vmlaq_s32(c[2], d[2], vzip1q_s32(s1, s1));
-            c[3] = vmlaq_s32(c[3], d[3], vzip2q_s32(s1, s1));
-        }
+        for (int k = 0; k < 4; k++) d[k] = vdupq_n_s32(0);
+        k_gemm_grp_mm_neon(pb, g, a0, a1, d);
+        if (gs == 2) k_gemm_grp_mm_neon(pb, g + 1, a0, a1, d);
+        const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
+        const int32x4_t s0 = vreinterpretq_s32_u8(vld1q_u8(sc)), s1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
+        c[0] = vmlaq_s32(c[0], d[0], vzip1q_s32(s0, s0)); // (s0, s0, s1, s1): usmmla's rows
+        c[1] = vmlaq_s32(c[1], d[1], vzip2q_s32(s0, s0));
+        c[2] = vmlaq_s32(c[2], d[2], vzip1q_s32(s1, s1));
+        c[3] = vmlaq_s32(c[3], d[3], vzip2q_s32(s1, s1));
     }
     i0[0] = vuzp1q_s32(c[0], c[1]), i1[0] = vuzp1q_s32(c[2], c[3]); // activation row 0: even lanes
     i0[1] = vuzp2q_s32(c[0], c[1]), i1[1] = vuzp2q_s32(c[2], c[3]);
 }
 
-// Block b of the panel (at pb) against R (1, 2) activation rows: each row's eight terms added to
-// acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
-K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, bool mm, int R, const uint8_t *pb, int64_t b, int64_t nb,
+// The k-quants' sums of block b beyond the quants' (at pb, either set's panel), for R (1, 2)
+// activation rows: the offset's (Q3_K, Q6_K: the panel's coefficients times the activation's sums
+// of 16) added to i0[r] (weight rows 0-3) and i1[r] (4-7), and the minimum's (Q2_K, Q4_K, Q5_K:
+// against the stored bsums, as the reference takes them) to m0[r] and m1[r].
+K_DOTPROD K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
+                                           const int16_t *const *ar, int32x4_t *i0, int32x4_t *i1, int32x4_t *m0,
+                                           int32x4_t *m1) {
+    const bool cor = type == T_Q3_K || type == T_Q6_K, min = k_panel_min(type);
+    int16x8_t c[16];
+    K_UNROLL16
+    for (int k = 0; k < 16; k++) c[k] = vld1q_s16((const int16_t *)(const void *)(pb + (cor ? k_panel_cor(type) : k_panel_mco(type)) + 16 * k));
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        if (cor) k_by16_neon(c, ar[r] + 16 * b, &i0[r], &i1[r]);
+        if (min) k_by16_neon(c, (const int16_t *)(const void *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 260), &m0[r], &m1[r]);
+    }
+}
+
+// Block b of a k_panel_g8 panel (at pb) against two activation rows by usmmla (R = 1: row 0 as
+// both): its terms added to acc[h][k], weight row 2k + h with activation row j in lane j, which is
+// usmmla's layout, so the 32-value types' sums go to their terms as they come. Their terms are
+// the sdot path's (k_gemm_blk_neon), the same operations on the same values: each block's sum
+// (|isum| <= 32 * 128 * 128 < 2^24, its offset term included) converted through float exactly,
+// dx * dy exact and the FMA rounding once (Q4_1, Q5_1: dx * dy * isum + mx * sy as the reference
+// rounds it); the k-quants' are the reference's dy * (dx * isum - dmin * msum) or dx * dy * isum.
+K_DOTPROD K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
+                                           const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
+                                           const int32_t *const *ao, float64x2_t acc[2][4]) {
+    const bool min = k_panel_min(type);
+    float64x2_t dx[4], dm[4];
+    K_UNROLL
+    for (int k = 0; k < 4; k++) {
+        dx[k] = k_ld_f64x2(pb + k_panel_dx(type) + 16 * k);
+        dm[k] = min ? k_ld_f64x2(pb + k_panel_dx(type) + 64 + 16 * k) : dx[k];
+    }
+    const float64x2_t dy = vcombine_f64(vld1_f64(dr[0] + b), vld1_f64(dr[R - 1] + b));
+    if (type_table[type].blck_size == 32) {
+        const bool q81 = type == T_Q4_1 || type == T_Q5_1;
+        const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
+        int32x2_t o = vdup_n_s32(0); // the offset terms (Q8_0's 128 too): the sums start from them
+        if (k_panel_off(type)) o = vld1_lane_s32(ao[R - 1] + b, vld1_lane_s32(ao[0] + b, o, 0), 1); // (k_gemm_side)
+        int32x4_t c[4];
+        K_UNROLL
+        for (int k = 0; k < 4; k++) c[k] = vcombine_s32(o, o);
+        const int8_t *a0 = (const int8_t *)(yr[0] + (size_t)b * as + qo), *a1 = (const int8_t *)(yr[R - 1] + (size_t)b * as + qo);
+        k_gemm_grp_mm_neon(pb, 0, a0, a1, c);
+        k_gemm_grp_mm_neon(pb, 1, a0, a1, c);
+        const float64x2_t sy = q81 ? vcombine_f64(vld1_f64(dr[0] + nb + b), vld1_f64(dr[R - 1] + nb + b)) : dy;
+        K_UNROLL
+        for (int k = 0; k < 4; k++) {
+            const float32x4_t f = vcvtq_f32_s32(c[k]);
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const float64x2_t is = h ? vcvt_high_f64_f32(f) : vcvt_f64_f32(vget_low_f32(f));
+                const float64x2_t dxy = h ? vmulq_laneq_f64(dy, dx[k], 1) : vmulq_laneq_f64(dy, dx[k], 0);
+                if (!q81) {
+                    acc[h][k] = vfmaq_f64(acc[h][k], dxy, is);
+                    continue;
+                }
+                const float64x2_t ms = h ? vmulq_laneq_f64(sy, dm[k], 1) : vmulq_laneq_f64(sy, dm[k], 0);
+                acc[h][k] = vaddq_f64(acc[h][k], vfmaq_f64(k_no_fuse_f64x2(ms), dxy, is)); // (k_gemm_blk_neon)
+            }
+        }
+        return;
+    }
+    int32x4_t i0[2], i1[2], m0[2], m1[2];
+    k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * K_Q8_K_SIZE + 4),
+                        (const int8_t *)(yr[R - 1] + (size_t)b * K_Q8_K_SIZE + 4), i0, i1);
+    K_UNROLL
+    for (int r = 0; r < R; r++) m0[r] = m1[r] = vdupq_n_s32(0);
+    k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
+    float64x2_t is[2][4], ms[2][4];
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        k_i32x8_f64_neon(i0[r], i1[r], is[r]);
+        k_i32x8_f64_neon(m0[r], m1[r], ms[r]);
+    }
+    K_UNROLL
+    for (int k = 0; k < 4; k++)
+        K_UNROLL
+        for (int h = 0; h < 2; h++) { // weight row 2k + h of both activation rows
+            const float64x2_t isd = h ? vzip2q_f64(is[0][k], is[R - 1][k]) : vzip1q_f64(is[0][k], is[R - 1][k]);
+            float64x2_t t;
+            if (min) { // reference: dy * (dx * isum - dmin * msum)
+                const float64x2_t msd = h ? vzip2q_f64(ms[0][k], ms[R - 1][k]) : vzip1q_f64(ms[0][k], ms[R - 1][k]);
+                const float64x2_t di = h ? vmulq_laneq_f64(isd, dx[k], 1) : vmulq_laneq_f64(isd, dx[k], 0);
+                const float64x2_t dn = h ? vmulq_laneq_f64(msd, dm[k], 1) : vmulq_laneq_f64(msd, dm[k], 0);
+                t = vmulq_f64(vsubq_f64(k_no_fuse_f64x2(di), k_no_fuse_f64x2(dn)), dy);
+            } else { // reference: dx * dy * isum
+                t = vmulq_f64(h ? vmulq_laneq_f64(dy, dx[k], 1) : vmulq_laneq_f64(dy, dx[k], 0), isd);
+            }
+            acc[h][k] = vaddq_f64(acc[h][k], k_no_fuse_f64x2(t));
+        }
+}
+
+// Block b of the panel (at pb) against R (1, 2) activation rows by sdot: each row's eight terms
+// added to acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
+K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
                                         const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                                         const int32_t *const *ao, float64x2_t acc[][4]) {
     const bool min = k_panel_min(type);
@@ -14206,31 +14331,21 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, bool mm, int R, const uin
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
-        if (mm) { // (R == 2) then the term that takes the offset off
-            k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * as + qo),
-                                (const int8_t *)(yr[1] + (size_t)b * as + qo), i0, i1);
+        K_UNROLL
+        for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
+            i0[r] = i1[r] = vdupq_n_s32(k_panel_off(type) && type != T_Q8_0 ? ao[r][b] : 0); // (k_gemm_side)
+        K_UNROLL
+        for (int g = 0; g < 2; g++) {
+            int8x16_t av[2];
             K_UNROLL
-            for (int r = 0; r < R; r++) {
-                const int32x4_t o = vdupq_n_s32(ao[r] && type != T_Q8_0 ? ao[r][b] : 0);
-                i0[r] = vaddq_s32(i0[r], o), i1[r] = vaddq_s32(i1[r], o);
-            }
-        } else {
-            K_UNROLL
-            for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
-                i0[r] = i1[r] = vdupq_n_s32(ao[r] && type != T_Q8_0 ? ao[r][b] : 0);
-            K_UNROLL
-            for (int g = 0; g < 2; g++) {
-                int8x16_t av[2];
-                K_UNROLL
-                for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
-                k_gemm_grp_neon(type, R, pb, g, av, i0, i1);
-            }
+            for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
+            k_gemm_grp_neon(type, R, pb, g, av, i0, i1);
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
             // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
             float64x2_t is[4];
-            k_i32x8_f64_neon(i0[r], i1[r], is);
+            k_i24x8_f64_neon(i0[r], i1[r], is); // (|isum| <= 32 * 128 * 128)
             K_UNROLL
             for (int k = 0; k < 4; k++) {
                 const float64x2_t dxy = vmulq_n_f64(dx[k], dr[r][b]);
@@ -14238,27 +14353,30 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, bool mm, int R, const uin
                     acc[r][k] = vfmaq_f64(acc[r][k], dxy, is[k]);
                     continue;
                 }
-                float64x2_t t = vaddq_f64(k_no_fuse_f64x2(vmulq_f64(dxy, is[k])), k_no_fuse_f64x2(vmulq_n_f64(dm[k], dr[r][nb + b])));
-                acc[r][k] = vaddq_f64(acc[r][k], k_no_fuse_f64x2(t));
+                // both products exact (dx * dy * isum: 11 + 11 + 17 bits, mx * sy: 11 + 11), so one FMA
+                // rounds their sum as the reference does, and the lane's addition rounds once more
+                const float64x2_t ms = vmulq_n_f64(dm[k], dr[r][nb + b]);
+                acc[r][k] = vaddq_f64(acc[r][k], vfmaq_f64(k_no_fuse_f64x2(ms), dxy, is[k]));
             }
         }
         return;
     }
-    const bool cor = type == T_Q3_K || type == T_Q6_K;
+    const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale (Q4_K's and Q5_K's are of 32 values)
     K_UNROLL
     for (int r = 0; r < R; r++) i0[r] = i1[r] = m0[r] = m1[r] = vdupq_n_s32(0);
-    if (mm)
-        k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * K_Q8_K_SIZE + 4),
-                            (const int8_t *)(yr[1] + (size_t)b * K_Q8_K_SIZE + 4), i0, i1);
-    for (int g = 0; g < (mm ? 0 : 16); g++) { // each 16 values' sums weighted by their scale
+    for (int g = 0; g < 16; g += gs) { // each 16 (32) values' sums weighted by their scale
         int8x16_t av[2];
         int32x4_t d0[2], d1[2];
         K_UNROLL
-        for (int r = 0; r < R; r++) {
-            av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
-            d0[r] = d1[r] = vdupq_n_s32(0);
-        }
+        for (int r = 0; r < R; r++) d0[r] = d1[r] = vdupq_n_s32(0);
+        K_UNROLL
+        for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
         k_gemm_grp_neon(type, R, pb, g, av, d0, d1);
+        if (gs == 2) {
+            K_UNROLL
+            for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * (g + 1)));
+            k_gemm_grp_neon(type, R, pb, g + 1, av, d0, d1);
+        }
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
         const int32x4_t sc0 = vreinterpretq_s32_u8(vld1q_u8(sc)), sc1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
         K_UNROLL
@@ -14267,13 +14385,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, bool mm, int R, const uin
             i1[r] = vmlaq_s32(i1[r], d1[r], sc1);
         }
     }
-    for (int j = 0; j < 8; j++)
-        for (int r = 0; r < R; r++) {
-            if (cor) k_pairs_neon(pb + k_panel_cor(type) + 32 * j, ar[r] + 16 * b + 2 * j, &i0[r], &i1[r]);
-            if (min)
-                k_pairs_neon(pb + k_panel_mco(type) + 32 * j,
-                             (const int16_t *)(const void *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j), &m0[r], &m1[r]);
-        }
+    k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
     K_UNROLL
     for (int r = 0; r < R; r++) {
         float64x2_t is[4], ms[4];
@@ -14293,7 +14405,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, bool mm, int R, const uin
 }
 
 // R (1, 2) activation rows against the panel: each row's eight results to lanes[l][r], lane l
-// the sum of blocks l, l + 4, ...
+// the sum of blocks l, l + 4, ... mm: by usmmla, on a k_panel_g8 panel.
 K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, bool mm, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
                                const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                const k_prefetch *pf, double lanes[K_BLOCK_LANES][2][8]) {
@@ -14301,17 +14413,24 @@ K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, bool mm, int R, int64_t 
     const size_t bb = k_panel_blk(type);
     K_UNROLL
     for (int l = 0; l < K_BLOCK_LANES; l++) {
-        float64x2_t acc[2][4];
+        float64x2_t acc[2][4]; // mm: [h][k], else [r][k] (see the block functions)
         K_UNROLL
-        for (int r = 0; r < R; r++)
-            for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f64(0);
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < 4; k++) acc[i][k] = vdupq_n_f64(0);
         for (int64_t b = l; b < nb; b += K_BLOCK_LANES) {
             if (pf) k_prefetch_blks(pf, b, 1);
-            k_gemm_blk_neon(type, mm, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
+            if (mm) k_gemm_blk_mm_neon(type, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
+            else k_gemm_blk_neon(type, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
         }
         K_UNROLL
-        for (int r = 0; r < R; r++)
-            for (int k = 0; k < 4; k++) vst1q_f64(&lanes[l][r][2 * k], acc[r][k]);
+        for (int k = 0; k < 4; k++)
+            if (mm) // weight row 2k + h of activation row r: lane r of acc[h][k]
+                for (int h = 0; h < 2; h++) {
+                    lanes[l][0][2 * k + h] = vgetq_lane_f64(acc[h][k], 0);
+                    lanes[l][1][2 * k + h] = vgetq_lane_f64(acc[h][k], 1);
+                }
+            else
+                for (int r = 0; r < R; r++) vst1q_f64(&lanes[l][r][2 * k], acc[r][k]);
     }
 }
 
@@ -14329,7 +14448,8 @@ K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, bool mm, int64_t n, const uin
             k_gemm_side(type, n, y + (size_t)(r0 + r) * ys, side + (size_t)(r0 + r) * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
         double lanes[K_BLOCK_LANES][2][8];
         const k_prefetch *p = r0 == 0 ? pf : NULL; // once per call
-        if (R == 2 && mm) k_gemm_rows_neon(type, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        if (mm && R == 2) k_gemm_rows_neon(type, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (mm) k_gemm_rows_neon(type, true, 1, n, panel, yr, ar, dr, ao, p, lanes); // (its panels: only usmmla's)
         else if (R == 2) k_gemm_rows_neon(type, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
         else k_gemm_rows_neon(type, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
         for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
@@ -14350,7 +14470,6 @@ K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, bool mm, int64_t n, const uin
         k_gemm_neon(type, true, n, panel, y, ys, side, ss, nr, out, nw, pf);                                        \
     }
 K_DEF_GEMM_NEON(k_gemm_q4_0, T_Q4_0)
-K_DEF_GEMM_NEON(k_gemm_q4_1, T_Q4_1)
 K_DEF_GEMM_NEON(k_gemm_q5_0, T_Q5_0)
 K_DEF_GEMM_NEON(k_gemm_q5_1, T_Q5_1)
 K_DEF_GEMM_NEON(k_gemm_q8_0, T_Q8_0)
@@ -14629,10 +14748,11 @@ K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_1_dotprod, k_gemv1_32_neon, T_Q5_1)
 
 // ---- NEON: packing GEMM panels ------------------------------------------------------------------
 // k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
-// stored quant bytes for the 4-bit types, else the unsigned quants plus offset in value order),
-// and 4 x 4 transposes of 32-bit elements turn rows 0-3 (4-7) into the low (high) halves of the
-// panel's vectors. Q2_K, Q3_K and Q5_K unpack through k_panel_unpack. Byte-identical to
-// k_panel_pack (tested).
+// unsigned quants plus offset in value order; the 4-bit types too, k_panel_bytes4), and 4 x 4
+// transposes of 32-bit elements turn rows 0-3 (4-7) into the low (high) halves of the dotprod
+// set's panel vectors, or zips of 64-bit elements pairs of rows into the i8mm set's groups of
+// eight (k_panel_g8); the k-quants' coefficients go by sub-block (k_panel_by16). Byte-identical
+// to k_panel_pack with those changes (tested).
 
 // Bytes 4v..4v+3 of src[0..3] for v = e..e+3 -> the 16 bytes at dst + 32 (v - e).
 static inline void k_tr4_store_neon(const uint8_t *const src[4], int e, uint8_t *dst) {
@@ -14646,13 +14766,23 @@ static inline void k_tr4_store_neon(const uint8_t *const src[4], int e, uint8_t 
     vst1q_u8(dst + 96, vreinterpretq_u8_u64(vtrn2q_u64(t1, t3)));
 }
 
-static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    const uint32_t lt = k_panel_layout(K_SET_DOTPROD, type); // (Q4_K: Q5_K's, k_panel_bytes4)
+// Bytes 8v..8v+7 of src[0..1] for v = e, e + 1 -> the 16 bytes at dst and at dst + 64: a pair of
+// rows' part of two 64-byte vectors of eight-quant groups (k_panel_g8).
+static inline void k_tr8_store_neon(const uint8_t *const src[2], int e, uint8_t *dst) {
+    const uint64x2_t a0 = vreinterpretq_u64_u8(vld1q_u8(src[0] + 8 * e)), a1 = vreinterpretq_u64_u8(vld1q_u8(src[1] + 8 * e));
+    vst1q_u8(dst, vreinterpretq_u8_u64(vzip1q_u64(a0, a1)));
+    vst1q_u8(dst + 64, vreinterpretq_u8_u64(vzip2q_u64(a0, a1)));
+}
+
+// g8: the i8mm set's layout (k_panel_g8), else the dotprod set's. Every ARM layout holds the quants
+// as bytes (k_panel_bytes4: Q4_1 in Q5_1's layout, Q4_K in Q5_K's).
+K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    const uint32_t lt = k_panel_layout(g8 ? K_SET_I8MM : K_SET_DOTPROD, type);
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
     const size_t bb = k_panel_blk(lt), xs = type_table[type].type_size, dxo = k_panel_dx(lt);
     const bool min = k_panel_min(lt), kq = qb == QK_K;
-    const int nvec = (int)(k_panel_nibbles(lt) ? qb / 8 : qb / 4); // the block's panel vectors
-    PSV_ASSERT(k_panel_has(type) && n % qb == 0 && nw >= 1 && nw <= K_PANEL);
+    const int nvec = (int)(qb / 4); // the block's 32-byte panel vectors
+    PSV_ASSERT(k_panel_has(type) && n % qb == 0 && nw >= 1 && nw <= K_PANEL && !k_panel_nibbles(lt));
     static const uint8_t zero[QK_K] = {0}; // the rows past nw
     uint8_t q[K_PANEL][QK_K];
     for (int64_t b = 0; b < nb; b++) {
@@ -14666,11 +14796,6 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
             if (r >= nw) continue;
             const uint8_t *x = w + (size_t)r * ws + (size_t)b * xs;
             switch (type) {
-            case T_Q4_1: // the stored bytes
-                src[r] = x + 4;
-                dx[r] = (double)k_f16_neon(x);
-                dm[r] = (double)k_f16_neon(x + 2);
-                break;
             case T_Q4_K: case T_Q5_K: { // the quants in value order (k_q45_k_bytes_neon)
                 const bool five = type == T_Q5_K;
                 K_UNROLL
@@ -14715,11 +14840,11 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 break;
-            case T_Q4_0: case T_Q5_0: case T_Q5_1: { // the 4- or 5-bit values (plus Q4_0's and Q5_0's offset: as stored)
-                const size_t qs = type == T_Q4_0 ? 2 : type == T_Q5_0 ? 6 : 8;
+            case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: { // the 4- or 5-bit values (plus Q4_0's and Q5_0's offset: as stored)
+                const size_t qs = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
                 const uint8x16_t v = vld1q_u8(x + qs);
                 uint8x16_t lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
-                if (type != T_Q4_0) { // the fifth bits
+                if (type == T_Q5_0 || type == T_Q5_1) { // the fifth bits
                     const uint32_t qh = ld_u32(x + qs - 4);
                     uint8x16_t bl, bh;
                     k_bits32_neon(qh, &bl, &bh);
@@ -14745,24 +14870,34 @@ static void k_pack_core_neon(uint32_t type, int64_t n, const uint8_t *w, size_t 
             default: PSV_ASSERT(!"k_pack_core_neon: type without a panel");
             }
         }
-        for (int e = 0; e < nvec; e += 4) {
-            k_tr4_store_neon(src, e, pb + 32 * e);
-            k_tr4_store_neon(src + 4, e, pb + 32 * e + 16);
-        }
+        if (g8) // 64-byte vector j: quants 8j..8j+7 of row r at 8r
+            for (int e = 0; e < nvec / 2; e += 2)
+                for (int r = 0; r < K_PANEL; r += 2) k_tr8_store_neon(src + r, e, pb + 64 * e + 8 * r);
+        else
+            for (int e = 0; e < nvec; e += 4) {
+                k_tr4_store_neon(src, e, pb + 32 * e);
+                k_tr4_store_neon(src + 4, e, pb + 32 * e + 16);
+            }
         if (kq)
             for (int k = 0; k < 16; k++)
                 for (int r = 0; r < K_PANEL; r++) {
                     wr_u32(pb + k_panel_sc(lt) + 32 * k + 4 * r, (uint32_t)sc[r][k]);
-                    if (k_panel_off(lt)) wr_u16(pb + k_panel_cor(lt) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)cor[r][k]);
-                    if (min) wr_u16(pb + k_panel_mco(lt) + 32 * (k / 2) + 4 * r + 2 * (k % 2), (uint16_t)mco[r][k]);
+                    if (k_panel_off(lt)) wr_u16(pb + k_panel_cor(lt) + 16 * k + 2 * r, (uint16_t)cor[r][k]); // (k_panel_by16)
+                    if (min) wr_u16(pb + k_panel_mco(lt) + 16 * k + 2 * r, (uint16_t)mco[r][k]);
                 }
         memcpy(pb + dxo, dx, sizeof dx);
         if (min) memcpy(pb + dxo + 64, dm, sizeof dm);
     }
 }
 
-#define K_DEF_PACK_NEON(name, type) \
-    static void name(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { k_pack_core_neon(type, n, w, ws, nw, panel); }
+// Each type's packer twice: the dotprod set's layout and the i8mm set's (_g8).
+#define K_DEF_PACK_NEON(name, type)                                                                                 \
+    static void name(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {                             \
+        k_pack_core_neon(type, false, n, w, ws, nw, panel);                                                         \
+    }                                                                                                              \
+    static void name##_g8(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {                        \
+        k_pack_core_neon(type, true, n, w, ws, nw, panel);                                                          \
+    }
 K_DEF_PACK_NEON(k_pack_q4_0_neon, T_Q4_0)
 K_DEF_PACK_NEON(k_pack_q4_1_neon, T_Q4_1)
 K_DEF_PACK_NEON(k_pack_q5_0_neon, T_Q5_0)
@@ -15430,24 +15565,23 @@ static void k_exp_shift_neon(double *y, const float *x, double shift, double div
 
 // The ARM sets' tables: neon (dp false), dotprod (dp), i8mm (dp and mm).
 static void k_fill_neon(k_traits *t, bool dp, bool mm) {
-    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm, gemm_mm; k_pack_fn pack; } dots[] = {
-        {T_Q4_0, k_dot_q4_0_q8_0_neon, k_dot_q4_0_q8_0_dotprod, k_gemm_q4_0_dotprod, k_gemm_q4_0_i8mm, k_pack_q4_0_neon},
-        {T_Q4_1, k_dot_q4_1_q8_1_neon, k_dot_q4_1_q8_1_dotprod, k_gemm_q4_1_dotprod, k_gemm_q4_1_i8mm, k_pack_q4_1_neon},
-        {T_Q5_0, k_dot_q5_0_q8_0_neon, k_dot_q5_0_q8_0_dotprod, k_gemm_q5_0_dotprod, k_gemm_q5_0_i8mm, k_pack_q5_0_neon},
-        {T_Q5_1, k_dot_q5_1_q8_1_neon, k_dot_q5_1_q8_1_dotprod, k_gemm_q5_1_dotprod, k_gemm_q5_1_i8mm, k_pack_q5_1_neon},
-        {T_Q8_0, k_dot_q8_0_q8_0_neon, k_dot_q8_0_q8_0_dotprod, k_gemm_q8_0_dotprod, k_gemm_q8_0_i8mm, k_pack_q8_0_neon},
-        {T_Q2_K, k_dot_q2_k_q8_k_neon, k_dot_q2_k_q8_k_dotprod, k_gemm_q2_k_dotprod, k_gemm_q2_k_i8mm, k_pack_q2_k_neon},
-        {T_Q3_K, k_dot_q3_k_q8_k_neon, k_dot_q3_k_q8_k_dotprod, k_gemm_q3_k_dotprod, k_gemm_q3_k_i8mm, k_pack_q3_k_neon},
-        {T_Q4_K, k_dot_q4_k_q8_k_neon, k_dot_q4_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_gemm_q5_k_i8mm, k_pack_q4_k_neon}, // (bytes4)
-        {T_Q5_K, k_dot_q5_k_q8_k_neon, k_dot_q5_k_q8_k_dotprod, k_gemm_q5_k_dotprod, k_gemm_q5_k_i8mm, k_pack_q5_k_neon},
-        {T_Q6_K, k_dot_q6_k_q8_k_neon, k_dot_q6_k_q8_k_dotprod, k_gemm_q6_k_dotprod, k_gemm_q6_k_i8mm, k_pack_q6_k_neon},
+    // (Q4_1 and Q4_K: the 5-bit types' GEMM on panels in their layout, k_panel_bytes4)
+#define K_NEON_DOT(T, t, a, g) \
+    {T, k_dot_##t##_##a##_neon, k_dot_##t##_##a##_dotprod, k_gemm_##g##_dotprod, k_gemm_##g##_i8mm, k_pack_##t##_neon, k_pack_##t##_neon_g8}
+    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm, gemm_mm; k_pack_fn pack, pack_mm; } dots[] = {
+        K_NEON_DOT(T_Q4_0, q4_0, q8_0, q4_0), K_NEON_DOT(T_Q4_1, q4_1, q8_1, q5_1), K_NEON_DOT(T_Q5_0, q5_0, q8_0, q5_0),
+        K_NEON_DOT(T_Q5_1, q5_1, q8_1, q5_1), K_NEON_DOT(T_Q8_0, q8_0, q8_0, q8_0), K_NEON_DOT(T_Q2_K, q2_k, q8_k, q2_k),
+        K_NEON_DOT(T_Q3_K, q3_k, q8_k, q3_k), K_NEON_DOT(T_Q4_K, q4_k, q8_k, q5_k), K_NEON_DOT(T_Q5_K, q5_k, q8_k, q5_k),
+        K_NEON_DOT(T_Q6_K, q6_k, q8_k, q6_k),
     };
+#undef K_NEON_DOT
     for (size_t i = 0; i < PSV_ARRAY_LEN(dots); i++) {
         k_traits *k = &t[dots[i].type];
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
         if (dp)
-            k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = dots[i].pack, k->gemm_rows = K_GEMM_ROWS, k->panel_rows = K_PANEL,
+            k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = mm ? dots[i].pack_mm : dots[i].pack, k->gemm_rows = K_GEMM_ROWS,
+            k->panel_rows = K_PANEL,
             k->panel_blk = k_panel_blk(k_panel_layout(mm ? K_SET_I8MM : K_SET_DOTPROD, dots[i].type));
     }
     if (dp) {

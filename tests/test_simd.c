@@ -331,10 +331,8 @@ static void st_check_gemm(k_set set) {
                             memcpy(dst + 8, src + 4, 16);
                         }
                     k_panel_pack(T_Q5_1, n, x51, xs51, nw, panel);
-                    k_panel_regroup8(T_Q5_1, n, panel);
-                } else if (!flt) {
-                    if (P == K_PANEL) k_panel_pack(wt, n, x, xs, nw, panel);
-                    if (P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(wt, n, panel); // that set's layout
+                } else if (!flt && P == K_PANEL) {
+                    k_panel_pack(wt, n, x, xs, nw, panel);
                 }
                 if (P != K_PANEL) { // the amx set's: 16 rows (k-quants: the quants times parts of their scales)
 #if defined(PSV_AMX)
@@ -351,10 +349,10 @@ static void st_check_gemm(k_set set) {
                 } else if (flt) { // F16 and BF16: floats, n rounded up to 16
                     CHECK(pz == (size_t)K_FLT_STEPS(n) * 16 * K_FLT_PANEL_BLK + K_FLT_TRAILER && pz == k_panel_flt_bytes(n) + K_FLT_TRAILER);
                     k_panel_pack_flt(wt, k_panel_flt_wide(set), n, x, xs, nw, want);
-                } else if (q41as51) { // the AVX-512 sets' Q4_1: Q5_1's (above)
+                } else if (q41as51) { // the AVX-512 and ARM sets' Q4_1: Q5_1's (above)
                     CHECK(pz == k_panel_size(T_Q5_1, n));
                     memcpy(want, panel, pz);
-                } else if (k_panel_bytes4(set, wt)) { // the AVX2 and avxvnni sets' Q4_K: bytes, in Q5_K's layout
+                } else if (k_panel_bytes4(set, wt)) { // the AVX2, avxvnni and ARM sets' Q4_K: bytes, in Q5_K's layout
                     CHECK(pz == k_panel_size(T_Q5_K, n));
                     k_panel_split4(n, panel, want);
                 } else if (pz != k_panel_size(wt, n)) { // the AVX2 set's Q8_0: int16
@@ -363,7 +361,9 @@ static void st_check_gemm(k_set set) {
                 } else {
                     memcpy(want, panel, pz);
                 }
+                if (!flt && P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(k_panel_layout(set, wt), n, want); // groups of eight
                 if (k_panel_sc16(set) && type_get(wt)->blck_size == QK_K) k_panel_dup16(k_panel_layout(set, wt), n, want);
+                if (k_panel_by16(set) && type_get(wt)->blck_size == QK_K) k_panel_regroup16(k_panel_layout(set, wt), n, want);
                 // the set's packer writes the same bytes (every lane, padding included)
                 memset(panel2, 0xa5, pz);
                 sk->pack(n, x, xs, nw, panel2);
