@@ -13987,15 +13987,18 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
 
 // The eight six-bit scales and minimums of a Q4_K or Q5_K block (its 12 bytes at p, as
 // k_scale_min_k4 reads them) as int32 lanes: scales 0-3 to *s03, 4-7 to *s47, the minimums to
-// *m03 and *m47. (gcc kept k_scale_min_k4's eight calls scalar: a quarter of the instructions of the
-// dotprod set's Q4_K generation, 0.648 -> 0.490 a product, tools/arm_icount.sh.)
+// *m03 and *m47. In vectors: bytes 0-7 masked give scales and minimums 0-3; bytes 8-11, as they
+// are and shifted down 4, take the top bits of bytes 0-7 (shifted down 2) into their bits 4-5 by
+// one bit select for 4-7. (gcc kept k_scale_min_k4's eight calls scalar: a quarter of the
+// instructions of the dotprod set's Q4_K generation, 0.648 -> 0.490 a product; this, 0.471 ->
+// 0.4xx, tools/arm_icount.sh.)
 K_INLINE void k_scale_min_k4x8_neon(const uint8_t *p, int32x4_t *s03, int32x4_t *s47, int32x4_t *m03, int32x4_t *m47) {
-    const uint32_t u0 = ld_u32(p), u1 = ld_u32(p + 4), u2 = ld_u32(p + 8);
-    const uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | (u0 >> 2 & 0x30303030u)) << 32;
-    const uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)((u2 >> 4 & 0x0f0f0f0fu) | (u1 >> 2 & 0x30303030u)) << 32;
-    const uint16x8_t s16 = vmovl_u8(vcreate_u8(sc)), m16 = vmovl_u8(vcreate_u8(mn)); // (byte k: scale k)
-    *s03 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(s16))), *s47 = vreinterpretq_s32_u32(vmovl_high_u16(s16));
-    *m03 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(m16))), *m47 = vreinterpretq_s32_u32(vmovl_high_u16(m16));
+    const uint8x8_t lo = vld1_u8(p), hi = vreinterpret_u8_u32(vdup_n_u32(ld_u32(p + 8)));
+    const uint8x8_t h = vshl_u8(hi, vcreate_s8(0xfcfcfcfc00000000u)); // (bytes 8-11, bytes 8-11 >> 4)
+    const uint16x8_t a = vmovl_u8(vand_u8(lo, vdup_n_u8(63)));          // (scales 0-3, minimums 0-3)
+    const uint16x8_t b = vmovl_u8(vbsl_u8(vdup_n_u8(0xf0), vshr_n_u8(lo, 2), h)); // (4-7, 4-7)
+    *s03 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(a))), *m03 = vreinterpretq_s32_u32(vmovl_high_u16(a));
+    *s47 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(b))), *m47 = vreinterpretq_s32_u32(vmovl_high_u16(b));
 }
 
 // Q4_K and Q5_K unpacked in registers (k_q4_k_chunk_neon).
@@ -14038,8 +14041,9 @@ K_DEF_DOTK_NEON(k_dot_q5_k_q8_k, k_dot_q5_k_neon)
 static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int half) {
     uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
     l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
-    const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(x + 128 + 32 * h + 16 * half), vdupq_n_s8((int8_t)(-2 * k))), vdupq_n_u8(3));
-    return vorrq_u8(l, vshlq_n_u8(hb, 4));
+    uint8x16_t hb = vld1q_u8(x + 128 + 32 * h + 16 * half); // bits 2k, 2k + 1 to bits 4, 5:
+    hb = k == 0 ? vshlq_n_u8(hb, 4) : k == 1 ? vshlq_n_u8(hb, 2) : k == 2 ? hb : vshrq_n_u8(hb, 2);
+    return vbslq_u8(vdupq_n_u8(0x30), hb, l); // (k: a literal where the callers unroll)
 }
 
 K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
@@ -14049,8 +14053,11 @@ K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
     for (int64_t b = 0; b < n / QK_K; b++, x += K_Q6_K_SIZE, y += K_Q8_K_SIZE) {
         const int8_t *sc = (const int8_t *)(x + 192), *a = (const int8_t *)(y + 4);
         int32_t isum = 0;
+        K_UNROLL
         for (int h = 0; h < 2; h++)
+            K_UNROLL
             for (int k = 0; k < 4; k++)
+                K_UNROLL
                 for (int half = 0; half < 2; half++) {
                     int8x16_t qv = vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(x, h, k, half)), vdupq_n_s8(32));
                     int e = 128 * h + 32 * k + 16 * half;
@@ -14636,19 +14643,20 @@ K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_k_dotprod, k_gemv1_q45_k_dotprod, T_Q5_K)
 
 // Q2_K and Q3_K unpacked in registers: values 128h + 32j + 16 half ... + 15 (one sub-block) of
 // the block at x, signed (k_unpack_q2_k, k_unpack_q3_k: bits 2j of qs[32h + l], Q3_K's third
-// bit from bit 4h + j of hmask[l], less 4 where it is clear).
-static inline int8x16_t k_q23_k_q16_neon(uint32_t type, const uint8_t *x, int h, int j, int half) {
+// bit from bit 4h + j of hmask[l], less 4 where it is clear), plus Q3_K's 4 (k_panel_off).
+static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int h, int j, int half) {
     const uint8_t *qs = x + (type == T_Q3_K ? 32 : 16) + 32 * h + 16 * half;
     const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)(-2 * j))), vdupq_n_u8(3));
-    if (type != T_Q3_K) return vreinterpretq_s8_u8(lo);
-    const uint8x16_t hm = vld1q_u8(x + 16 * half);
-    const uint8x16_t hi = vandq_u8(vshlq_u8(hm, vdupq_n_s8((int8_t)(2 - 4 * h - j))), vdupq_n_u8(4)); // bit 4h + j to bit 2
-    return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, hi)), vdupq_n_s8(4));
+    if (type != T_Q3_K) return lo;
+    const uint8x16_t hm = vshlq_u8(vld1q_u8(x + 16 * half), vdupq_n_s8((int8_t)(2 - 4 * h - j))); // bit 4h + j to bit 2
+    return vbslq_u8(vdupq_n_u8(4), hm, lo);
 }
 
-// Q6_K: each 16 values' sums (sdot of the signed quants, unpacked as k_dot_q6_k_neon does) reduced
-// four sub-blocks at a time and weighted by the scales. Term: the reference's dx * dy * isum.
-// Q3_K and Q2_K (type) the same way (k_q23_k_q16_neon; Q3_K's scales from k_q3_k_scales4), Q2_K's
+// Q6_K: each 16 values' sums (sdot of the quants as stored, q + 32, unpacked as k_dot_q6_k_neon
+// does) reduced four sub-blocks at a time and weighted by the scales, less 32 times the scales
+// against the activation's sums of 16: isum exactly, one subtraction a block where taking the 32
+// off each vector cost sixteen. Term: the reference's dx * dy * isum.
+// Q3_K and Q2_K (type) the same way (k_q23_k_raw16_neon, Q3_K's offset 4; Q3_K's scales from k_q3_k_scales4), Q2_K's
 // minimums against the stored bsums giving msum and its term the reference's
 // dy * (dx * isum - dmin * msum).
 K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
@@ -14657,6 +14665,8 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
     const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const int16_t *as = (const int16_t *)(const void *)side; // the activation's sums of 16 (k_act_side)
+    const int off = k_panel_off(type); // Q6_K's 32, Q3_K's 4
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -14666,6 +14676,7 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
             const int8_t *a = (const int8_t *)(yb + 4);
+            const int16x8_t as0 = vld1q_s16(as + 16 * b), as1 = vld1q_s16(as + 16 * b + 8);
             int32_t is[4], ms[4];
             float dx[4], dm[4];
             K_UNROLL
@@ -14678,9 +14689,8 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
                     for (int k = 0; k < 4; k++)
                         K_UNROLL
                         for (int half = 0; half < 2; half++) {
-                            const int8x16_t qv = type == T_Q6_K
-                                                     ? vsubq_s8(vreinterpretq_s8_u8(k_q6_k_raw16_neon(xb, h, k, half)), vdupq_n_s8(32))
-                                                     : k_q23_k_q16_neon(type, xb, h, k, half);
+                            const int8x16_t qv = vreinterpretq_s8_u8( // (the quants plus the type's offset)
+                                type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half) : k_q23_k_raw16_neon(type, xb, h, k, half));
                             const int e = 128 * h + 32 * k + 16 * half;
                             t[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
                         }
@@ -14699,6 +14709,12 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
                 sum = vmlaq_s32(sum, k_hsum4_neon(t + 4), vmovl_high_s16(slo));
                 sum = vmlaq_s32(sum, k_hsum4_neon(t + 8), vmovl_s16(vget_low_s16(shi)));
                 sum = vmlaq_s32(sum, k_hsum4_neon(t + 12), vmovl_high_s16(shi));
+                if (off) { // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
+                    int32x4_t c = vmull_s16(vget_low_s16(slo), vget_low_s16(as0));
+                    c = vmlal_high_s16(c, slo, as0);
+                    c = vmlal_s16(c, vget_low_s16(shi), vget_low_s16(as1));
+                    sum = vmlsq_n_s32(sum, vmlal_high_s16(c, shi, as1), off);
+                }
                 is[r] = vaddvq_s32(sum);
                 dx[r] = k_f16_neon(xb + od);
                 ms[r] = 0;
@@ -14819,8 +14835,7 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                     for (int j = 0; j < 4; j++)
                         K_UNROLL
                         for (int half = 0; half < 2; half++)
-                            vst1q_u8(q[r] + 128 * h + 32 * j + 16 * half,
-                                     vreinterpretq_u8_s8(vaddq_s8(k_q23_k_q16_neon(type, x, h, j, half), vdupq_n_s8(three ? 4 : 0))));
+                            vst1q_u8(q[r] + 128 * h + 32 * j + 16 * half, k_q23_k_raw16_neon(type, x, h, j, half));
                 src[r] = q[r];
                 if (three) {
                     uint32_t s4[4];
@@ -14858,8 +14873,11 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 break;
             }
             case T_Q6_K: { // the stored 6 bits (q + 32), in value order
+                K_UNROLL
                 for (int h = 0; h < 2; h++)
+                    K_UNROLL
                     for (int k = 0; k < 4; k++)
+                        K_UNROLL
                         for (int half = 0; half < 2; half++)
                             vst1q_u8(q[r] + 128 * h + 32 * k + 16 * half, k_q6_k_raw16_neon(x, h, k, half));
                 src[r] = q[r];
