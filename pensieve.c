@@ -13858,7 +13858,7 @@ static inline void k_bits32_neon(uint32_t b, uint8x16_t *lo, uint8x16_t *hi) {
 
 // The block's values 0-15 (*lo) and 16-31 (*hi) as int8, as the reference reads them: q - 8 for
 // Q4_0, q - 16 for Q5_0, q for Q4_1/Q5_1, the int8 quants for Q8_0.
-static inline void k_w32_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, int8x16_t *hi) {
+static inline void k_w32_off_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, int8x16_t *hi, bool keep) {
     if (type == T_Q8_0) {
         *lo = vld1q_s8((const int8_t *)(x + 2));
         *hi = vld1q_s8((const int8_t *)(x + 18));
@@ -13874,13 +13874,16 @@ static inline void k_w32_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, in
         h = vorrq_u8(h, bh);
     }
     int8x16_t sl = vreinterpretq_s8_u8(l), sh = vreinterpretq_s8_u8(h);
-    if (type == T_Q4_0 || type == T_Q5_0) {
+    if ((type == T_Q4_0 || type == T_Q5_0) && !keep) {
         int8x16_t off = vdupq_n_s8(type == T_Q4_0 ? 8 : 16);
         sl = vsubq_s8(sl, off);
         sh = vsubq_s8(sh, off);
     }
     *lo = sl;
     *hi = sh;
+}
+static inline void k_w32_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, int8x16_t *hi) {
+    k_w32_off_neon(type, x, lo, hi, false);
 }
 
 K_INLINE void k_dot32_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y) {
@@ -13991,7 +13994,7 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
 // are and shifted down 4, take the top bits of bytes 0-7 (shifted down 2) into their bits 4-5 by
 // one bit select for 4-7. (gcc kept k_scale_min_k4's eight calls scalar: a quarter of the
 // instructions of the dotprod set's Q4_K generation, 0.648 -> 0.490 a product; this, 0.471 ->
-// 0.4xx, tools/arm_icount.sh.)
+// 0.448, tools/arm_icount.sh.)
 K_INLINE void k_scale_min_k4x8_neon(const uint8_t *p, int32x4_t *s03, int32x4_t *s47, int32x4_t *m03, int32x4_t *m47) {
     const uint8x8_t lo = vld1_u8(p), hi = vreinterpret_u8_u32(vdup_n_u32(ld_u32(p + 8)));
     const uint8x8_t h = vshl_u8(hi, vcreate_s8(0xfcfcfcfc00000000u)); // (bytes 8-11, bytes 8-11 >> 4)
@@ -14513,18 +14516,21 @@ static inline int32x4_t k_hsum4_neon(const int32x4_t t[4]) {
 // 32-value blocks (Q4_0, Q5_0, Q8_0; Q4_1, Q5_1 against Q8_1, whose block b has the sum term sy):
 // block b's term of each row into acc (one lane's pair).
 K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const xr[4], size_t xs, int64_t b,
-                                           const uint8_t *y, double dy, double sy, float64x2_t acc[2]) {
-    const bool one = type == T_Q4_1 || type == T_Q5_1;
+                                           const uint8_t *y, const int32_t *ao, double dy, double sy, float64x2_t acc[2]) {
+    const bool one = type == T_Q4_1 || type == T_Q5_1, off = type == T_Q4_0 || type == T_Q5_0;
     const uint8_t *yb = y + (size_t)b * (one ? K_Q8_1_SIZE : K_Q8_0_SIZE) + (one ? 4 : 2);
     const int8x16_t a0 = vld1q_s8((const int8_t *)yb), a1 = vld1q_s8((const int8_t *)(yb + 16));
+    // Q4_0 and Q5_0: the quants as stored (q + 8, q + 16: no subtraction a vector), each row's sums
+    // started from the block's offset term (k_act_side: -off times the activation's sum)
+    const int32x4_t t0 = off ? vsetq_lane_s32(ao[b], vdupq_n_s32(0), 0) : vdupq_n_s32(0);
     int32x4_t t[4];
     const uint8_t *xb[4];
     K_UNROLL
     for (int r = 0; r < 4; r++) {
         xb[r] = xr[r] + (size_t)b * xs;
         int8x16_t lo, hi;
-        k_w32_neon(type, xb[r], &lo, &hi);
-        t[r] = k_sdot_neon(k_sdot_neon(vdupq_n_s32(0), lo, a0), hi, a1);
+        k_w32_off_neon(type, xb[r], &lo, &hi, true);
+        t[r] = k_sdot_neon(k_sdot_neon(t0, lo, a0), hi, a1);
     }
     const int32x4_t is = k_hsum4_neon(t);
     const float32x4_t dx = k_f16x4_neon(xb, 0);
@@ -14552,6 +14558,7 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
     const int64_t nb = n / 32;
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
     const double *sy = type == T_Q4_1 || type == T_Q5_1 ? dy + nb : dy; // Q8_1's sum terms (k_act_side); unused else
+    const int32_t *ao = (const int32_t *)(const void *)(side + k_act_side_o(n)); // Q4_0's, Q5_0's offset terms
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -14561,13 +14568,13 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
         int64_t b = 0;
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
             K_UNROLL
-            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(type, xr, xs, b + l, y, dy[b + l], sy[b + l], acc[l]);
+            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(type, xr, xs, b + l, y, ao, dy[b + l], sy[b + l], acc[l]);
         }
         for (; b < nb; b++) {
             switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
-            case 0: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], sy[b], acc[0]); break;
-            case 1: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], sy[b], acc[1]); break;
-            default: k_gemv1_blk32_neon(type, xr, xs, b, y, dy[b], sy[b], acc[2]); break; // at most three are left
+            case 0: k_gemv1_blk32_neon(type, xr, xs, b, y, ao, dy[b], sy[b], acc[0]); break;
+            case 1: k_gemv1_blk32_neon(type, xr, xs, b, y, ao, dy[b], sy[b], acc[1]); break;
+            default: k_gemv1_blk32_neon(type, xr, xs, b, y, ao, dy[b], sy[b], acc[2]); break; // at most three are left
             }
         }
         k_gemv1_store_neon(acc, s, w, nw);
