@@ -8740,7 +8740,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // the kernel cost three operations a panel vector for every two activation rows), the AVX-512
 // sets' Q4_1 in Q5_1's, which the Q5_1 kernel then computes (bench_simd gemmR 0.0060 -> 0.0042 ns
 // a value and row on Zen 5, the nibbles' layout having no groups of eight), and the ARM sets'
-// both (dotprod's Q4_1 GEMM 0.313 -> 0.286 instructions a product, tools/arm_icount.sh).
+// both (dotprod's Q4_1 GEMM read 0.313 instructions a product, now Q5_1's 0.266, arm_icount.sh).
 PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
     const bool arm = set == K_SET_DOTPROD || set == K_SET_I8MM;
     return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI || arm) && type == T_Q4_K) ||
@@ -8774,7 +8774,8 @@ PSV_MAYBE_UNUSED static void k_panel_dup16(uint32_t type, int64_t n, uint8_t *pa
 // r's at 2r, for each of the 16 sub-blocks in turn) instead of in pairs: the ARM sets, whose
 // smlal by element weights four rows' coefficients of a sub-block by one activation sum, two
 // instructions a sub-block and activation row where the pairs took four a pair (dotprod Q6_K GEMM
-// 0.232 -> 0.205 instructions a product, tools/arm_icount.sh), and that change made to a panel of k_panel_pack's layout.
+// 0.232 -> 0.205 instructions a product, tools/arm_icount.sh); and that change made to a panel of
+// k_panel_pack's layout.
 PSV_MAYBE_UNUSED static bool k_panel_by16(k_set set) { return set == K_SET_DOTPROD || set == K_SET_I8MM; }
 PSV_MAYBE_UNUSED static void k_panel_regroup16(uint32_t type, int64_t n, uint8_t *panel) {
     PSV_ASSERT(type_table[type].blck_size == QK_K);
@@ -8786,6 +8787,18 @@ PSV_MAYBE_UNUSED static void k_panel_regroup16(uint32_t type, int64_t n, uint8_t
             for (int k = 0; k < 16; k++)
                 for (int r = 0; r < K_PANEL; r++) memcpy(c + 16 * k + 2 * r, t + 32 * (k / 2) + 4 * r + 2 * (k % 2), 2);
         }
+}
+
+// Whether set `set`'s Q8_0 panels hold the quants as they are (signed), not plus 128: the dotprod
+// set, whose sdot multiplies signed bytes (it flipped each panel vector back, two instructions a
+// vector and call: 0.228 -> 0.198 instructions a product, arm_icount.sh); and that change made to
+// the nw rows of a panel of k_panel_pack's layout (the rows past them stay zero).
+PSV_MAYBE_UNUSED static bool k_panel_signed8(k_set set, uint32_t type) { return set == K_SET_DOTPROD && type == T_Q8_0; }
+PSV_MAYBE_UNUSED static void k_panel_flip8(int64_t n, int nw, uint8_t *panel) {
+    for (int64_t b = 0; b < n / 32; b++)
+        for (int v = 0; v < 8; v++)
+            for (int r = 0; r < nw; r++)
+                for (int i = 0; i < 4; i++) panel[(size_t)b * k_panel_blk(T_Q8_0) + 32 * v + 4 * r + i] ^= 0x80;
 }
 
 // A Q4_K panel of k_panel_pack's layout (its quant bytes) into k_panel_bytes4's at dst: vector
@@ -14079,7 +14092,7 @@ K_DEF_DOTK_NEON(k_dot_q6_k_q8_k, k_dot_q6_k_neon)
 // quants of each), and one sdot of a half against four activation bytes (a 32-bit lane of the
 // activation's 16 bytes in a register) advances four dot products, with no horizontal sums. The
 // packed quants are the stored value plus the type's offset (k_panel_off), at most 63 and so
-// valid int8 as they are, except Q8_0's (q + 128), which are flipped back to q (xor 0x80) with
+// valid int8 as they are, except Q8_0's, which this set's panels hold as q (k_panel_signed8),
 // their sums started from 0 instead of the offset term. The k-quants weight each 16 values' sums
 // by their scale (vmla; Q4_K's and Q5_K's each 32 values', their scales' size) and add the
 // offset or minimum terms from the activation's sums of 16 (smlal by element: k_panel_by16,
@@ -14117,23 +14130,20 @@ static inline void k_i24x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[
 }
 
 // The panel's quants of step `lane` of group g (values 16g + 4 lane .. + 3) for weight rows 0-3
-// (*w0) and 4-7 (*w1), as int8. (The ARM sets' panels hold every type's quants as bytes:
-// k_panel_bytes4.)
-K_DOTPROD K_INLINE void k_panel_q_neon(uint32_t type, const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
+// (*w0) and 4-7 (*w1), as int8. (The dotprod set's panels hold every type's quants as bytes,
+// k_panel_bytes4, Q8_0's as they are, k_panel_signed8.)
+K_DOTPROD K_INLINE void k_panel_q_neon(const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
     const int v = 4 * g + lane; // the panel vector
-    uint8x16_t a = vld1q_u8(pb + 32 * v), b = vld1q_u8(pb + 32 * v + 16);
-    if (type == T_Q8_0) a = veorq_u8(a, vdupq_n_u8(0x80)), b = veorq_u8(b, vdupq_n_u8(0x80));
-    *w0 = vreinterpretq_s8_u8(a);
-    *w1 = vreinterpretq_s8_u8(b);
+    *w0 = vld1q_s8((const int8_t *)(pb + 32 * v));
+    *w1 = vld1q_s8((const int8_t *)(pb + 32 * v + 16));
 }
 
 // The sums of group g (16 values) of R activation rows, whose 16 quants are av[r], added to
 // (s0[r], s1[r]): weight rows 0-3 and 4-7.
-K_DOTPROD K_INLINE void k_gemm_grp_neon(uint32_t type, int R, const uint8_t *pb, int g, const int8x16_t *av, int32x4_t *s0,
-                              int32x4_t *s1) {
+K_DOTPROD K_INLINE void k_gemm_grp_neon(int R, const uint8_t *pb, int g, const int8x16_t *av, int32x4_t *s0, int32x4_t *s1) {
     int8x16_t w0, w1;
 #define K_GRP_LANE(L)                                   \
-    k_panel_q_neon(type, pb, g, L, &w0, &w1);           \
+    k_panel_q_neon(pb, g, L, &w0, &w1);                 \
     for (int r = 0; r < R; r++) {                       \
         K_SDOT_LANE_NEON(s0[r], w0, av[r], L);          \
         K_SDOT_LANE_NEON(s1[r], w1, av[r], L);          \
@@ -14238,9 +14248,10 @@ K_DOTPROD K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *
                                            const int16_t *const *ar, int32x4_t *i0, int32x4_t *i1, int32x4_t *m0,
                                            int32x4_t *m1) {
     const bool cor = type == T_Q3_K || type == T_Q6_K, min = k_panel_min(type);
+    const int16_t *co = (const int16_t *)(const void *)(pb + (cor ? k_panel_cor(type) : k_panel_mco(type)));
     int16x8_t c[16];
     K_UNROLL16
-    for (int k = 0; k < 16; k++) c[k] = vld1q_s16((const int16_t *)(const void *)(pb + (cor ? k_panel_cor(type) : k_panel_mco(type)) + 16 * k));
+    for (int k = 0; k < 16; k++) c[k] = vld1q_s16(co + 8 * k);
     K_UNROLL
     for (int r = 0; r < R; r++) {
         if (cor) k_by16_neon(c, ar[r] + 16 * b, &i0[r], &i1[r]);
@@ -14274,7 +14285,8 @@ K_DOTPROD K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *
         int32x4_t c[4];
         K_UNROLL
         for (int k = 0; k < 4; k++) c[k] = vcombine_s32(o, o);
-        const int8_t *a0 = (const int8_t *)(yr[0] + (size_t)b * as + qo), *a1 = (const int8_t *)(yr[R - 1] + (size_t)b * as + qo);
+        const int8_t *a0 = (const int8_t *)(yr[0] + (size_t)b * as + qo);
+        const int8_t *a1 = (const int8_t *)(yr[R - 1] + (size_t)b * as + qo);
         k_gemm_grp_mm_neon(pb, 0, a0, a1, c);
         k_gemm_grp_mm_neon(pb, 1, a0, a1, c);
         const float64x2_t sy = q81 ? vcombine_f64(vld1_f64(dr[0] + nb + b), vld1_f64(dr[R - 1] + nb + b)) : dy;
@@ -14349,7 +14361,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
             int8x16_t av[2];
             K_UNROLL
             for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
-            k_gemm_grp_neon(type, R, pb, g, av, i0, i1);
+            k_gemm_grp_neon(R, pb, g, av, i0, i1);
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
@@ -14381,11 +14393,11 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
         for (int r = 0; r < R; r++) d0[r] = d1[r] = vdupq_n_s32(0);
         K_UNROLL
         for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
-        k_gemm_grp_neon(type, R, pb, g, av, d0, d1);
+        k_gemm_grp_neon(R, pb, g, av, d0, d1);
         if (gs == 2) {
             K_UNROLL
             for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * (g + 1)));
-            k_gemm_grp_neon(type, R, pb, g + 1, av, d0, d1);
+            k_gemm_grp_neon(R, pb, g + 1, av, d0, d1);
         }
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
         const int32x4_t sc0 = vreinterpretq_s32_u8(vld1q_u8(sc)), sc1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
@@ -14856,13 +14868,15 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 }
                 break;
             }
-            case T_Q8_0:
-                vst1q_u8(q[r], veorq_u8(vld1q_u8(x + 2), vdupq_n_u8(0x80)));
-                vst1q_u8(q[r] + 16, veorq_u8(vld1q_u8(x + 18), vdupq_n_u8(0x80)));
+            case T_Q8_0: { // q + 128 (the dotprod set's: q, k_panel_signed8)
+                const uint8x16_t f = vdupq_n_u8(g8 ? 0x80 : 0);
+                vst1q_u8(q[r], veorq_u8(vld1q_u8(x + 2), f));
+                vst1q_u8(q[r] + 16, veorq_u8(vld1q_u8(x + 18), f));
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 break;
-            case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: { // the 4- or 5-bit values (plus Q4_0's and Q5_0's offset: as stored)
+            }
+            case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: { // the 4- or 5-bit values (Q4_0's, Q5_0's: q + offset)
                 const size_t qs = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
                 const uint8x16_t v = vld1q_u8(x + qs);
                 uint8x16_t lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
@@ -15592,7 +15606,8 @@ static void k_exp_shift_neon(double *y, const float *x, double shift, double div
 static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     // (Q4_1 and Q4_K: the 5-bit types' GEMM on panels in their layout, k_panel_bytes4)
 #define K_NEON_DOT(T, t, a, g) \
-    {T, k_dot_##t##_##a##_neon, k_dot_##t##_##a##_dotprod, k_gemm_##g##_dotprod, k_gemm_##g##_i8mm, k_pack_##t##_neon, k_pack_##t##_neon_g8}
+    {T, k_dot_##t##_##a##_neon, k_dot_##t##_##a##_dotprod, k_gemm_##g##_dotprod, k_gemm_##g##_i8mm, k_pack_##t##_neon, \
+     k_pack_##t##_neon_g8}
     static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm, gemm_mm; k_pack_fn pack, pack_mm; } dots[] = {
         K_NEON_DOT(T_Q4_0, q4_0, q8_0, q4_0), K_NEON_DOT(T_Q4_1, q4_1, q8_1, q5_1), K_NEON_DOT(T_Q5_0, q5_0, q8_0, q5_0),
         K_NEON_DOT(T_Q5_1, q5_1, q8_1, q5_1), K_NEON_DOT(T_Q8_0, q8_0, q8_0, q8_0), K_NEON_DOT(T_Q2_K, q2_k, q8_k, q2_k),
