@@ -13978,13 +13978,17 @@ K_DEF_DOTK_NEON(k_dot_q3_k_q8_k, k_dot_q3_k_neon)
 K_INLINE void k_q45_k_bytes_neon(const uint8_t *qs, const uint8_t *qh, int c, uint8x16_t v[4]) {
     const uint8x16_t v0 = vld1q_u8(qs + 32 * c), v1 = vld1q_u8(qs + 32 * c + 16), m4 = vdupq_n_u8(15);
     v[0] = vandq_u8(v0, m4), v[1] = vandq_u8(v1, m4), v[2] = vshrq_n_u8(v0, 4), v[3] = vshrq_n_u8(v1, 4);
-    if (qh) {
-        const uint8x16_t b0 = vld1q_u8(qh), b1 = vld1q_u8(qh + 16), m16 = vdupq_n_u8(16);
-        const int8x16_t sl = vdupq_n_s8((int8_t)(4 - 2 * c)), sh = vdupq_n_s8((int8_t)(3 - 2 * c)); // bits 2c, 2c + 1 to 4
-        v[0] = vorrq_u8(v[0], vandq_u8(vshlq_u8(b0, sl), m16));
-        v[1] = vorrq_u8(v[1], vandq_u8(vshlq_u8(b1, sl), m16));
-        v[2] = vorrq_u8(v[2], vandq_u8(vshlq_u8(b0, sh), m16));
-        v[3] = vorrq_u8(v[3], vandq_u8(vshlq_u8(b1, sh), m16));
+    if (qh) { // bits 2c, 2c + 1 to bit 4, by literal shifts (c: a literal where the callers unroll) and bit selects
+        const uint8x16_t b[2] = {vld1q_u8(qh), vld1q_u8(qh + 16)}, m16 = vdupq_n_u8(16);
+        K_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const uint8x16_t l = c == 0 ? vshlq_n_u8(b[i], 4) : c == 1 ? vshlq_n_u8(b[i], 2) : c == 2 ? b[i] : vshrq_n_u8(b[i], 2);
+            const uint8x16_t h = c == 0   ? vshlq_n_u8(b[i], 3)
+                                 : c == 1 ? vshlq_n_u8(b[i], 1)
+                                 : c == 2 ? vshrq_n_u8(b[i], 1)
+                                          : vshrq_n_u8(b[i], 3);
+            v[i] = vbslq_u8(m16, l, v[i]), v[2 + i] = vbslq_u8(m16, h, v[2 + i]);
+        }
     }
 }
 
@@ -14029,6 +14033,7 @@ K_INLINE void k_dot_q45_k_neon(bool dp, int64_t n, float *s, const uint8_t *x, c
         int32x4_t s03, s47, m03, m47;
         k_scale_min_k4x8_neon(x + 4, &s03, &s47, &m03, &m47);
         vst1q_s32(sc, s03), vst1q_s32(sc + 4, s47), vst1q_s32(m, m03), vst1q_s32(m + 4, m47);
+        K_UNROLL
         for (int c = 0; c < 4; c++) {
             int32x4_t lo, hi;
             k_q4_k_chunk_neon(dp, five ? x + 48 : x + 16, five ? x + 16 : NULL, a, c, &lo, &hi);
