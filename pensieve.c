@@ -13871,7 +13871,8 @@ static inline void k_bits32_neon(uint32_t b, uint8x16_t *lo, uint8x16_t *hi) {
 }
 
 // The block's values 0-15 (*lo) and 16-31 (*hi) as int8, as the reference reads them: q - 8 for
-// Q4_0, q - 16 for Q5_0, q for Q4_1/Q5_1, the int8 quants for Q8_0.
+// Q4_0, q - 16 for Q5_0, q for Q4_1/Q5_1, the int8 quants for Q8_0; keep: Q4_0's and Q5_0's as
+// stored, q + 8 and q + 16 (the one-row kernels and the panels).
 static inline void k_w32_off_neon(uint32_t type, const uint8_t *x, int8x16_t *lo, int8x16_t *hi, bool keep) {
     if (type == T_Q8_0) {
         *lo = vld1q_s8((const int8_t *)(x + 2));
@@ -14115,6 +14116,16 @@ static inline float64x2_t k_no_fuse_f64x2(float64x2_t v) {
 
 static inline float64x2_t k_ld_f64x2(const uint8_t *p) { return vreinterpretq_f64_u8(vld1q_u8(p)); }
 
+// A panel block's (at pb) eight scales, rows 2k and 2k + 1 in dx[k], and its minimum's scales in
+// dm[k] (types without a minimum: dx again).
+K_INLINE void k_panel_scales_neon(uint32_t type, const uint8_t *pb, float64x2_t dx[4], float64x2_t dm[4]) {
+    K_UNROLL
+    for (int k = 0; k < 4; k++) {
+        dx[k] = k_ld_f64x2(pb + k_panel_dx(type) + 16 * k);
+        dm[k] = k_panel_min(type) ? k_ld_f64x2(pb + k_panel_dx(type) + 64 + 16 * k) : dx[k];
+    }
+}
+
 // Of 8 int32 (v0: weight rows 0-3, v1: 4-7), row 2k + j as a double in lane j of out[k].
 static inline void k_i32x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[4]) {
     out[0] = vcvtq_f64_s64(vmovl_s32(vget_low_s32(v0)));
@@ -14272,11 +14283,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *
                                            const int32_t *const *ao, float64x2_t acc[2][4]) {
     const bool min = k_panel_min(type);
     float64x2_t dx[4], dm[4];
-    K_UNROLL
-    for (int k = 0; k < 4; k++) {
-        dx[k] = k_ld_f64x2(pb + k_panel_dx(type) + 16 * k);
-        dm[k] = min ? k_ld_f64x2(pb + k_panel_dx(type) + 64 + 16 * k) : dx[k];
-    }
+    k_panel_scales_neon(type, pb, dx, dm);
     const float64x2_t dy = vcombine_f64(vld1_f64(dr[0] + b), vld1_f64(dr[R - 1] + b));
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
@@ -14346,11 +14353,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
     const bool min = k_panel_min(type);
     int32x4_t i0[2], i1[2], m0[2], m1[2];
     float64x2_t dx[4], dm[4];
-    K_UNROLL
-    for (int k = 0; k < 4; k++) {
-        dx[k] = k_ld_f64x2(pb + k_panel_dx(type) + 16 * k);
-        dm[k] = min ? k_ld_f64x2(pb + k_panel_dx(type) + 64 + 16 * k) : dx[k];
-    }
+    k_panel_scales_neon(type, pb, dx, dm);
     if (type_table[type].blck_size == 32) {
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
@@ -14869,23 +14872,14 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 }
                 break;
             }
-            case T_Q8_0: { // q + 128 (the dotprod set's: q, k_panel_signed8)
-                const uint8x16_t f = vdupq_n_u8(g8 ? 0x80 : 0);
-                vst1q_u8(q[r], veorq_u8(vld1q_u8(x + 2), f));
-                vst1q_u8(q[r] + 16, veorq_u8(vld1q_u8(x + 18), f));
-                src[r] = q[r];
-                dx[r] = (double)k_f16_neon(x);
-                break;
-            }
-            case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: { // the 4- or 5-bit values (Q4_0's, Q5_0's: q + offset)
-                const size_t qs = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
-                const uint8x16_t v = vld1q_u8(x + qs);
-                uint8x16_t lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
-                if (type == T_Q5_0 || type == T_Q5_1) { // the fifth bits
-                    k_bits32_neon(ld_u32(x + qs - 4), &lo, &hi);
-                }
-                vst1q_u8(q[r], lo);
-                vst1q_u8(q[r] + 16, hi);
+            case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: {
+                // the values as stored (Q4_0's and Q5_0's q + offset); Q8_0's q + 128 for the i8mm
+                // set, q for the dotprod set (k_panel_signed8)
+                int8x16_t lo, hi;
+                k_w32_off_neon(type, x, &lo, &hi, true);
+                if (type == T_Q8_0 && g8) lo = veorq_s8(lo, vdupq_n_s8(-128)), hi = veorq_s8(hi, vdupq_n_s8(-128));
+                vst1q_u8(q[r], vreinterpretq_u8_s8(lo));
+                vst1q_u8(q[r] + 16, vreinterpretq_u8_s8(hi));
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 if (min) dm[r] = (double)k_f16_neon(x + 2);
