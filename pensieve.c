@@ -8742,7 +8742,7 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // a value and row on Zen 5, the nibbles' layout having no groups of eight), and the ARM sets'
 // both (dotprod's Q4_1 GEMM read 0.313 instructions a product, now Q5_1's 0.266, arm_icount.sh).
 PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
-    const bool arm = set == K_SET_DOTPROD || set == K_SET_I8MM;
+    const bool arm = set == K_SET_NEON || set == K_SET_DOTPROD || set == K_SET_I8MM;
     return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI || arm) && type == T_Q4_K) ||
            ((set == K_SET_AVX512 || set == K_SET_AMX || arm) && type == T_Q4_1);
 }
@@ -8776,7 +8776,7 @@ PSV_MAYBE_UNUSED static void k_panel_dup16(uint32_t type, int64_t n, uint8_t *pa
 // instructions a sub-block and activation row where the pairs took four a pair (dotprod Q6_K GEMM
 // 0.232 -> 0.205 instructions a product, tools/arm_icount.sh); and that change made to a panel of
 // k_panel_pack's layout.
-PSV_MAYBE_UNUSED static bool k_panel_by16(k_set set) { return set == K_SET_DOTPROD || set == K_SET_I8MM; }
+PSV_MAYBE_UNUSED static bool k_panel_by16(k_set set) { return set == K_SET_NEON || set == K_SET_DOTPROD || set == K_SET_I8MM; }
 PSV_MAYBE_UNUSED static void k_panel_regroup16(uint32_t type, int64_t n, uint8_t *panel) {
     PSV_ASSERT(type_table[type].blck_size == QK_K);
     for (int64_t b = 0; b < n / QK_K; b++)
@@ -8791,9 +8791,12 @@ PSV_MAYBE_UNUSED static void k_panel_regroup16(uint32_t type, int64_t n, uint8_t
 
 // Whether set `set`'s Q8_0 panels hold the quants as they are (signed), not plus 128: the dotprod
 // set, whose sdot multiplies signed bytes (it flipped each panel vector back, two instructions a
-// vector and call: 0.228 -> 0.198 instructions a product, arm_icount.sh); and that change made to
+// vector and call: 0.228 -> 0.198 instructions a product, arm_icount.sh), and the neon set, whose
+// widening multiplies do too (k_gemm_grp16_neon); and that change made to
 // the nw rows of a panel of k_panel_pack's layout (the rows past them stay zero).
-PSV_MAYBE_UNUSED static bool k_panel_signed8(k_set set, uint32_t type) { return set == K_SET_DOTPROD && type == T_Q8_0; }
+PSV_MAYBE_UNUSED static bool k_panel_signed8(k_set set, uint32_t type) {
+    return (set == K_SET_NEON || set == K_SET_DOTPROD) && type == T_Q8_0;
+}
 PSV_MAYBE_UNUSED static void k_panel_flip8(int64_t n, int nw, uint8_t *panel) {
     for (int64_t b = 0; b < n / 32; b++)
         for (int v = 0; v < 8; v++)
@@ -13796,12 +13799,14 @@ K_AVX2 static void k_axpy_rows_f16_avx2(float *y, size_t ys, const float *w, siz
 // computes the reference kernel's exact integer block sums with vector multiplies (vmull_s8:
 // 16-bit products, |q a| <= 128 * 128 fits; pairwise-added into 32-bit lanes), and then the
 // reference's own double expression per block into the same K_BLOCK_LANES lanes: bit-identical
-// to the reference. The "dotprod" set (FEAT_DotProd, ARMv8.2: Apple M1 and later, Neoverse N1,
-// Cortex-A76 and later; run-time detected) is the same kernels with each 16 products summed by
-// one sdot (k_sdot_neon) instead of two multiplies and two pairwise adds (`dp` below), plus GEMM
-// and four-row generation kernels ("NEON dotprod: GEMM on panels", "... generation of one
-// sequence"); the "i8mm" set is dotprod with usmmla in the GEMM. The NEON float, quantizer and
-// element-wise kernels further down serve all three sets.
+// to the reference (where a lane's 16-bit products can hold more of them before they widen, they
+// do: k_dot32w_neon). The neon set has GEMM and four-row generation kernels too ("NEON: GEMM on
+// panels", "... generation of one sequence": Cortex-A72, e.g. the Raspberry Pi 4, and A53). The
+// "dotprod" set (FEAT_DotProd, ARMv8.2: Apple M1 and later, Neoverse N1, Cortex-A76 and later;
+// run-time detected) is the same kernels with each 16 products summed by one sdot (k_sdot_neon)
+// instead of widening multiplies and pairwise adds (`dp` below); the "i8mm" set is dotprod with
+// usmmla in the GEMM. The NEON float, quantizer and element-wise kernels further down serve all
+// three sets.
 #if defined(PSV_ARM64)
 
 // The "dotprod" set's functions are built for FEAT_DotProd whatever the compiler's target (gcc
@@ -13852,8 +13857,15 @@ K_INLINE int32x4_t k_dot16x_neon(bool dp, int32x4_t acc, int8x16_t q, int8x16_t 
     return vpadalq_s16(acc, vmull_high_s8(q, a));
 }
 
-K_INLINE int32_t k_isum16_neon(bool dp, const int8_t *q, const int8_t *a) {
-    return vaddvq_s32(k_dot16x_neon(dp, vdupq_n_s32(0), vld1q_s8(q), vld1q_s8(a)));
+// sum q[i] a[i] over the 32 int8 pairs of (q0 | q1) and (a0 | a1) into the lanes of acc, for
+// quants of magnitude at most 63 (every type's but Q8_0's): sdot with dp, else widening multiplies
+// whose four products a 16-bit lane hold (4 * 63 * 128 < 2^15) and one pairwise add into acc,
+// where k_dot16x_neon's two a 16 took four.
+K_INLINE int32x4_t k_dot32w_neon(bool dp, int32x4_t acc, int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
+    if (dp) return k_sdot_neon(k_sdot_neon(acc, q0, a0), q1, a1);
+    int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(a0)), q0, a0);
+    p = vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
+    return vpadalq_s16(acc, p);
 }
 
 // *lo and *hi (the values 0-15 and 16-31 of a Q5_0 or Q5_1 block, each a nibble) with byte j's
@@ -13907,7 +13919,9 @@ K_INLINE void k_dot32_neon(bool dp, uint32_t type, int64_t n, float *s, const ui
         int8x16_t lo, hi;
         k_w32_neon(type, x, &lo, &hi);
         const int8_t *a = (const int8_t *)(y + (q81 ? 4 : 2));
-        int32_t isum = vaddvq_s32(k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16)));
+        const int32x4_t z = vdupq_n_s32(0);
+        int32_t isum = vaddvq_s32(type == T_Q8_0 ? k_dot16x_neon(dp, k_dot16x_neon(dp, z, lo, vld1q_s8(a)), hi, vld1q_s8(a + 16))
+                                                 : k_dot32w_neon(dp, z, lo, vld1q_s8(a), hi, vld1q_s8(a + 16)));
         if (q81)
             acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x) * (double)k_f16_neon(y) * (double)isum +
                                                 (double)k_f16_neon(x + 2) * (double)k_f16_neon(y + 2));
@@ -13929,44 +13943,100 @@ K_DEF_DOT32_NEON(k_dot_q8_0_q8_0, T_Q8_0)
     static void name##_neon(int64_t n, float *s, const void *x, const void *y) { impl(false, n, s, x, y); } \
     K_DOTPROD static void name##_dotprod(int64_t n, float *s, const void *x, const void *y) { impl(true, n, s, x, y); }
 
-// Q2_K and Q3_K: the reference unpacking, vector sub-block sums.
-K_INLINE void k_dot_q2_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
-    PSV_ASSERT(n % QK_K == 0);
-    const uint8_t *x = vx, *y = vy;
-    int8_t q[QK_K];
+// Four vectors of int32 (four rows' in the generation kernels) reduced: lane r = the sum of t[r]'s lanes.
+static inline int32x4_t k_hsum4_neon(const int32x4_t t[4]) {
+    return vpaddq_s32(vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3]));
+}
+
+// The sums of four sub-blocks (quants q[i], at most 63 in magnitude) against the activation's
+// quants at a, sub-block i's in lane i: sdot and pairwise adds (k_hsum4_neon), or, without sdot,
+// widening multiplies (two products a 16-bit lane), two sub-blocks' lanes added pairwise in 16 bits
+// (four products: 4 * 63 * 128 < 2^15) and widened by pairwise adds, four sub-blocks in registers
+// at a time (gcc spilled sixteen sub-blocks' sums).
+K_INLINE int32x4_t k_sum4x16_neon(bool dp, const int8x16_t q[4], const int8_t *a) {
+    if (dp) {
+        int32x4_t t[4];
+        K_UNROLL
+        for (int i = 0; i < 4; i++) t[i] = k_sdot_neon(vdupq_n_s32(0), q[i], vld1q_s8(a + 16 * i));
+        return k_hsum4_neon(t);
+    }
+    int16x8_t p[4];
+    K_UNROLL
+    for (int i = 0; i < 4; i++) {
+        const int8x16_t av = vld1q_s8(a + 16 * i);
+        p[i] = vmlal_high_s8(vmull_s8(vget_low_s8(q[i]), vget_low_s8(av)), q[i], av);
+    }
+    return vpaddq_s32(vpaddlq_s16(vpaddq_s16(p[0], p[1])), vpaddlq_s16(vpaddq_s16(p[2], p[3])));
+}
+
+// Q2_K and Q3_K unpacked in registers: values 128h + 32j + 16 half ... + 15 (one sub-block) of
+// the block at x, signed (k_unpack_q2_k, k_unpack_q3_k: bits 2j of qs[32h + l], Q3_K's third
+// bit from bit 4h + j of hmask[l], less 4 where it is clear), plus Q3_K's 4 (k_panel_off).
+static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int h, int j, int half) {
+    const uint8_t *qs = x + (type == T_Q3_K ? 32 : 16) + 32 * h + 16 * half;
+    const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)(-2 * j))), vdupq_n_u8(3));
+    if (type != T_Q3_K) return lo;
+    const uint8x16_t hm = vshlq_u8(vld1q_u8(x + 16 * half), vdupq_n_s8((int8_t)(2 - 4 * h - j))); // bit 4h + j to bit 2
+    return vbslq_u8(vdupq_n_u8(4), hm, lo);
+}
+
+// Q2_K and Q3_K unpacked in registers (k_q23_k_raw16_neon; Q3_K's 4 taken off each vector), the
+// sums of four sub-blocks at a time (k_sum4x16_neon) weighted by the scales as vectors. (The
+// reference's unpacking to memory and sixteen sub-block sums read 8.8 and 13.7 instructions a
+// product, tools/arm_icount.sh dot; the vec_dot kernels serve products of two and three rows.)
+K_INLINE void k_dot_q23_k_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, const uint8_t *y) {
+    PSV_ASSERT(n % QK_K == 0 && (type == T_Q2_K || type == T_Q3_K));
+    const bool three = type == T_Q3_K;
+    const size_t size = type_table[type].type_size;
     double acc[K_BLOCK_LANES] = {0};
-    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q2_K_SIZE, y += K_Q8_K_SIZE) {
-        k_unpack_q2_k(x, q);
+    for (int64_t b = 0; b < n / QK_K; b++, x += size, y += K_Q8_K_SIZE) {
         const int8_t *a = (const int8_t *)(y + 4);
-        int32_t isum = 0, msum = 0;
-        for (int k = 0; k < 16; k++) {
-            isum += (x[k] & 15) * k_isum16_neon(dp, q + 16 * k, a + 16 * k);
-            msum += (x[k] >> 4) * k_ld_i16(y + 260 + 2 * k);
+        int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
+        K_UNROLL
+        for (int j = 0; j < 4; j++) {
+            int8x16_t qv[4];
+            K_UNROLL
+            for (int i = 0; i < 4; i++) {
+                qv[i] = vreinterpretq_s8_u8(k_q23_k_raw16_neon(type, x, j / 2, 2 * (j % 2) + i / 2, i % 2));
+                if (three) qv[i] = vsubq_s8(qv[i], vdupq_n_s8(4));
+            }
+            t[j] = k_sum4x16_neon(dp, qv, a + 64 * j);
         }
+        int8x16_t sc8;
+        if (three) {
+            uint32_t s4[4];
+            k_q3_k_scales4(x, s4);
+            sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
+        } else {
+            sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(x), vdupq_n_u8(15)));
+        }
+        const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
+        int32x4_t sum = vmulq_s32(t[0], vmovl_s16(vget_low_s16(slo)));
+        sum = vmlaq_s32(sum, t[1], vmovl_high_s16(slo));
+        sum = vmlaq_s32(sum, t[2], vmovl_s16(vget_low_s16(shi)));
+        const int32_t isum = vaddvq_s32(vmlaq_s32(sum, t[3], vmovl_high_s16(shi)));
+        if (three) { // reference: dx * dy * isum
+            acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x + 108) * (double)k_ld_f32(y) * (double)isum);
+            continue;
+        }
+        // the minimums (high nibbles) against the stored bsums; reference: dy * (dx * isum - dmin * msum)
+        const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(x), 4);
+        const int16x8_t mlo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8))), mhi = vreinterpretq_s16_u16(vmovl_high_u8(m8));
+        int16x8_t bs0, bs1;
+        memcpy(&bs0, y + 260, 16);
+        memcpy(&bs1, y + 276, 16);
+        int32x4_t m = vmull_s16(vget_low_s16(mlo), vget_low_s16(bs0));
+        m = vmlal_high_s16(m, mlo, bs0);
+        m = vmlal_s16(m, vget_low_s16(mhi), vget_low_s16(bs1));
+        const int32_t msum = vaddvq_s32(vmlal_high_s16(m, mhi, bs1));
         acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_f16_neon(x + 80) * (double)isum -
                                                                    (double)k_f16_neon(x + 82) * (double)msum));
     }
     *s = k_lanes_sum(acc, K_BLOCK_LANES);
 }
-
+K_INLINE void k_dot_q2_k_neon(bool dp, int64_t n, float *s, const void *x, const void *y) { k_dot_q23_k_neon(dp, T_Q2_K, n, s, x, y); }
+K_INLINE void k_dot_q3_k_neon(bool dp, int64_t n, float *s, const void *x, const void *y) { k_dot_q23_k_neon(dp, T_Q3_K, n, s, x, y); }
 K_DEF_DOTK_NEON(k_dot_q2_k_q8_k, k_dot_q2_k_neon)
-
-K_INLINE void k_dot_q3_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
-    PSV_ASSERT(n % QK_K == 0);
-    const uint8_t *x = vx, *y = vy;
-    int8_t q[QK_K];
-    int sc[16];
-    double acc[K_BLOCK_LANES] = {0};
-    for (int64_t b = 0; b < n / QK_K; b++, x += K_Q3_K_SIZE, y += K_Q8_K_SIZE) {
-        k_unpack_q3_k(x, q, sc);
-        const int8_t *a = (const int8_t *)(y + 4);
-        int32_t isum = 0;
-        for (int k = 0; k < 16; k++) isum += sc[k] * k_isum16_neon(dp, q + 16 * k, a + 16 * k);
-        acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x + 108) * (double)k_ld_f32(y) * (double)isum);
-    }
-    *s = k_lanes_sum(acc, K_BLOCK_LANES);
-}
-
 K_DEF_DOTK_NEON(k_dot_q3_k_q8_k, k_dot_q3_k_neon)
 
 // Q4_K chunk c as bytes (64 values: qs[32c + l] holds value 64c + l in its low nibble, 64c + 32 + l
@@ -13996,10 +14066,9 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
     uint8x16_t v[4];
     k_q45_k_bytes_neon(qs, qh, c, v);
     const int8_t *ac = a + 64 * c;
-    *lo = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), vld1q_s8(ac)),
-                        vreinterpretq_s8_u8(v[1]), vld1q_s8(ac + 16));
-    *hi = k_dot16x_neon(dp, k_dot16x_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32)),
-                        vreinterpretq_s8_u8(v[3]), vld1q_s8(ac + 48));
+    *lo = k_dot32w_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), vld1q_s8(ac), vreinterpretq_s8_u8(v[1]), vld1q_s8(ac + 16));
+    *hi = k_dot32w_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32), vreinterpretq_s8_u8(v[3]),
+                        vld1q_s8(ac + 48));
 }
 
 // The eight six-bit scales and minimums of a Q4_K or Q5_K block (its 12 bytes at p, as
@@ -14088,9 +14157,9 @@ K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, cons
 
 K_DEF_DOTK_NEON(k_dot_q6_k_q8_k, k_dot_q6_k_neon)
 
-// ---- NEON dotprod: GEMM on panels ---------------------------------------------------------------
+// ---- NEON: GEMM on panels -----------------------------------------------------------------------
 // Activation rows against one panel (see "GEMM panels"), as the AVX-512 kernels do it, with sdot
-// by element: a panel vector's 32 bytes are two 16-byte halves (weight rows 0-3 and 4-7, four
+// by element (the neon set: widening multiplies of the same panels, k_gemm_grp16_neon): a panel vector's 32 bytes are two 16-byte halves (weight rows 0-3 and 4-7, four
 // quants of each), and one sdot of a half against four activation bytes (a 32-bit lane of the
 // activation's 16 bytes in a register) advances four dot products, with no horizontal sums. The
 // packed quants are the stored value plus the type's offset (k_panel_off), at most 63 and so
@@ -14104,9 +14173,20 @@ K_DEF_DOTK_NEON(k_dot_q6_k_q8_k, k_dot_q6_k_neon)
 // accumulators stays in registers, and adds the four lanes in the reference's order at the end.
 // Activation rows go two at a time (AArch64 has 32 vector registers).
 
-// sdot by element: lane i of acc += sum_k q[4i + k] a[4 lane + k], lane a literal.
+// sdot by element: lane i of acc += sum_k q[4i + k] a[4 lane + k], lane a literal where it is
+// inlined. A function, as k_sdot_neon, not always_inline: the GEMM code below is shared with the
+// neon set (dp false), whose entry points must not inline it, where the code is not dead (-O0).
 #define K_SDOT_LANE_NEON(acc, q, a, lane) \
     __asm__("sdot %0.4s, %1.16b, %2.4b[" #lane "]" : "+w"(acc) : "w"(q), "w"(a))
+K_DOTPROD static inline int32x4_t k_sdot_lane_neon(int32x4_t acc, int8x16_t q, int8x16_t a, const int lane) {
+    switch (lane) {
+    case 0: K_SDOT_LANE_NEON(acc, q, a, 0); break;
+    case 1: K_SDOT_LANE_NEON(acc, q, a, 1); break;
+    case 2: K_SDOT_LANE_NEON(acc, q, a, 2); break;
+    default: K_SDOT_LANE_NEON(acc, q, a, 3); break;
+    }
+    return acc;
+}
 
 // As k_no_fuse, for two doubles.
 static inline float64x2_t k_no_fuse_f64x2(float64x2_t v) {
@@ -14144,7 +14224,7 @@ static inline void k_i24x8_f64_neon(int32x4_t v0, int32x4_t v1, float64x2_t out[
 // The panel's quants of step `lane` of group g (values 16g + 4 lane .. + 3) for weight rows 0-3
 // (*w0) and 4-7 (*w1), as int8. (The dotprod set's panels hold every type's quants as bytes,
 // k_panel_bytes4, Q8_0's as they are, k_panel_signed8.)
-K_DOTPROD K_INLINE void k_panel_q_neon(const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
+K_INLINE void k_panel_q_neon(const uint8_t *pb, int g, int lane, int8x16_t *w0, int8x16_t *w1) {
     const int v = 4 * g + lane; // the panel vector
     *w0 = vld1q_s8((const int8_t *)(pb + 32 * v));
     *w1 = vld1q_s8((const int8_t *)(pb + 32 * v + 16));
@@ -14152,19 +14232,68 @@ K_DOTPROD K_INLINE void k_panel_q_neon(const uint8_t *pb, int g, int lane, int8x
 
 // The sums of group g (16 values) of R activation rows, whose 16 quants are av[r], added to
 // (s0[r], s1[r]): weight rows 0-3 and 4-7.
-K_DOTPROD K_INLINE void k_gemm_grp_neon(int R, const uint8_t *pb, int g, const int8x16_t *av, int32x4_t *s0, int32x4_t *s1) {
+K_INLINE void k_gemm_grp_neon(int R, const uint8_t *pb, int g, const int8x16_t *av, int32x4_t *s0, int32x4_t *s1) {
     int8x16_t w0, w1;
 #define K_GRP_LANE(L)                                   \
     k_panel_q_neon(pb, g, L, &w0, &w1);                 \
     for (int r = 0; r < R; r++) {                       \
-        K_SDOT_LANE_NEON(s0[r], w0, av[r], L);          \
-        K_SDOT_LANE_NEON(s1[r], w1, av[r], L);          \
+        s0[r] = k_sdot_lane_neon(s0[r], w0, av[r], L);  \
+        s1[r] = k_sdot_lane_neon(s1[r], w1, av[r], L);  \
     }
     K_GRP_LANE(0)
     K_GRP_LANE(1)
     K_GRP_LANE(2)
     K_GRP_LANE(3)
 #undef K_GRP_LANE
+}
+
+// The neon set's k_gemm_grp_neon, for groups g0 .. g0 + ng - 1 (ng 1 or 2) of R activation rows
+// whose quants are at a[r] (value 16 g0 at a[r] + 16 g0), without sdot: each panel half against
+// its activation lane in all four 32-bit lanes (ld4r: a group's four), by widening multiplies (smull, smull2),
+// whose 16-bit products of a weight row and value position add up over `run` panel vectors before
+// they widen (sadalp) into pairs of a row's lanes, which one pairwise add turns into the rows'
+// lanes at the end. The panel's quants are at most 63 (k_panel_off), so eight panel vectors sum
+// below 2^15 (8 * 31 * 128; Q6_K's 63: four, its groups' length); Q8_0's signed quants widen after
+// each vector (two products of -128 * -128 would not fit).
+K_INLINE void k_gemm_grp16_neon(uint32_t type, int R, const uint8_t *pb, int g0, int ng, const int8_t *const *a,
+                                int32x4_t *s0, int32x4_t *s1) {
+    const int nv = 4 * ng, run = type == T_Q8_0 ? 1 : nv;
+    int16x8_t p[2][4];
+    int32x4_t c[2][4]; // row r's pairs: weight rows 0-1, 2-3, 4-5, 6-7
+    int32x4x4_t ad[2]; // the group's four activation lanes of row r, each in every lane (ld4r)
+    K_UNROLL
+    for (int v = 0; v < nv; v++) {
+        int8x16_t w[2];
+        k_panel_q_neon(pb, g0 + v / 4, v % 4, &w[0], &w[1]);
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            if (v % 4 == 0) ad[r] = vld4q_dup_s32((const int32_t *)(const void *)(a[r] + 16 * (g0 + v / 4)));
+            int8x16_t x = vreinterpretq_s8_s32(ad[r].val[v % 4]);
+#if defined(__clang__)
+            // (clang, seeing x's halves equal, multiplied the panel's high halves extracted by ext
+            // with x's low half, where smull2 takes them as they are: gemm Q4_0 0.448 -> 0.310)
+            __asm__("" : "+w"(x));
+#endif
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                if (v % run == 0) {
+                    p[r][2 * h] = vmull_s8(vget_low_s8(w[h]), vget_low_s8(x));
+                    p[r][2 * h + 1] = vmull_high_s8(w[h], x);
+                } else {
+                    p[r][2 * h] = vmlal_s8(p[r][2 * h], vget_low_s8(w[h]), vget_low_s8(x));
+                    p[r][2 * h + 1] = vmlal_high_s8(p[r][2 * h + 1], w[h], x);
+                }
+            }
+            if (v % run == run - 1)
+                K_UNROLL
+                for (int k = 0; k < 4; k++) c[r][k] = v < run ? vpaddlq_s16(p[r][k]) : vpadalq_s16(c[r][k], p[r][k]);
+        }
+    }
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        s0[r] = vaddq_s32(s0[r], vpaddq_s32(c[r][0], c[r][1]));
+        s1[r] = vaddq_s32(s1[r], vpaddq_s32(c[r][2], c[r][3]));
+    }
 }
 
 // isum (or msum) of activation row r += the panel's coefficients c (k_panel_by16: sub-block k's
@@ -14210,7 +14339,7 @@ K_I8MM static inline int32x4_t k_usmmla_neon(int32x4_t acc, uint8x16_t w, int8x1
 // Group g (values 16g ... + 15) of a block of a k_panel_g8 panel (at pb) against two activation
 // rows, whose block quants are at a0 and a1: c[k] (weight rows 2k, 2k + 1) += their products, in
 // usmmla's layout (row 2k against a0, a1, row 2k + 1 against a0, a1).
-K_DOTPROD K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_t *a0, const int8_t *a1, int32x4_t c[4]) {
+K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_t *a0, const int8_t *a1, int32x4_t c[4]) {
     // the panel's loads after the sums so far: gcc's scheduler hoisted two groups' 16 vectors
     // above the first's products, and spilled
     const uint8_t *p = pb + 128 * g;
@@ -14229,7 +14358,7 @@ K_DOTPROD K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_
 // values, each twice in the panel: they weight two groups' sums at once), as the sdot path leaves
 // them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r, before the offset and
 // minimum terms.
-K_DOTPROD K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t *a0, const int8_t *a1,
+K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t *a0, const int8_t *a1,
                                             int32x4_t i0[2], int32x4_t i1[2]) {
     const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale
     int32x4_t c[4];
@@ -14256,7 +14385,7 @@ K_DOTPROD K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, co
 // activation rows: the offset's (Q3_K, Q6_K: the panel's coefficients times the activation's sums
 // of 16) added to i0[r] (weight rows 0-3) and i1[r] (4-7), and the minimum's (Q2_K, Q4_K, Q5_K:
 // against the stored bsums, as the reference takes them) to m0[r] and m1[r].
-K_DOTPROD K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
+K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                            const int16_t *const *ar, int32x4_t *i0, int32x4_t *i1, int32x4_t *m0,
                                            int32x4_t *m1) {
     const bool cor = type == T_Q3_K || type == T_Q6_K, min = k_panel_min(type);
@@ -14278,7 +14407,7 @@ K_DOTPROD K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *
 // (|isum| <= 32 * 128 * 128 < 2^24, its offset term included) converted through float exactly,
 // dx * dy exact and the FMA rounding once (Q4_1, Q5_1: dx * dy * isum + mx * sy as the reference
 // rounds it); the k-quants' are the reference's dy * (dx * isum - dmin * msum) or dx * dy * isum.
-K_DOTPROD K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
+K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
                                            const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                                            const int32_t *const *ao, float64x2_t acc[2][4]) {
     const bool min = k_panel_min(type);
@@ -14347,9 +14476,9 @@ K_DOTPROD K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *
 
 // Block b of the panel (at pb) against R (1, 2) activation rows by sdot: each row's eight terms
 // added to acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
-K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
-                                        const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
-                                        const int32_t *const *ao, float64x2_t acc[][4]) {
+K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, int64_t b, int64_t nb,
+                              const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
+                              const int32_t *const *ao, float64x2_t acc[][4]) {
     const bool min = k_panel_min(type);
     int32x4_t i0[2], i1[2], m0[2], m1[2];
     float64x2_t dx[4], dm[4];
@@ -14359,9 +14488,15 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
         K_UNROLL
         for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
-            i0[r] = i1[r] = vdupq_n_s32(k_panel_off(type) && type != T_Q8_0 ? ao[r][b] : 0); // (k_gemm_side)
+            i0[r] = i1[r] = k_panel_off(type) && type != T_Q8_0 ? vld1q_dup_s32(ao[r] + b) : vdupq_n_s32(0); // (k_gemm_side)
+        if (!dp) {
+            const int8_t *a[2];
+            K_UNROLL
+            for (int r = 0; r < R; r++) a[r] = (const int8_t *)(yr[r] + (size_t)b * as + qo);
+            k_gemm_grp16_neon(type, R, pb, 0, 2, a, i0, i1);
+        }
         K_UNROLL
-        for (int g = 0; g < 2; g++) {
+        for (int g = 0; g < 2 && dp; g++) {
             int8x16_t av[2];
             K_UNROLL
             for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
@@ -14395,10 +14530,17 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
         int32x4_t d0[2], d1[2];
         K_UNROLL
         for (int r = 0; r < R; r++) d0[r] = d1[r] = vdupq_n_s32(0);
-        K_UNROLL
-        for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
-        k_gemm_grp_neon(R, pb, g, av, d0, d1);
-        if (gs == 2) {
+        if (!dp) {
+            const int8_t *a[2];
+            K_UNROLL
+            for (int r = 0; r < R; r++) a[r] = (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4);
+            k_gemm_grp16_neon(type, R, pb, g, gs, a, d0, d1);
+        } else {
+            K_UNROLL
+            for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * g));
+            k_gemm_grp_neon(R, pb, g, av, d0, d1);
+        }
+        if (gs == 2 && dp) {
             K_UNROLL
             for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * (g + 1)));
             k_gemm_grp_neon(R, pb, g + 1, av, d0, d1);
@@ -14432,7 +14574,7 @@ K_DOTPROD K_INLINE void k_gemm_blk_neon(uint32_t type, int R, const uint8_t *pb,
 
 // R (1, 2) activation rows against the panel: each row's eight results to lanes[l][r], lane l
 // the sum of blocks l, l + 4, ... mm: by usmmla, on a k_panel_g8 panel.
-K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, bool mm, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
+K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
                                const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                const k_prefetch *pf, double lanes[K_BLOCK_LANES][2][8]) {
     const int64_t nb = n / type_table[type].blck_size;
@@ -14446,7 +14588,7 @@ K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, bool mm, int R, int64_t 
         for (int64_t b = l; b < nb; b += K_BLOCK_LANES) {
             if (pf) k_prefetch_blks(pf, b, 1);
             if (mm) k_gemm_blk_mm_neon(type, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
-            else k_gemm_blk_neon(type, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
+            else k_gemm_blk_neon(type, dp, R, panel + (size_t)b * bb, b, nb, yr, ar, dr, ao, acc);
         }
         K_UNROLL
         for (int k = 0; k < 4; k++)
@@ -14461,7 +14603,7 @@ K_DOTPROD K_INLINE void k_gemm_rows_neon(uint32_t type, bool mm, int R, int64_t 
 }
 
 // k_gemm_fn: nr (1..K_GEMM_ROWS) activation rows against a panel of nw weight rows.
-K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, bool mm, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
+K_INLINE void k_gemm_neon(uint32_t type, bool dp, bool mm, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                           size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);
     for (int r0 = 0; r0 < nr; r0 += 2) {
@@ -14474,26 +14616,30 @@ K_DOTPROD K_INLINE void k_gemm_neon(uint32_t type, bool mm, int64_t n, const uin
             k_gemm_side(type, n, y + (size_t)(r0 + r) * ys, side + (size_t)(r0 + r) * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
         double lanes[K_BLOCK_LANES][2][8];
         const k_prefetch *p = r0 == 0 ? pf : NULL; // once per call
-        if (mm && R == 2) k_gemm_rows_neon(type, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
-        else if (mm) k_gemm_rows_neon(type, true, 1, n, panel, yr, ar, dr, ao, p, lanes); // (its panels: only usmmla's)
-        else if (R == 2) k_gemm_rows_neon(type, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
-        else k_gemm_rows_neon(type, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
+        if (mm && R == 2) k_gemm_rows_neon(type, true, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (mm) k_gemm_rows_neon(type, true, true, 1, n, panel, yr, ar, dr, ao, p, lanes); // (its panels: only usmmla's)
+        else if (R == 2) k_gemm_rows_neon(type, dp, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else k_gemm_rows_neon(type, dp, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
         for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
             for (int i = 0; i < nw; i++)
                 out[r0 + r][i] = (float)(((lanes[0][r][i] + lanes[1][r][i]) + lanes[2][r][i]) + lanes[3][r][i]);
     }
 }
 
-// Each type's GEMM twice: sdot only ("dotprod") and with smmla ("i8mm").
+// Each type's GEMM three times: widening multiplies ("neon"), sdot ("dotprod") and usmmla ("i8mm").
 #define K_DEF_GEMM_NEON(name, type)                                                                                  \
+    static void name##_neon(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,      \
+                            size_t ss, int nr, float *const *out, int nw, const k_prefetch *pf) {                   \
+        k_gemm_neon(type, false, false, n, panel, y, ys, side, ss, nr, out, nw, pf);                                \
+    }                                                                                                               \
     K_DOTPROD static void name##_dotprod(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,              \
                                          const uint8_t *side, size_t ss, int nr, float *const *out, int nw,         \
                                          const k_prefetch *pf) {                                                    \
-        k_gemm_neon(type, false, n, panel, y, ys, side, ss, nr, out, nw, pf);                                       \
+        k_gemm_neon(type, true, false, n, panel, y, ys, side, ss, nr, out, nw, pf);                                 \
     }                                                                                                               \
     K_I8MM static void name##_i8mm(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side, \
                                    size_t ss, int nr, float *const *out, int nw, const k_prefetch *pf) {            \
-        k_gemm_neon(type, true, n, panel, y, ys, side, ss, nr, out, nw, pf);                                        \
+        k_gemm_neon(type, true, true, n, panel, y, ys, side, ss, nr, out, nw, pf);                                  \
     }
 K_DEF_GEMM_NEON(k_gemm_q4_0, T_Q4_0)
 K_DEF_GEMM_NEON(k_gemm_q5_0, T_Q5_0)
@@ -14504,13 +14650,25 @@ K_DEF_GEMM_NEON(k_gemm_q3_k, T_Q3_K)
 K_DEF_GEMM_NEON(k_gemm_q5_k, T_Q5_K)
 K_DEF_GEMM_NEON(k_gemm_q6_k, T_Q6_K)
 
-// ---- NEON dotprod: generation of one sequence (gemv1) -------------------------------------------
+// ---- NEON: generation of one sequence (gemv1) ---------------------------------------------------
 // As the AVX-512 gemv1 kernels: four weight rows at a time against the activation row, so that
 // the work of a block that is not multiplying is shared: the activation's vectors and scale are
 // loaded once for the four rows, each row's sums are reduced with the others' by pairwise adds
 // (no horizontal sum per row), and the four rows' double terms are formed side by side in two
 // float64x2 (the activation's block scales come from the side data, already doubles) and added
 // to lane b % 4, exactly as the reference does it.
+
+// Each kernel twice: for the "neon" set (dp false: widening multiplies, k_dot32w_neon) and, with
+// sdot, for the "dotprod" and "i8mm" sets.
+#define K_DEF_GEMV1_NEON(name, core, type)                                                                              \
+    static void name##_neon(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,             \
+                            const uint8_t *y, const uint8_t *side) {                                                   \
+        core(false, type, n, s, x, x_stride, nw, w0, w1, y, side);                                                     \
+    }                                                                                                                  \
+    K_DOTPROD static void name##_dotprod(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1, \
+                                         const uint8_t *y, const uint8_t *side) {                                      \
+        core(true, type, n, s, x, x_stride, nw, w0, w1, y, side);                                                      \
+    }
 
 // Lanes (acc[l][0]: rows 0-1, acc[l][1]: rows 2-3) added in the reference's order, rounded to
 // float, stored for the rows that exist.
@@ -14524,15 +14682,10 @@ static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *
     k_gemv1_put(out, s, w, nw);
 }
 
-// The four rows' int32 (one vector each) reduced: lane r = the sum of t[r]'s lanes.
-static inline int32x4_t k_hsum4_neon(const int32x4_t t[4]) {
-    return vpaddq_s32(vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3]));
-}
-
 // 32-value blocks (Q4_0, Q5_0, Q8_0; Q4_1, Q5_1 against Q8_1, whose block b has the sum term sy):
 // block b's term of each row into acc (one lane's pair).
-K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const xr[4], size_t xs, int64_t b,
-                                           const uint8_t *y, const int32_t *ao, double dy, double sy, float64x2_t acc[2]) {
+K_INLINE void k_gemv1_blk32_neon(bool dp, uint32_t type, const uint8_t *const xr[4], size_t xs, int64_t b, const uint8_t *y,
+                                 const int32_t *ao, double dy, double sy, float64x2_t acc[2]) {
     const bool one = type == T_Q4_1 || type == T_Q5_1, off = type == T_Q4_0 || type == T_Q5_0;
     const uint8_t *yb = y + (size_t)b * (one ? K_Q8_1_SIZE : K_Q8_0_SIZE) + (one ? 4 : 2);
     const int8x16_t a0 = vld1q_s8((const int8_t *)yb), a1 = vld1q_s8((const int8_t *)(yb + 16));
@@ -14543,10 +14696,12 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
     const uint8_t *xb[4];
     K_UNROLL
     for (int r = 0; r < 4; r++) {
-        xb[r] = xr[r] + (size_t)b * xs;
+        const uint8_t *xq = xb[r] = xr[r] + (size_t)b * xs;
+        if (!dp && r > 0) __asm__("" : "+r"(xq) : "w"(t[r - 1])); // (as in k_gemv1_kq16_neon)
         int8x16_t lo, hi;
-        k_w32_off_neon(type, xb[r], &lo, &hi, true);
-        t[r] = k_sdot_neon(k_sdot_neon(t0, lo, a0), hi, a1);
+        k_w32_off_neon(type, xq, &lo, &hi, true);
+        t[r] = type == T_Q8_0 && !dp ? k_dot16x_neon(false, k_dot16x_neon(false, t0, lo, a0), hi, a1)
+                                     : k_dot32w_neon(dp, t0, lo, a0, hi, a1);
     }
     const int32x4_t is = k_hsum4_neon(t);
     const float32x4_t dx = k_f16x4_neon(xb, 0);
@@ -14566,8 +14721,8 @@ K_DOTPROD K_INLINE void k_gemv1_blk32_neon(uint32_t type, const uint8_t *const x
     acc[1] = vfmaq_f64(acc[1], vmulq_n_f64(vcvt_f64_f32(vget_high_f32(dx)), dy), vcvtq_f64_s64(vmovl_high_s32(is)));
 }
 
-K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                        int w0, int w1, const uint8_t *y, const uint8_t *side) {
+K_INLINE void k_gemv1_32_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
+                              int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 &&
                (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_1 || type == T_Q5_1));
     const size_t xs = type_table[type].type_size;
@@ -14584,13 +14739,13 @@ K_DOTPROD K_INLINE void k_gemv1_32_neon(uint32_t type, int64_t n, float *s, cons
         int64_t b = 0;
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
             K_UNROLL
-            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(type, xr, xs, b + l, y, ao, dy[b + l], sy[b + l], acc[l]);
+            for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(dp, type, xr, xs, b + l, y, ao, dy[b + l], sy[b + l], acc[l]);
         }
         for (; b < nb; b++) {
             switch (b % K_BLOCK_LANES) { // constant indices keep the accumulators in registers
-            case 0: k_gemv1_blk32_neon(type, xr, xs, b, y, ao, dy[b], sy[b], acc[0]); break;
-            case 1: k_gemv1_blk32_neon(type, xr, xs, b, y, ao, dy[b], sy[b], acc[1]); break;
-            default: k_gemv1_blk32_neon(type, xr, xs, b, y, ao, dy[b], sy[b], acc[2]); break; // at most three are left
+            case 0: k_gemv1_blk32_neon(dp, type, xr, xs, b, y, ao, dy[b], sy[b], acc[0]); break;
+            case 1: k_gemv1_blk32_neon(dp, type, xr, xs, b, y, ao, dy[b], sy[b], acc[1]); break;
+            default: k_gemv1_blk32_neon(dp, type, xr, xs, b, y, ao, dy[b], sy[b], acc[2]); break; // at most three are left
             }
         }
         k_gemv1_store_neon(acc, s, w, nw);
@@ -14611,8 +14766,8 @@ static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b
 // reduced to two vectors, weighted by the scales and summed; msum from the activation's bsums
 // (pairs summed once for the four rows). Term: the reference's dy * (d * isum - dmin * msum).
 // Q5_K (type) the same with the fifth bits (k_q4_k_chunk_neon).
-K_DOTPROD K_INLINE void k_gemv1_q45_k_dotprod(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
-                                             int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
+K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                 int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
     const bool five = type == T_Q5_K;
     const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
@@ -14633,13 +14788,18 @@ K_DOTPROD K_INLINE void k_gemv1_q45_k_dotprod(uint32_t type, int64_t n, float *s
             const int32x4_t p03 = vpaddlq_s16(bs0), p47 = vpaddlq_s16(bs1); // bsums 2k + (2k + 1)
             int32_t is[4], ms[4];
             const uint8_t *xbs[4];
+            int32x4_t last = vdupq_n_s32(0);
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
                 int32x4_t t[8];
                 K_UNROLL
-                for (int c = 0; c < 4; c++)
-                    k_q4_k_chunk_neon(true, five ? xb + 48 : xb + 16, five ? xb + 16 : NULL, a, c, &t[2 * c], &t[2 * c + 1]);
+                for (int c = 0; c < 4; c++) {
+                    const uint8_t *xq = xb;
+                    if (!dp && five) __asm__("" : "+r"(xq) : "w"(last)); // (as in k_gemv1_kq16_neon; Q4_K read more)
+                    k_q4_k_chunk_neon(dp, five ? xq + 48 : xq + 16, five ? xq + 16 : NULL, a, c, &t[2 * c], &t[2 * c + 1]);
+                    last = t[2 * c + 1];
+                }
                 int32x4_t s03, s47, m03, m47;
                 k_scale_min_k4x8_neon(xb + 4, &s03, &s47, &m03, &m47);
                 is[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(k_hsum4_neon(t), s03), k_hsum4_neon(t + 4), s47));
@@ -14661,19 +14821,8 @@ K_DOTPROD K_INLINE void k_gemv1_q45_k_dotprod(uint32_t type, int64_t n, float *s
         k_gemv1_store_neon(acc, s, w, nw);
     }
 }
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_k_dotprod, k_gemv1_q45_k_dotprod, T_Q4_K)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_k_dotprod, k_gemv1_q45_k_dotprod, T_Q5_K)
-
-// Q2_K and Q3_K unpacked in registers: values 128h + 32j + 16 half ... + 15 (one sub-block) of
-// the block at x, signed (k_unpack_q2_k, k_unpack_q3_k: bits 2j of qs[32h + l], Q3_K's third
-// bit from bit 4h + j of hmask[l], less 4 where it is clear), plus Q3_K's 4 (k_panel_off).
-static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int h, int j, int half) {
-    const uint8_t *qs = x + (type == T_Q3_K ? 32 : 16) + 32 * h + 16 * half;
-    const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)(-2 * j))), vdupq_n_u8(3));
-    if (type != T_Q3_K) return lo;
-    const uint8x16_t hm = vshlq_u8(vld1q_u8(x + 16 * half), vdupq_n_s8((int8_t)(2 - 4 * h - j))); // bit 4h + j to bit 2
-    return vbslq_u8(vdupq_n_u8(4), hm, lo);
-}
+K_DEF_GEMV1_NEON(k_gemv1_q4_k, k_gemv1_q45_k_neon, T_Q4_K)
+K_DEF_GEMV1_NEON(k_gemv1_q5_k, k_gemv1_q45_k_neon, T_Q5_K)
 
 // Q6_K: each 16 values' sums (sdot of the quants as stored, q + 32, unpacked as k_dot_q6_k_neon
 // does) reduced four sub-blocks at a time and weighted by the scales, less 32 times the scales
@@ -14682,8 +14831,8 @@ static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int
 // Q3_K and Q2_K (type) the same way (k_q23_k_raw16_neon, Q3_K's offset 4; Q3_K's scales from k_q3_k_scales4), Q2_K's
 // minimums against the stored bsums giving msum and its term the reference's
 // dy * (dx * isum - dmin * msum).
-K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
-                                            int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
+K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
+                                int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
     const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
@@ -14702,21 +14851,42 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
             const int16x8_t as0 = vld1q_s16(as + 16 * b), as1 = vld1q_s16(as + 16 * b + 8);
             int32_t is[4], ms[4];
             float dx[4], dm[4];
+            int32x4_t last = vdupq_n_s32(0);
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                int32x4_t t[16]; // sub-block e / 16 of value e = 128h + 32k + 16 half
-                K_UNROLL
-                for (int h = 0; h < 2; h++)
+                int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
+                if (dp) { // sixteen sums, then reduced (clang read 9 % more for Q6_K reduced by fours)
+                    int32x4_t u[16];
                     K_UNROLL
-                    for (int k = 0; k < 4; k++)
+                    for (int h = 0; h < 2; h++)
                         K_UNROLL
-                        for (int half = 0; half < 2; half++) {
-                            const int8x16_t qv = vreinterpretq_s8_u8( // (the quants plus the type's offset)
-                                type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half) : k_q23_k_raw16_neon(type, xb, h, k, half));
-                            const int e = 128 * h + 32 * k + 16 * half;
-                            t[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
-                        }
+                        for (int k = 0; k < 4; k++)
+                            K_UNROLL
+                            for (int half = 0; half < 2; half++) {
+                                const int8x16_t qv = vreinterpretq_s8_u8( // (the quants plus the type's offset)
+                                    type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half) : k_q23_k_raw16_neon(type, xb, h, k, half));
+                                const int e = 128 * h + 32 * k + 16 * half;
+                                u[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
+                            }
+                    K_UNROLL
+                    for (int j = 0; j < 4; j++) t[j] = k_hsum4_neon(u + 4 * j);
+                }
+                K_UNROLL
+                for (int j = 0; j < 4 && !dp; j++) {
+                    const uint8_t *xq = xb;
+                    // without sdot, the quants unpacked after the sums so far: gcc's scheduler had
+                    // hoisted the four rows' unpacking above their products, and spilled
+                    __asm__("" : "+r"(xq) : "w"(last));
+                    int8x16_t qv[4];
+                    K_UNROLL
+                    for (int i = 0; i < 4; i++) { // (the quants plus the type's offset)
+                        const int h = j / 2, k = 2 * (j % 2) + i / 2, half = i % 2;
+                        qv[i] = vreinterpretq_s8_u8(type == T_Q6_K ? k_q6_k_raw16_neon(xq, h, k, half)
+                                                                   : k_q23_k_raw16_neon(type, xq, h, k, half));
+                    }
+                    last = t[j] = k_sum4x16_neon(false, qv, a + 64 * j);
+                }
                 int8x16_t sc8;
                 if (type == T_Q6_K) {
                     sc8 = vld1q_s8((const int8_t *)(xb + 192));
@@ -14728,10 +14898,10 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
                     sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(xb), vdupq_n_u8(15)));
                 }
                 const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
-                int32x4_t sum = vmulq_s32(k_hsum4_neon(t), vmovl_s16(vget_low_s16(slo)));
-                sum = vmlaq_s32(sum, k_hsum4_neon(t + 4), vmovl_high_s16(slo));
-                sum = vmlaq_s32(sum, k_hsum4_neon(t + 8), vmovl_s16(vget_low_s16(shi)));
-                sum = vmlaq_s32(sum, k_hsum4_neon(t + 12), vmovl_high_s16(shi));
+                int32x4_t sum = vmulq_s32(t[0], vmovl_s16(vget_low_s16(slo)));
+                sum = vmlaq_s32(sum, t[1], vmovl_high_s16(slo));
+                sum = vmlaq_s32(sum, t[2], vmovl_s16(vget_low_s16(shi)));
+                sum = vmlaq_s32(sum, t[3], vmovl_high_s16(shi));
                 if (off) { // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
                     int32x4_t c = vmull_s16(vget_low_s16(slo), vget_low_s16(as0));
                     c = vmlal_high_s16(c, slo, as0);
@@ -14775,15 +14945,15 @@ K_DOTPROD K_INLINE void k_gemv1_kq16_dotprod(uint32_t type, int64_t n, float *s,
         k_gemv1_store_neon(acc, s, w, nw);
     }
 }
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q2_k_dotprod, k_gemv1_kq16_dotprod, T_Q2_K)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q3_k_dotprod, k_gemv1_kq16_dotprod, T_Q3_K)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q6_k_dotprod, k_gemv1_kq16_dotprod, T_Q6_K)
+K_DEF_GEMV1_NEON(k_gemv1_q2_k, k_gemv1_kq16_neon, T_Q2_K)
+K_DEF_GEMV1_NEON(k_gemv1_q3_k, k_gemv1_kq16_neon, T_Q3_K)
+K_DEF_GEMV1_NEON(k_gemv1_q6_k, k_gemv1_kq16_neon, T_Q6_K)
 
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_0_dotprod, k_gemv1_32_neon, T_Q4_0)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_0_dotprod, k_gemv1_32_neon, T_Q5_0)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q8_0_dotprod, k_gemv1_32_neon, T_Q8_0)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q4_1_dotprod, k_gemv1_32_neon, T_Q4_1)
-K_DEF_GEMV1(K_DOTPROD, k_gemv1_q5_1_dotprod, k_gemv1_32_neon, T_Q5_1)
+K_DEF_GEMV1_NEON(k_gemv1_q4_0, k_gemv1_32_neon, T_Q4_0)
+K_DEF_GEMV1_NEON(k_gemv1_q5_0, k_gemv1_32_neon, T_Q5_0)
+K_DEF_GEMV1_NEON(k_gemv1_q8_0, k_gemv1_32_neon, T_Q8_0)
+K_DEF_GEMV1_NEON(k_gemv1_q4_1, k_gemv1_32_neon, T_Q4_1)
+K_DEF_GEMV1_NEON(k_gemv1_q5_1, k_gemv1_32_neon, T_Q5_1)
 
 // ---- NEON: packing GEMM panels ------------------------------------------------------------------
 // k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
@@ -14813,7 +14983,7 @@ static inline void k_tr8_store_neon(const uint8_t *const src[2], int e, uint8_t 
     vst1q_u8(dst + 64, vreinterpretq_u8_u64(vzip2q_u64(a0, a1)));
 }
 
-// g8: the i8mm set's layout (k_panel_g8), else the dotprod set's. Every ARM layout holds the quants
+// g8: the i8mm set's layout (k_panel_g8), else the dotprod and neon sets'. Every ARM layout holds the quants
 // as bytes (k_panel_bytes4: Q4_1 in Q5_1's layout, Q4_K in Q5_K's).
 K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     const uint32_t lt = k_panel_layout(g8 ? K_SET_I8MM : K_SET_DOTPROD, type);
@@ -15598,9 +15768,9 @@ static void k_exp_shift_neon(double *y, const float *x, double shift, double div
 static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     // (Q4_1 and Q4_K: the 5-bit types' GEMM on panels in their layout, k_panel_bytes4)
 #define K_NEON_DOT(T, t, a, g) \
-    {T, k_dot_##t##_##a##_neon, k_dot_##t##_##a##_dotprod, k_gemm_##g##_dotprod, k_gemm_##g##_i8mm, k_pack_##t##_neon, \
-     k_pack_##t##_neon_g8}
-    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm, gemm_mm; k_pack_fn pack, pack_mm; } dots[] = {
+    {T, k_dot_##t##_##a##_neon, k_dot_##t##_##a##_dotprod, k_gemm_##g##_neon, k_gemm_##g##_dotprod, k_gemm_##g##_i8mm, \
+     k_pack_##t##_neon, k_pack_##t##_neon_g8}
+    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm0, gemm, gemm_mm; k_pack_fn pack, pack_mm; } dots[] = {
         K_NEON_DOT(T_Q4_0, q4_0, q8_0, q4_0), K_NEON_DOT(T_Q4_1, q4_1, q8_1, q5_1), K_NEON_DOT(T_Q5_0, q5_0, q8_0, q5_0),
         K_NEON_DOT(T_Q5_1, q5_1, q8_1, q5_1), K_NEON_DOT(T_Q8_0, q8_0, q8_0, q8_0), K_NEON_DOT(T_Q2_K, q2_k, q8_k, q2_k),
         K_NEON_DOT(T_Q3_K, q3_k, q8_k, q3_k), K_NEON_DOT(T_Q4_K, q4_k, q8_k, q5_k), K_NEON_DOT(T_Q5_K, q5_k, q8_k, q5_k),
@@ -15611,23 +15781,20 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         k_traits *k = &t[dots[i].type];
         k->vec_dot = dp ? dots[i].dot_dp : dots[i].dot;
         k->vec_dot_rows = NULL;
-        if (dp)
-            k->gemm = mm ? dots[i].gemm_mm : dots[i].gemm, k->pack = mm ? dots[i].pack_mm : dots[i].pack, k->gemm_rows = K_GEMM_ROWS,
-            k->panel_rows = K_PANEL,
-            k->panel_blk = k_panel_blk(k_panel_layout(mm ? K_SET_I8MM : K_SET_DOTPROD, dots[i].type));
+        k->gemm = mm ? dots[i].gemm_mm : dp ? dots[i].gemm : dots[i].gemm0, k->pack = mm ? dots[i].pack_mm : dots[i].pack;
+        k->gemm_rows = K_GEMM_ROWS, k->panel_rows = K_PANEL;
+        k->panel_blk = k_panel_blk(k_panel_layout(mm ? K_SET_I8MM : K_SET_DOTPROD, dots[i].type));
     }
-    if (dp) {
-        t[T_Q4_0].gemv1 = k_gemv1_q4_0_dotprod;
-        t[T_Q5_0].gemv1 = k_gemv1_q5_0_dotprod;
-        t[T_Q8_0].gemv1 = k_gemv1_q8_0_dotprod;
-        t[T_Q4_K].gemv1 = k_gemv1_q4_k_dotprod;
-        t[T_Q5_K].gemv1 = k_gemv1_q5_k_dotprod;
-        t[T_Q2_K].gemv1 = k_gemv1_q2_k_dotprod;
-        t[T_Q4_1].gemv1 = k_gemv1_q4_1_dotprod;
-        t[T_Q5_1].gemv1 = k_gemv1_q5_1_dotprod;
-        t[T_Q3_K].gemv1 = k_gemv1_q3_k_dotprod;
-        t[T_Q6_K].gemv1 = k_gemv1_q6_k_dotprod;
-    }
+    t[T_Q4_0].gemv1 = dp ? k_gemv1_q4_0_dotprod : k_gemv1_q4_0_neon;
+    t[T_Q5_0].gemv1 = dp ? k_gemv1_q5_0_dotprod : k_gemv1_q5_0_neon;
+    t[T_Q8_0].gemv1 = dp ? k_gemv1_q8_0_dotprod : k_gemv1_q8_0_neon;
+    t[T_Q4_K].gemv1 = dp ? k_gemv1_q4_k_dotprod : k_gemv1_q4_k_neon;
+    t[T_Q5_K].gemv1 = dp ? k_gemv1_q5_k_dotprod : k_gemv1_q5_k_neon;
+    t[T_Q2_K].gemv1 = dp ? k_gemv1_q2_k_dotprod : k_gemv1_q2_k_neon;
+    t[T_Q4_1].gemv1 = dp ? k_gemv1_q4_1_dotprod : k_gemv1_q4_1_neon;
+    t[T_Q5_1].gemv1 = dp ? k_gemv1_q5_1_dotprod : k_gemv1_q5_1_neon;
+    t[T_Q3_K].gemv1 = dp ? k_gemv1_q3_k_dotprod : k_gemv1_q3_k_neon;
+    t[T_Q6_K].gemv1 = dp ? k_gemv1_q6_k_dotprod : k_gemv1_q6_k_neon;
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
     t[T_Q8_1].from_float = k_quant_q8_1_neon;
     t[T_Q8_K].from_float = k_quant_q8_k_neon;
