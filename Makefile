@@ -118,11 +118,12 @@ check-syms: pensieve.c pensieve.h
 	if [ -n "$$bad" ]; then echo "check-syms: exported symbols without psv_ prefix:"; echo "$$bad"; exit 1; fi; \
 	echo "check-syms: ok ($$(nm -g --defined-only $(BUILD)/pensieve.o | wc -l) exported symbols, all psv_)"
 
-# The same unit tests, cross-compiled for aarch64 and run under qemu-user.
+# The same unit tests, cross-compiled for aarch64 and run under qemu-user (test_simd also on an
+# emulated Cortex-A72 and A76, tests/cli_armcpus.sh).
 test-arm64:
 	$(MAKE) $(patsubst tests/%.c,$(BUILD)/arm64/tests/%,$(TEST_SRCS)) BUILD=$(BUILD)/arm64 CC=$(ARM_CC) CFLAGS="-O2 -g -static"
-	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" ARM_CC="$(ARM_CC)" QEMU="$(QEMU_ARM)" \
-	    sh tests/run.sh $(BUILD)/arm64/tests tests/cli_armicount.sh
+	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" ARM_CC="$(ARM_CC)" QEMU="$(QEMU_ARM)" PSV_ARM_TESTS=$(BUILD)/arm64/tests \
+	    sh tests/run.sh $(BUILD)/arm64/tests tests/cli_armicount.sh tests/cli_armcpus.sh
 
 # Benchmarks print measurements; they assert nothing (tests never time anything).
 $(BUILD)/bench_tokenizer: tests/bench_tokenizer.c pensieve.c pensieve.h

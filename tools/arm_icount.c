@@ -2,12 +2,13 @@
 // hand: tools/arm_icount.sh builds this for aarch64 and runs it under qemu, one instruction a
 // translation block with each block's execution logged, and takes the difference between a run
 // that makes the product twice and one that makes it once: one product, on rows of N values, NW
-// weight rows against NR activation rows, as the engine calls the kernels (vec_dot_rows four
+// weight rows against NR activation rows, as the engine calls the kernels (vec_dot one row by one
+// row, where a set has no other kernel; vec_dot_rows four
 // activation rows a call, then two; gemm as many as it takes, its panel packed before; gemv1 one). Weights and
 // activations are random values through the reference quantizers. Every result is checked
 // against the reference vec_dot, so a count is never of wrong code.
 //
-//   arm_icount MODE TYPE SET REPS    MODE: rows, gemv1, gemm, pack; TYPE: a weight type (q4_0,
+//   arm_icount MODE TYPE SET REPS    MODE: dot, rows, gemv1, gemm, pack; TYPE: a weight type (q4_0,
 //                                    q4_k, f16, ...); SET: neon, dotprod, i8mm; REPS: 1 or 2
 // Exit status 3: the set has no such kernel for the type.
 #define PSV_NO_MAIN
@@ -17,7 +18,7 @@ enum { N = 1024, NW = 8, NR = 6 };
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: arm_icount rows|gemv1|gemm|pack TYPE neon|dotprod|i8mm REPS\n");
+        fprintf(stderr, "usage: arm_icount dot|rows|gemv1|gemm|pack TYPE neon|dotprod|i8mm REPS\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -64,6 +65,10 @@ int main(int argc, char **argv) {
         PSV_ASSERT((panel = malloc(k_panel_bytes(sk, wt, N))));
         for (int k = 0; k < reps; k++) sk->pack(N, x, xs, NW, panel);
         return 0;
+    } else if (strcmp(mode, "dot") == 0 && sk->vec_dot) {
+        for (int k = 0; k < reps; k++)
+            for (int w = 0; w < NW; w++)
+                for (int t = 0; t < NR; t++) sk->vec_dot(N, &res[t][w], x + (size_t)w * xs, y + (size_t)t * ys);
     } else if (strcmp(mode, "rows") == 0 && sk->vec_dot_rows) {
         for (int k = 0; k < reps; k++)
             for (int w = 0; w < NW; w++) {
