@@ -7472,6 +7472,7 @@ typedef struct k_traits_s {
     // Q4_K: the AVX-512 set's, whose GEMM costs less for a few rows); NULL: none
     const struct k_traits_s *gemm_few;
     int gemm_min;
+    int gemv_max; // products of at most this many rows use gemv (0: MM_GEMV_MAX)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8427,21 +8428,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -14955,6 +14956,201 @@ K_DEF_GEMV1_NEON(k_gemv1_q8_0, k_gemv1_32_neon, T_Q8_0)
 K_DEF_GEMV1_NEON(k_gemv1_q4_1, k_gemv1_32_neon, T_Q4_1)
 K_DEF_GEMV1_NEON(k_gemv1_q5_1, k_gemv1_32_neon, T_Q5_1)
 
+// ---- NEON: products of a few activation rows (gemv) --------------------------------------------
+// One weight row against R activation rows with their side data (k_act_side), as the generation
+// kernels above do it with the roles of the rows swapped: each block of the weight row is
+// unpacked once for all R rows, activation row r's sums go to lane r (k_hsum4_neon; the k-quants'
+// sub-block scales weighed in by lane), and the R terms are formed side by side in two float64x2
+// of lane b % 4, exactly as the reference forms each. The engine takes products of two and three
+// rows so (batched generation of a few sequences, MM_GEMV_MAX), which vec_dot did one activation
+// row at a time, unpacking the weights again for each. R is 2 or 4 (one row runs as two, three as
+// four: the extra rows repeat the last and their results are dropped).
+
+// The sums of block b of the weight row at x against the R activation rows, lane r: isum (its
+// offset terms included) in *is, and the minimum's msum (Q2_K, Q4_K, Q5_K) in *ms.
+K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb, int64_t b, const uint8_t *const yr[4],
+                               const int32_t *const ao[4], const int16_t *const as[4], int32x4_t *is, int32x4_t *ms) {
+    int32x4_t t[4];
+    *ms = vdupq_n_s32(0);
+    if (type_table[type].blck_size == 32) {
+        const bool one = type == T_Q4_1 || type == T_Q5_1, off = type == T_Q4_0 || type == T_Q5_0;
+        const size_t ys = one ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = one ? 4 : 2;
+        int8x16_t lo, hi;
+        k_w32_off_neon(type, xb, &lo, &hi, true); // (Q4_0, Q5_0: as stored, the offset term taking it off)
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            const int8_t *a = (const int8_t *)(yr[r] + (size_t)b * ys + qo);
+            const int32x4_t t0 = off ? vld1q_lane_s32(ao[r] + b, vdupq_n_s32(0), 0) : vdupq_n_s32(0);
+            const int8x16_t a0 = vld1q_s8(a), a1 = vld1q_s8(a + 16);
+            t[r] = type == T_Q8_0 && !dp ? k_dot16x_neon(false, k_dot16x_neon(false, t0, lo, a0), hi, a1)
+                                         : k_dot32w_neon(dp, t0, lo, a0, hi, a1);
+        }
+        K_UNROLL
+        for (int r = R; r < 4; r++) t[r] = vdupq_n_s32(0);
+        *is = k_hsum4_neon(t);
+        return;
+    }
+    int32x4_t m[4]; // the minimums' sums (Q2_K, Q4_K, Q5_K)
+    K_UNROLL
+    for (int r = 0; r < 4; r++) t[r] = m[r] = vdupq_n_s32(0);
+    if (type == T_Q4_K || type == T_Q5_K) { // chunk c: sub-blocks 2c, 2c + 1, each scaled by lane
+        const bool five = type == T_Q5_K;
+        int32x4_t s03, s47, m03, m47;
+        k_scale_min_k4x8_neon(xb + 4, &s03, &s47, &m03, &m47);
+        K_UNROLL
+        for (int c = 0; c < 4; c++) {
+            uint8x16_t v[4];
+            k_q45_k_bytes_neon(five ? xb + 48 : xb + 16, five ? xb + 16 : NULL, c, v);
+            const int32x4_t sc = c < 2 ? s03 : s47;
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                const int8_t *a = (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c);
+                const int32x4_t z = vdupq_n_s32(0);
+                const int32x4_t u0 = k_dot32w_neon(dp, z, vreinterpretq_s8_u8(v[0]), vld1q_s8(a), vreinterpretq_s8_u8(v[1]),
+                                                   vld1q_s8(a + 16));
+                const int32x4_t u1 = k_dot32w_neon(dp, z, vreinterpretq_s8_u8(v[2]), vld1q_s8(a + 32), vreinterpretq_s8_u8(v[3]),
+                                                   vld1q_s8(a + 48));
+                t[r] = c % 2 ? vmlaq_laneq_s32(vmlaq_laneq_s32(t[r], u0, sc, 2), u1, sc, 3)
+                             : vmlaq_laneq_s32(vmlaq_laneq_s32(t[r], u0, sc, 0), u1, sc, 1);
+            }
+        }
+        K_UNROLL
+        for (int r = 0; r < R; r++) { // the minimums against the stored bsums, pairs summed
+            const uint8_t *yb = yr[r] + (size_t)b * K_Q8_K_SIZE;
+            int16x8_t bs0, bs1;
+            memcpy(&bs0, yb + 260, 16);
+            memcpy(&bs1, yb + 276, 16);
+            m[r] = vmlaq_s32(vmulq_s32(vpaddlq_s16(bs0), m03), vpaddlq_s16(bs1), m47);
+        }
+    } else { // Q2_K, Q3_K, Q6_K: four sub-blocks at a time (k_sum4x16_neon), scaled by vector
+        int8x16_t sc8;
+        if (type == T_Q6_K) {
+            sc8 = vld1q_s8((const int8_t *)(xb + 192));
+        } else if (type == T_Q3_K) {
+            uint32_t s4[4];
+            k_q3_k_scales4(xb, s4);
+            sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
+        } else {
+            sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(xb), vdupq_n_u8(15)));
+        }
+        const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
+        const int32x4_t sc[4] = {vmovl_s16(vget_low_s16(slo)), vmovl_high_s16(slo), vmovl_s16(vget_low_s16(shi)),
+                                 vmovl_high_s16(shi)};
+        K_UNROLL
+        for (int j = 0; j < 4; j++) {
+            int8x16_t qv[4];
+            K_UNROLL
+            for (int i = 0; i < 4; i++) { // (the quants plus the type's offset)
+                const int h = j / 2, k = 2 * (j % 2) + i / 2, half = i % 2;
+                qv[i] = vreinterpretq_s8_u8(type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half)
+                                                           : k_q23_k_raw16_neon(type, xb, h, k, half));
+            }
+            K_UNROLL
+            for (int r = 0; r < R; r++)
+                t[r] = vmlaq_s32(t[r], k_sum4x16_neon(dp, qv, (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * j)),
+                                 sc[j]);
+        }
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            if (type != T_Q2_K) { // less off * sum_k sc_k * S_k (S: the activation's sums of 16)
+                const int16x8_t as0 = vld1q_s16(as[r] + 16 * b), as1 = vld1q_s16(as[r] + 16 * b + 8);
+                int32x4_t c = vmull_s16(vget_low_s16(slo), vget_low_s16(as0));
+                c = vmlal_high_s16(c, slo, as0);
+                c = vmlal_s16(c, vget_low_s16(shi), vget_low_s16(as1));
+                t[r] = vmlsq_n_s32(t[r], vmlal_high_s16(c, shi, as1), k_panel_off(type));
+                continue;
+            }
+            const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(xb), 4); // the minimums against the stored bsums
+            const int16x8_t mlo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8))), mhi = vreinterpretq_s16_u16(vmovl_high_u8(m8));
+            const uint8_t *yb = yr[r] + (size_t)b * K_Q8_K_SIZE;
+            int16x8_t bs0, bs1;
+            memcpy(&bs0, yb + 260, 16);
+            memcpy(&bs1, yb + 276, 16);
+            int32x4_t c = vmull_s16(vget_low_s16(mlo), vget_low_s16(bs0));
+            c = vmlal_high_s16(c, mlo, bs0);
+            c = vmlal_s16(c, vget_low_s16(mhi), vget_low_s16(bs1));
+            m[r] = vmlal_high_s16(c, mhi, bs1);
+        }
+    }
+    *is = k_hsum4_neon(t);
+    *ms = k_hsum4_neon(m);
+}
+
+K_INLINE void k_gemv_core_neon(bool dp, uint32_t type, int R, int nr, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
+                               const uint8_t *y, size_t y_stride, const uint8_t *side, size_t side_stride) {
+    const int64_t qb = type_table[type].blck_size, nb = n / qb;
+    const size_t xs = type_table[type].type_size;
+    PSV_ASSERT(n % qb == 0 && nr >= 1 && nr <= R);
+    const uint8_t *yr[4];
+    const int32_t *ao[4];
+    const int16_t *as[4];
+    const double *dy[4];
+    for (int r = 0; r < 4; r++) {
+        const int rr = PSV_MIN(r, nr - 1);
+        const uint8_t *sd = side + (size_t)rr * side_stride;
+        yr[r] = y + (size_t)rr * y_stride;
+        as[r] = (const int16_t *)(const void *)sd;
+        dy[r] = (const double *)(const void *)(sd + k_act_side_d(n));
+        ao[r] = (const int32_t *)(const void *)(sd + k_act_side_o(n));
+    }
+    const bool one = type == T_Q4_1 || type == T_Q5_1, min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    const size_t od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : type == T_Q2_K ? 80 : 0; // dx (dmin after it)
+    float64x2_t acc[K_BLOCK_LANES][2];
+    K_UNROLL
+    for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *xb = x + (size_t)b * xs;
+        int32x4_t is, ms;
+        k_gemv_ints_neon(dp, type, R, xb, b, yr, ao, as, &is, &ms);
+        const double dx = (double)k_f16_neon(xb + od), dm = (double)k_f16_neon(xb + od + 2);
+        float64x2_t t[2];
+        K_UNROLL
+        for (int h = 0; h < 2; h++) { // activation rows 2h, 2h + 1
+            const float64x2_t d = vcombine_f64(vld1_f64(dy[2 * h] + b), vld1_f64(dy[2 * h + 1] + b));
+            const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
+            if (min) { // reference: dy * (dx * isum - dmin * msum)
+                const float64x2_t msd = vcvtq_f64_s64(h ? vmovl_high_s32(ms) : vmovl_s32(vget_low_s32(ms)));
+                const float64x2_t di = k_no_fuse_f64x2(vmulq_n_f64(isd, dx)), dn = k_no_fuse_f64x2(vmulq_n_f64(msd, dm));
+                t[h] = k_no_fuse_f64x2(vmulq_f64(vsubq_f64(di, dn), d));
+            } else if (one) { // reference: dx * dy * isum + mx * sy, both products exact: one FMA
+                const float64x2_t sy = vcombine_f64(vld1_f64(dy[2 * h] + nb + b), vld1_f64(dy[2 * h + 1] + nb + b));
+                t[h] = vfmaq_f64(vmulq_n_f64(sy, dm), vmulq_n_f64(d, dx), isd);
+            } else { // reference: dx * dy * isum
+                t[h] = k_no_fuse_f64x2(vmulq_f64(vmulq_n_f64(d, dx), isd));
+            }
+        }
+        k_gemv1_add_neon(acc, b, t);
+    }
+    float out[4];
+    K_UNROLL
+    for (int h = 0; h < 2; h++) // the lanes in the reference's order, rounded once
+        vst1_f32(out + 2 * h, vcvt_f32_f64(vaddq_f64(vaddq_f64(vaddq_f64(acc[0][h], acc[1][h]), acc[2][h]), acc[3][h])));
+    for (int r = 0; r < nr; r++) s[r * s_stride] = out[r];
+}
+
+// k_gemv_fn, for the neon set and (with sdot) the dotprod and i8mm sets.
+#define K_DEF_GEMV_NEON(name, type)                                                                                    \
+    static void name##_neon(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys,            \
+                            const uint8_t *side, size_t sds, int nr) {                                                 \
+        if (nr <= 2) k_gemv_core_neon(false, type, 2, nr, n, s, ss, x, y, ys, side, sds);                              \
+        else k_gemv_core_neon(false, type, 4, nr, n, s, ss, x, y, ys, side, sds);                                      \
+    }                                                                                                                  \
+    K_DOTPROD static void name##_dotprod(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys, \
+                                         const uint8_t *side, size_t sds, int nr) {                                    \
+        if (nr <= 2) k_gemv_core_neon(true, type, 2, nr, n, s, ss, x, y, ys, side, sds);                               \
+        else k_gemv_core_neon(true, type, 4, nr, n, s, ss, x, y, ys, side, sds);                                       \
+    }
+K_DEF_GEMV_NEON(k_gemv_q4_0, T_Q4_0)
+K_DEF_GEMV_NEON(k_gemv_q4_1, T_Q4_1)
+K_DEF_GEMV_NEON(k_gemv_q5_0, T_Q5_0)
+K_DEF_GEMV_NEON(k_gemv_q5_1, T_Q5_1)
+K_DEF_GEMV_NEON(k_gemv_q8_0, T_Q8_0)
+K_DEF_GEMV_NEON(k_gemv_q2_k, T_Q2_K)
+K_DEF_GEMV_NEON(k_gemv_q3_k, T_Q3_K)
+K_DEF_GEMV_NEON(k_gemv_q4_k, T_Q4_K)
+K_DEF_GEMV_NEON(k_gemv_q5_k, T_Q5_K)
+K_DEF_GEMV_NEON(k_gemv_q6_k, T_Q6_K)
+
 // ---- NEON: packing GEMM panels ------------------------------------------------------------------
 // k_panel_pack with vector unpacking: each row's block becomes its panel bytes in order (the
 // unsigned quants plus offset in value order; the 4-bit types too, k_panel_bytes4), and 4 x 4
@@ -15795,6 +15991,20 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     t[T_Q5_1].gemv1 = dp ? k_gemv1_q5_1_dotprod : k_gemv1_q5_1_neon;
     t[T_Q3_K].gemv1 = dp ? k_gemv1_q3_k_dotprod : k_gemv1_q3_k_neon;
     t[T_Q6_K].gemv1 = dp ? k_gemv1_q6_k_dotprod : k_gemv1_q6_k_neon;
+    t[T_Q4_0].gemv = dp ? k_gemv_q4_0_dotprod : k_gemv_q4_0_neon;
+    t[T_Q4_1].gemv = dp ? k_gemv_q4_1_dotprod : k_gemv_q4_1_neon;
+    t[T_Q5_0].gemv = dp ? k_gemv_q5_0_dotprod : k_gemv_q5_0_neon;
+    t[T_Q5_1].gemv = dp ? k_gemv_q5_1_dotprod : k_gemv_q5_1_neon;
+    t[T_Q8_0].gemv = dp ? k_gemv_q8_0_dotprod : k_gemv_q8_0_neon;
+    t[T_Q2_K].gemv = dp ? k_gemv_q2_k_dotprod : k_gemv_q2_k_neon;
+    t[T_Q3_K].gemv = dp ? k_gemv_q3_k_dotprod : k_gemv_q3_k_neon;
+    t[T_Q4_K].gemv = dp ? k_gemv_q4_k_dotprod : k_gemv_q4_k_neon;
+    t[T_Q5_K].gemv = dp ? k_gemv_q5_k_dotprod : k_gemv_q5_k_neon;
+    t[T_Q6_K].gemv = dp ? k_gemv_q6_k_dotprod : k_gemv_q6_k_neon;
+    // the k-quants' products of up to eight rows too: their panels cost 3.0-3.9 instructions a
+    // weight value to pack (tools/arm_icount.sh pack), so the GEMM of eight rows reads 0.57-0.81
+    // a product against gemv's 0.36-0.68 (dotprod; neon 0.51-0.68)
+    for (uint32_t ty = T_Q2_K; ty <= T_Q6_K; ty++) t[ty].gemv_max = 8;
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
     t[T_Q8_1].from_float = k_quant_q8_1_neon;
     t[T_Q8_K].from_float = k_quant_q8_k_neon;
@@ -17301,7 +17511,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
-    if ((n_tok <= MM_GEMV_MAX && j.tr->gemv) || (n_tok == 1 && j.tr->gemv1)) {
+    if ((n_tok <= (j.tr->gemv_max ? j.tr->gemv_max : MM_GEMV_MAX) && j.tr->gemv) || (n_tok == 1 && j.tr->gemv1)) {
         j.sides = s->sides;
         j.side_stride = k_act_side_stride(j.tr, w->n_in, false);
     } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {

@@ -3,12 +3,12 @@
 // translation block with each block's execution logged, and takes the difference between a run
 // that makes the product twice and one that makes it once: one product, on rows of N values, NW
 // weight rows against NR activation rows, as the engine calls the kernels (vec_dot one row by one
-// row, where a set has no other kernel; vec_dot_rows four
+// row, where a set has no other kernel; vec_dot_rows and gemv four
 // activation rows a call, then two; gemm as many as it takes, its panel packed before; gemv1 one). Weights and
 // activations are random values through the reference quantizers. Every result is checked
 // against the reference vec_dot, so a count is never of wrong code.
 //
-//   arm_icount MODE TYPE SET REPS    MODE: dot, rows, gemv1, gemm, pack; TYPE: a weight type (q4_0,
+//   arm_icount MODE TYPE SET REPS    MODE: dot, rows, gemv, gemv1, gemm, pack; TYPE: a weight type (q4_0,
 //                                    q4_k, f16, ...); SET: neon, dotprod, i8mm; REPS: 1 or 2
 // Exit status 3: the set has no such kernel for the type.
 #define PSV_NO_MAIN
@@ -18,7 +18,7 @@ enum { N = 1024, NW = 8, NR = 6 };
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: arm_icount dot|rows|gemv1|gemm|pack TYPE neon|dotprod|i8mm REPS\n");
+        fprintf(stderr, "usage: arm_icount dot|rows|gemv|gemv1|gemm|pack TYPE neon|dotprod|i8mm REPS\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -74,6 +74,12 @@ int main(int argc, char **argv) {
             for (int w = 0; w < NW; w++) {
                 sk->vec_dot_rows(N, &res[0][w], NW, x + (size_t)w * xs, y, ys, 4);
                 sk->vec_dot_rows(N, &res[4][w], NW, x + (size_t)w * xs, y + 4 * ys, ys, 2);
+            }
+    } else if (strcmp(mode, "gemv") == 0 && sk->gemv) {
+        for (int k = 0; k < reps; k++)
+            for (int w = 0; w < NW; w++) {
+                sk->gemv(N, &res[0][w], NW, x + (size_t)w * xs, y, ys, side, ss, 4);
+                sk->gemv(N, &res[4][w], NW, x + (size_t)w * xs, y + 4 * ys, ys, side + 4 * ss, ss, 2);
             }
     } else if (strcmp(mode, "gemv1") == 0 && sk->gemv1) {
         for (int k = 0; k < reps; k++) sk->gemv1(N, res[0], x, xs, NW, 0, k_gemv1_groups(NW), y, side1);

@@ -1,11 +1,11 @@
 #!/bin/sh
 # Instructions a product (a weight value for pack) of an ARM set's kernels, counted under qemu (see
 # tools/arm_icount.c): dot (vec_dot, one weight row by one activation row: products of two and
-# three rows where a set has no rows kernel), rows (vec_dot_rows, products of two and three
-# rows), gemv1 (generation), gemm (prompts), pack (gemm's panels).
+# three rows where a set has no other kernel), rows (vec_dot_rows) and gemv (with the rows' side
+# data: products of two and three rows), gemv1 (generation), gemm (prompts), pack (gemm's panels).
 #   tools/arm_icount.sh [SET [TYPE...]]    SET: neon (default), dotprod, i8mm; TYPE: f16 bf16
 #                                          (default), q4_0, q4_k, q6_k, ...
-# MODES (default "dot rows gemv1 gemm pack") chooses the kernels; ARM_CC (default
+# MODES (default "dot rows gemv gemv1 gemm pack") chooses the kernels; ARM_CC (default
 # aarch64-linux-gnu-gcc; clang: ARM_CC="clang --target=aarch64-linux-gnu -isystem
 # /usr/aarch64-linux-gnu/include -fuse-ld=bfd") and QEMU (default qemu-aarch64) the tools.
 # "-": the set has no such kernel for the type. Exits 1 if any result differs from the reference.
@@ -25,7 +25,7 @@ count() { # the instructions the run executes; its exit status
 }
 wrong=0
 printf '%-6s %-5s %s\n' kernel type "instructions a product (pack: a value)"
-for mode in ${MODES:-dot rows gemv1 gemm pack}; do
+for mode in ${MODES:-dot rows gemv gemv1 gemm pack}; do
     for type in $TYPES; do
         rc=0
         one=$(count $mode $type "$SET" 1) && two=$(count $mode $type "$SET" 2) || rc=$?
