@@ -13981,6 +13981,49 @@ static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int
     return vbslq_u8(vdupq_n_u8(4), hm, lo);
 }
 
+// A Q2_K, Q3_K or Q6_K block's (at x) 16 sub-block scales widened: sub-blocks 0-7 in *lo, 8-15 in
+// *hi (Q2_K's: the low nibbles; Q3_K's: less 32).
+K_INLINE void k_sc16_neon(uint32_t type, const uint8_t *x, int16x8_t *lo, int16x8_t *hi) {
+    int8x16_t sc8;
+    if (type == T_Q6_K) {
+        sc8 = vld1q_s8((const int8_t *)(x + 192));
+    } else if (type == T_Q3_K) {
+        uint32_t s4[4];
+        k_q3_k_scales4(x, s4);
+        sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
+    } else {
+        sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(x), vdupq_n_u8(15)));
+    }
+    *lo = vmovl_s8(vget_low_s8(sc8)), *hi = vmovl_high_s8(sc8);
+}
+
+// sum_k c[k] p[k] over 16 int16 (c: lo | hi; p: p0 | p1), in the lanes of the result.
+K_INLINE int32x4_t k_mul16x16_neon(int16x8_t lo, int16x8_t hi, int16x8_t p0, int16x8_t p1) {
+    int32x4_t c = vmull_s16(vget_low_s16(lo), vget_low_s16(p0));
+    c = vmlal_high_s16(c, lo, p0);
+    c = vmlal_s16(c, vget_low_s16(hi), vget_low_s16(p1));
+    return vmlal_high_s16(c, hi, p1);
+}
+
+// Q2_K's msum (its minimums, the high nibbles of the scale bytes at x, against the stored bsums
+// of the Q8_K block at yb, as the reference takes them), in the lanes of the result.
+K_INLINE int32x4_t k_q2_k_mins_neon(const uint8_t *x, const uint8_t *yb) {
+    const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(x), 4);
+    int16x8_t bs0, bs1;
+    memcpy(&bs0, yb + 260, 16);
+    memcpy(&bs1, yb + 276, 16);
+    return k_mul16x16_neon(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8))), vreinterpretq_s16_u16(vmovl_high_u8(m8)), bs0, bs1);
+}
+
+// The sums of sub-blocks 4j .. 4j + 3 (t[j]) weighted by their scales (lo | hi), in the lanes of
+// the result.
+K_INLINE int32x4_t k_scaled16_neon(const int32x4_t t[4], int16x8_t lo, int16x8_t hi) {
+    int32x4_t sum = vmulq_s32(t[0], vmovl_s16(vget_low_s16(lo)));
+    sum = vmlaq_s32(sum, t[1], vmovl_high_s16(lo));
+    sum = vmlaq_s32(sum, t[2], vmovl_s16(vget_low_s16(hi)));
+    return vmlaq_s32(sum, t[3], vmovl_high_s16(hi));
+}
+
 // Q2_K and Q3_K unpacked in registers (k_q23_k_raw16_neon; Q3_K's 4 taken off each vector), the
 // sums of four sub-blocks at a time (k_sum4x16_neon) weighted by the scales as vectors. (The
 // reference's unpacking to memory and sixteen sub-block sums read 8.8 and 13.7 instructions a
@@ -14003,33 +14046,15 @@ K_INLINE void k_dot_q23_k_neon(bool dp, uint32_t type, int64_t n, float *s, cons
             }
             t[j] = k_sum4x16_neon(dp, qv, a + 64 * j);
         }
-        int8x16_t sc8;
-        if (three) {
-            uint32_t s4[4];
-            k_q3_k_scales4(x, s4);
-            sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
-        } else {
-            sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(x), vdupq_n_u8(15)));
-        }
-        const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
-        int32x4_t sum = vmulq_s32(t[0], vmovl_s16(vget_low_s16(slo)));
-        sum = vmlaq_s32(sum, t[1], vmovl_high_s16(slo));
-        sum = vmlaq_s32(sum, t[2], vmovl_s16(vget_low_s16(shi)));
-        const int32_t isum = vaddvq_s32(vmlaq_s32(sum, t[3], vmovl_high_s16(shi)));
+        int16x8_t slo, shi;
+        k_sc16_neon(type, x, &slo, &shi);
+        const int32_t isum = vaddvq_s32(k_scaled16_neon(t, slo, shi));
         if (three) { // reference: dx * dy * isum
             acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x + 108) * (double)k_ld_f32(y) * (double)isum);
             continue;
         }
-        // the minimums (high nibbles) against the stored bsums; reference: dy * (dx * isum - dmin * msum)
-        const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(x), 4);
-        const int16x8_t mlo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8))), mhi = vreinterpretq_s16_u16(vmovl_high_u8(m8));
-        int16x8_t bs0, bs1;
-        memcpy(&bs0, y + 260, 16);
-        memcpy(&bs1, y + 276, 16);
-        int32x4_t m = vmull_s16(vget_low_s16(mlo), vget_low_s16(bs0));
-        m = vmlal_high_s16(m, mlo, bs0);
-        m = vmlal_s16(m, vget_low_s16(mhi), vget_low_s16(bs1));
-        const int32_t msum = vaddvq_s32(vmlal_high_s16(m, mhi, bs1));
+        // reference: dy * (dx * isum - dmin * msum)
+        const int32_t msum = vaddvq_s32(k_q2_k_mins_neon(x, y));
         acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_ld_f32(y) * ((double)k_f16_neon(x + 80) * (double)isum -
                                                                    (double)k_f16_neon(x + 82) * (double)msum));
     }
@@ -14888,42 +14913,17 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                     }
                     last = t[j] = k_sum4x16_neon(false, qv, a + 64 * j);
                 }
-                int8x16_t sc8;
-                if (type == T_Q6_K) {
-                    sc8 = vld1q_s8((const int8_t *)(xb + 192));
-                } else if (type == T_Q3_K) {
-                    uint32_t s4[4];
-                    k_q3_k_scales4(xb, s4);
-                    sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
-                } else {
-                    sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(xb), vdupq_n_u8(15)));
-                }
-                const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
-                int32x4_t sum = vmulq_s32(t[0], vmovl_s16(vget_low_s16(slo)));
-                sum = vmlaq_s32(sum, t[1], vmovl_high_s16(slo));
-                sum = vmlaq_s32(sum, t[2], vmovl_s16(vget_low_s16(shi)));
-                sum = vmlaq_s32(sum, t[3], vmovl_high_s16(shi));
-                if (off) { // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
-                    int32x4_t c = vmull_s16(vget_low_s16(slo), vget_low_s16(as0));
-                    c = vmlal_high_s16(c, slo, as0);
-                    c = vmlal_s16(c, vget_low_s16(shi), vget_low_s16(as1));
-                    sum = vmlsq_n_s32(sum, vmlal_high_s16(c, shi, as1), off);
-                }
+                int16x8_t slo, shi;
+                k_sc16_neon(type, xb, &slo, &shi);
+                int32x4_t sum = k_scaled16_neon(t, slo, shi);
+                if (off) // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
+                    sum = vmlsq_n_s32(sum, k_mul16x16_neon(slo, shi, as0, as1), off);
                 is[r] = vaddvq_s32(sum);
                 dx[r] = k_f16_neon(xb + od);
                 ms[r] = 0;
                 dm[r] = 0;
-                if (type == T_Q2_K) { // the minimums (high nibbles) against the stored bsums
-                    const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(xb), 4);
-                    const int16x8_t mlo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8)));
-                    const int16x8_t mhi = vreinterpretq_s16_u16(vmovl_high_u8(m8));
-                    int16x8_t bs0, bs1;
-                    memcpy(&bs0, yb + 260, 16);
-                    memcpy(&bs1, yb + 276, 16);
-                    int32x4_t m = vmull_s16(vget_low_s16(mlo), vget_low_s16(bs0));
-                    m = vmlal_high_s16(m, mlo, bs0);
-                    m = vmlal_s16(m, vget_low_s16(mhi), vget_low_s16(bs1));
-                    ms[r] = vaddvq_s32(vmlal_high_s16(m, mhi, bs1));
+                if (type == T_Q2_K) { // the minimums against the stored bsums
+                    ms[r] = vaddvq_s32(k_q2_k_mins_neon(xb, yb));
                     dm[r] = k_f16_neon(xb + od + 2);
                 }
             }
@@ -15023,17 +15023,8 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
             m[r] = vmlaq_s32(vmulq_s32(vpaddlq_s16(bs0), m03), vpaddlq_s16(bs1), m47);
         }
     } else { // Q2_K, Q3_K, Q6_K: four sub-blocks at a time (k_sum4x16_neon), scaled by vector
-        int8x16_t sc8;
-        if (type == T_Q6_K) {
-            sc8 = vld1q_s8((const int8_t *)(xb + 192));
-        } else if (type == T_Q3_K) {
-            uint32_t s4[4];
-            k_q3_k_scales4(xb, s4);
-            sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
-        } else {
-            sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(xb), vdupq_n_u8(15)));
-        }
-        const int16x8_t slo = vmovl_s8(vget_low_s8(sc8)), shi = vmovl_high_s8(sc8);
+        int16x8_t slo, shi;
+        k_sc16_neon(type, xb, &slo, &shi);
         const int32x4_t sc[4] = {vmovl_s16(vget_low_s16(slo)), vmovl_high_s16(slo), vmovl_s16(vget_low_s16(shi)),
                                  vmovl_high_s16(shi)};
         K_UNROLL
@@ -15052,24 +15043,13 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
-            if (type != T_Q2_K) { // less off * sum_k sc_k * S_k (S: the activation's sums of 16)
-                const int16x8_t as0 = vld1q_s16(as[r] + 16 * b), as1 = vld1q_s16(as[r] + 16 * b + 8);
-                int32x4_t c = vmull_s16(vget_low_s16(slo), vget_low_s16(as0));
-                c = vmlal_high_s16(c, slo, as0);
-                c = vmlal_s16(c, vget_low_s16(shi), vget_low_s16(as1));
-                t[r] = vmlsq_n_s32(t[r], vmlal_high_s16(c, shi, as1), k_panel_off(type));
+            if (type == T_Q2_K) { // the minimums against the stored bsums
+                m[r] = k_q2_k_mins_neon(xb, yr[r] + (size_t)b * K_Q8_K_SIZE);
                 continue;
             }
-            const uint8x16_t m8 = vshrq_n_u8(vld1q_u8(xb), 4); // the minimums against the stored bsums
-            const int16x8_t mlo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m8))), mhi = vreinterpretq_s16_u16(vmovl_high_u8(m8));
-            const uint8_t *yb = yr[r] + (size_t)b * K_Q8_K_SIZE;
-            int16x8_t bs0, bs1;
-            memcpy(&bs0, yb + 260, 16);
-            memcpy(&bs1, yb + 276, 16);
-            int32x4_t c = vmull_s16(vget_low_s16(mlo), vget_low_s16(bs0));
-            c = vmlal_high_s16(c, mlo, bs0);
-            c = vmlal_s16(c, vget_low_s16(mhi), vget_low_s16(bs1));
-            m[r] = vmlal_high_s16(c, mhi, bs1);
+            // less off * sum_k sc_k * S_k (S: the activation's sums of 16)
+            const int16x8_t as0 = vld1q_s16(as[r] + 16 * b), as1 = vld1q_s16(as[r] + 16 * b + 8);
+            t[r] = vmlsq_n_s32(t[r], k_mul16x16_neon(slo, shi, as0, as1), k_panel_off(type));
         }
     }
     *is = k_hsum4_neon(t);
