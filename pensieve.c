@@ -14185,18 +14185,19 @@ K_DEF_DOTK_NEON(k_dot_q6_k_q8_k, k_dot_q6_k_neon)
 
 // ---- NEON: GEMM on panels -----------------------------------------------------------------------
 // Activation rows against one panel (see "GEMM panels"), as the AVX-512 kernels do it, with sdot
-// by element (the neon set: widening multiplies of the same panels, k_gemm_grp16_neon): a panel vector's 32 bytes are two 16-byte halves (weight rows 0-3 and 4-7, four
-// quants of each), and one sdot of a half against four activation bytes (a 32-bit lane of the
-// activation's 16 bytes in a register) advances four dot products, with no horizontal sums. The
-// packed quants are the stored value plus the type's offset (k_panel_off), at most 63 and so
-// valid int8 as they are, except Q8_0's, which this set's panels hold as q (k_panel_signed8),
-// their sums started from 0 instead of the offset term. The k-quants weight each 16 values' sums
-// by their scale (vmla; Q4_K's and Q5_K's each 32 values', their scales' size) and add the
-// offset or minimum terms from the activation's sums of 16 (smlal by element: k_panel_by16,
-// k_by16_neon). Each block's term is formed for the
-// eight weight rows, exactly as the reference forms it, and goes to lane b % 4 of each row: the
-// kernel runs over the blocks of one lane at a time (b = l, l + 4, ...), so one set of double
-// accumulators stays in registers, and adds the four lanes in the reference's order at the end.
+// by element (the neon set: widening multiplies of the same panels, k_gemm_grp16_neon): a panel
+// vector's 32 bytes are two 16-byte halves (weight rows 0-3 and 4-7, four quants of each), and
+// one sdot of a half against four activation bytes (a 32-bit lane of the activation's 16 bytes
+// in a register) advances four dot products, with no horizontal sums. The packed quants are the
+// stored value plus the type's offset (k_panel_off), at most 63 and so valid int8 as they are,
+// except Q8_0's, which these sets' panels hold as q (k_panel_signed8), their sums started from 0
+// instead of the offset term. The k-quants weight each 16 values' sums by their scale (vmla;
+// Q4_K's and Q5_K's each 32 values', their scales' size) and add the offset or minimum terms
+// from the activation's sums of 16 (smlal by element: k_panel_by16, k_by16_neon). Each block's
+// term is formed for the eight weight rows, exactly as the reference forms it, and goes to lane
+// b % 4 of each row: the kernel runs over the blocks of one lane at a time (b = l, l + 4, ...),
+// so one set of double accumulators stays in registers, and adds the four lanes in the
+// reference's order at the end.
 // Activation rows go two at a time (AArch64 has 32 vector registers).
 
 // sdot by element: lane i of acc += sum_k q[4i + k] a[4 lane + k], lane a literal where it is
@@ -14275,12 +14276,12 @@ K_INLINE void k_gemm_grp_neon(int R, const uint8_t *pb, int g, const int8x16_t *
 
 // The neon set's k_gemm_grp_neon, for groups g0 .. g0 + ng - 1 (ng 1 or 2) of R activation rows
 // whose quants are at a[r] (value 16 g0 at a[r] + 16 g0), without sdot: each panel half against
-// its activation lane in all four 32-bit lanes (ld4r: a group's four), by widening multiplies (smull, smull2),
-// whose 16-bit products of a weight row and value position add up over `run` panel vectors before
-// they widen (sadalp) into pairs of a row's lanes, which one pairwise add turns into the rows'
-// lanes at the end. The panel's quants are at most 63 (k_panel_off), so eight panel vectors sum
-// below 2^15 (8 * 31 * 128; Q6_K's 63: four, its groups' length); Q8_0's signed quants widen after
-// each vector (two products of -128 * -128 would not fit).
+// its activation lane in all four 32-bit lanes (ld4r: a group's four), by widening multiplies
+// (smull, smull2), whose 16-bit products of a weight row and value position add up over `run`
+// panel vectors before they widen (sadalp) into pairs of a row's lanes, which one pairwise add
+// turns into the rows' lanes at the end. The panel's quants are at most 63 (k_panel_off), so
+// eight panel vectors sum below 2^15 (8 * 31 * 128; Q6_K's 63: four, its groups' length); Q8_0's
+// signed quants widen after each vector (two products of -128 * -128 would not fit).
 K_INLINE void k_gemm_grp16_neon(uint32_t type, int R, const uint8_t *pb, int g0, int ng, const int8_t *const *a,
                                 int32x4_t *s0, int32x4_t *s1) {
     const int nv = 4 * ng, run = type == T_Q8_0 ? 1 : nv;
@@ -14385,7 +14386,7 @@ K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_t *a0, con
 // them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r, before the offset and
 // minimum terms.
 K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t *a0, const int8_t *a1,
-                                            int32x4_t i0[2], int32x4_t i1[2]) {
+                                  int32x4_t i0[2], int32x4_t i1[2]) {
     const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale
     int32x4_t c[4];
     K_UNROLL
@@ -14412,8 +14413,8 @@ K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t
 // of 16) added to i0[r] (weight rows 0-3) and i1[r] (4-7), and the minimum's (Q2_K, Q4_K, Q5_K:
 // against the stored bsums, as the reference takes them) to m0[r] and m1[r].
 K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
-                                           const int16_t *const *ar, int32x4_t *i0, int32x4_t *i1, int32x4_t *m0,
-                                           int32x4_t *m1) {
+                                 const int16_t *const *ar, int32x4_t *i0, int32x4_t *i1, int32x4_t *m0,
+                                 int32x4_t *m1) {
     const bool cor = type == T_Q3_K || type == T_Q6_K, min = k_panel_min(type);
     const int16_t *co = (const int16_t *)(const void *)(pb + (cor ? k_panel_cor(type) : k_panel_mco(type)));
     int16x8_t c[16];
@@ -14434,8 +14435,8 @@ K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_
 // dx * dy exact and the FMA rounding once (Q4_1, Q5_1: dx * dy * isum + mx * sy as the reference
 // rounds it); the k-quants' are the reference's dy * (dx * isum - dmin * msum) or dx * dy * isum.
 K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
-                                           const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
-                                           const int32_t *const *ao, float64x2_t acc[2][4]) {
+                                 const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
+                                 const int32_t *const *ao, float64x2_t acc[2][4]) {
     const bool min = k_panel_min(type);
     float64x2_t dx[4], dm[4];
     k_panel_scales_neon(type, pb, dx, dm);
@@ -15056,6 +15057,32 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
     *ms = k_hsum4_neon(m);
 }
 
+// Block b of the weight row (at xb) against the R activation rows: their terms, rows 2h and 2h + 1
+// in t[h], each formed as the reference forms it.
+K_INLINE void k_gemv_blk_neon(bool dp, uint32_t type, int R, const uint8_t *xb, int64_t b, int64_t nb, const uint8_t *const yr[4],
+                              const int32_t *const ao[4], const int16_t *const as[4], const double *const dy[4], float64x2_t t[2]) {
+    const bool one = type == T_Q4_1 || type == T_Q5_1, min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+    const size_t od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : type == T_Q2_K ? 80 : 0; // dx (dmin after it)
+    int32x4_t is, ms;
+    k_gemv_ints_neon(dp, type, R, xb, b, yr, ao, as, &is, &ms);
+    const double dx = (double)k_f16_neon(xb + od), dm = (double)k_f16_neon(xb + od + 2);
+    K_UNROLL
+    for (int h = 0; h < 2; h++) { // activation rows 2h, 2h + 1
+        const float64x2_t d = vcombine_f64(vld1_f64(dy[2 * h] + b), vld1_f64(dy[2 * h + 1] + b));
+        const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
+        if (min) { // reference: dy * (dx * isum - dmin * msum)
+            const float64x2_t msd = vcvtq_f64_s64(h ? vmovl_high_s32(ms) : vmovl_s32(vget_low_s32(ms)));
+            const float64x2_t di = k_no_fuse_f64x2(vmulq_n_f64(isd, dx)), dn = k_no_fuse_f64x2(vmulq_n_f64(msd, dm));
+            t[h] = k_no_fuse_f64x2(vmulq_f64(vsubq_f64(di, dn), d));
+        } else if (one) { // reference: dx * dy * isum + mx * sy, both products exact: one FMA
+            const float64x2_t sy = vcombine_f64(vld1_f64(dy[2 * h] + nb + b), vld1_f64(dy[2 * h + 1] + nb + b));
+            t[h] = vfmaq_f64(vmulq_n_f64(sy, dm), vmulq_n_f64(d, dx), isd);
+        } else { // reference: dx * dy * isum
+            t[h] = k_no_fuse_f64x2(vmulq_f64(vmulq_n_f64(d, dx), isd));
+        }
+    }
+}
+
 K_INLINE void k_gemv_core_neon(bool dp, uint32_t type, int R, int nr, int64_t n, float *s, int64_t s_stride, const uint8_t *x,
                                const uint8_t *y, size_t y_stride, const uint8_t *side, size_t side_stride) {
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
@@ -15073,32 +15100,21 @@ K_INLINE void k_gemv_core_neon(bool dp, uint32_t type, int R, int nr, int64_t n,
         dy[r] = (const double *)(const void *)(sd + k_act_side_d(n));
         ao[r] = (const int32_t *)(const void *)(sd + k_act_side_o(n));
     }
-    const bool one = type == T_Q4_1 || type == T_Q5_1, min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-    const size_t od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : type == T_Q2_K ? 80 : 0; // dx (dmin after it)
     float64x2_t acc[K_BLOCK_LANES][2];
     K_UNROLL
     for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *xb = x + (size_t)b * xs;
-        int32x4_t is, ms;
-        k_gemv_ints_neon(dp, type, R, xb, b, yr, ao, as, &is, &ms);
-        const double dx = (double)k_f16_neon(xb + od), dm = (double)k_f16_neon(xb + od + 2);
-        float64x2_t t[2];
-        K_UNROLL
-        for (int h = 0; h < 2; h++) { // activation rows 2h, 2h + 1
-            const float64x2_t d = vcombine_f64(vld1_f64(dy[2 * h] + b), vld1_f64(dy[2 * h + 1] + b));
-            const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
-            if (min) { // reference: dy * (dx * isum - dmin * msum)
-                const float64x2_t msd = vcvtq_f64_s64(h ? vmovl_high_s32(ms) : vmovl_s32(vget_low_s32(ms)));
-                const float64x2_t di = k_no_fuse_f64x2(vmulq_n_f64(isd, dx)), dn = k_no_fuse_f64x2(vmulq_n_f64(msd, dm));
-                t[h] = k_no_fuse_f64x2(vmulq_f64(vsubq_f64(di, dn), d));
-            } else if (one) { // reference: dx * dy * isum + mx * sy, both products exact: one FMA
-                const float64x2_t sy = vcombine_f64(vld1_f64(dy[2 * h] + nb + b), vld1_f64(dy[2 * h + 1] + nb + b));
-                t[h] = vfmaq_f64(vmulq_n_f64(sy, dm), vmulq_n_f64(d, dx), isd);
-            } else { // reference: dx * dy * isum
-                t[h] = k_no_fuse_f64x2(vmulq_f64(vmulq_n_f64(d, dx), isd));
+    int64_t b = 0;
+    if (qb == 32) // four blocks a step, each to its lane (the lane switch cost a 32-value block five instructions)
+        for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES)
+            K_UNROLL
+            for (int l = 0; l < K_BLOCK_LANES; l++) {
+                float64x2_t t[2];
+                k_gemv_blk_neon(dp, type, R, x + (size_t)(b + l) * xs, b + l, nb, yr, ao, as, dy, t);
+                acc[l][0] = vaddq_f64(acc[l][0], t[0]), acc[l][1] = vaddq_f64(acc[l][1], t[1]);
             }
-        }
+    for (; b < nb; b++) {
+        float64x2_t t[2];
+        k_gemv_blk_neon(dp, type, R, x + (size_t)b * xs, b, nb, yr, ao, as, dy, t);
         k_gemv1_add_neon(acc, b, t);
     }
     float out[4];
