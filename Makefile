@@ -8,7 +8,8 @@ SHARED   ?= ../shared
 BUILD     = build
 TEST_SRCS = $(wildcard tests/test_*.c)
 TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
-TEST_SH   = $(wildcard tests/cli_*.sh)
+# (tests/cli_armcpus.sh runs the arm64 test_simd that make test-arm64 builds: it is that target's)
+TEST_SH   = $(filter-out tests/cli_armcpus.sh,$(wildcard tests/cli_*.sh))
 FUZZ_SRCS = $(wildcard tests/fuzz_*.c)
 TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never links it
 ARM_CC   ?= aarch64-linux-gnu-gcc
