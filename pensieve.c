@@ -13858,12 +13858,13 @@ K_INLINE int32x4_t k_dot16x_neon(bool dp, int32x4_t acc, int8x16_t q, int8x16_t 
     return vpadalq_s16(acc, vmull_high_s8(q, a));
 }
 
-// sum q[i] a[i] over the 32 int8 pairs of (q0 | q1) and (a0 | a1) into the lanes of acc, for
-// quants of magnitude at most 63 (every type's but Q8_0's): sdot with dp, else widening multiplies
+// sum q[i] a[i] over the 32 int8 pairs of (q0 | q1) and (a0 | a1) into the lanes of acc: sdot
+// with dp; else, for quants of magnitude at most 63 (every type's but Q8_0's), widening multiplies
 // whose four products a 16-bit lane hold (4 * 63 * 128 < 2^15) and one pairwise add into acc,
-// where k_dot16x_neon's two a 16 took four.
-K_INLINE int32x4_t k_dot32w_neon(bool dp, int32x4_t acc, int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
+// where k_dot16x_neon's two a 16 took four; Q8_0's (q8) by k_dot16x_neon.
+K_INLINE int32x4_t k_dot32w_neon(bool dp, bool q8, int32x4_t acc, int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
     if (dp) return k_sdot_neon(k_sdot_neon(acc, q0, a0), q1, a1);
+    if (q8) return k_dot16x_neon(false, k_dot16x_neon(false, acc, q0, a0), q1, a1);
     int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(a0)), q0, a0);
     p = vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
     return vpadalq_s16(acc, p);
@@ -13921,8 +13922,7 @@ K_INLINE void k_dot32_neon(bool dp, uint32_t type, int64_t n, float *s, const ui
         k_w32_neon(type, x, &lo, &hi);
         const int8_t *a = (const int8_t *)(y + (q81 ? 4 : 2));
         const int32x4_t z = vdupq_n_s32(0);
-        int32_t isum = vaddvq_s32(type == T_Q8_0 ? k_dot16x_neon(dp, k_dot16x_neon(dp, z, lo, vld1q_s8(a)), hi, vld1q_s8(a + 16))
-                                                 : k_dot32w_neon(dp, z, lo, vld1q_s8(a), hi, vld1q_s8(a + 16)));
+        int32_t isum = vaddvq_s32(k_dot32w_neon(dp, type == T_Q8_0, z, lo, vld1q_s8(a), hi, vld1q_s8(a + 16)));
         if (q81)
             acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x) * (double)k_f16_neon(y) * (double)isum +
                                                 (double)k_f16_neon(x + 2) * (double)k_f16_neon(y + 2));
@@ -13979,6 +13979,29 @@ static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int
     if (type != T_Q3_K) return lo;
     const uint8x16_t hm = vshlq_u8(vld1q_u8(x + 16 * half), vdupq_n_s8((int8_t)(2 - 4 * h - j))); // bit 4h + j to bit 2
     return vbslq_u8(vdupq_n_u8(4), hm, lo);
+}
+
+// Q6_K unpacked in registers: for half h and quarter k, values 128h + 32k + l (l < 32) have their
+// low nibble in ql[64h + 32(k&1) + l] at bit 4(k>>1) and their top bits in qh[32h + l] at bit 2k;
+// the 16 values of each half of l are one sub-block. k_q6_k_raw16_neon: values 128h + 32k +
+// 16 half ... + 15 of the block at x as stored (6 bits: q + 32).
+static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int half) {
+    uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
+    l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+    uint8x16_t hb = vld1q_u8(x + 128 + 32 * h + 16 * half); // bits 2k, 2k + 1 to bits 4, 5:
+    hb = k == 0 ? vshlq_n_u8(hb, 4) : k == 1 ? vshlq_n_u8(hb, 2) : k == 2 ? hb : vshrq_n_u8(hb, 2);
+    return vbslq_u8(vdupq_n_u8(0x30), hb, l); // (k: a literal where the callers unroll)
+}
+
+// Sub-blocks 4j .. 4j + 3 of a Q2_K, Q3_K or Q6_K block (at x), as stored plus the type's offset,
+// in qv[0..3] (value e = 128h + 32k + 16 half is in sub-block e / 16; j a literal where the
+// callers unroll).
+K_INLINE void k_kq16_quad_neon(uint32_t type, const uint8_t *x, int j, int8x16_t qv[4]) {
+    K_UNROLL
+    for (int i = 0; i < 4; i++) {
+        const int h = j / 2, k = 2 * (j % 2) + i / 2, half = i % 2;
+        qv[i] = vreinterpretq_s8_u8(type == T_Q6_K ? k_q6_k_raw16_neon(x, h, k, half) : k_q23_k_raw16_neon(type, x, h, k, half));
+    }
 }
 
 // A Q2_K, Q3_K or Q6_K block's (at x) 16 sub-block scales widened: sub-blocks 0-7 in *lo, 8-15 in
@@ -14039,11 +14062,9 @@ K_INLINE void k_dot_q23_k_neon(bool dp, uint32_t type, int64_t n, float *s, cons
         K_UNROLL
         for (int j = 0; j < 4; j++) {
             int8x16_t qv[4];
+            k_kq16_quad_neon(type, x, j, qv);
             K_UNROLL
-            for (int i = 0; i < 4; i++) {
-                qv[i] = vreinterpretq_s8_u8(k_q23_k_raw16_neon(type, x, j / 2, 2 * (j % 2) + i / 2, i % 2));
-                if (three) qv[i] = vsubq_s8(qv[i], vdupq_n_s8(4));
-            }
+            for (int i = 0; i < 4 && three; i++) qv[i] = vsubq_s8(qv[i], vdupq_n_s8(4));
             t[j] = k_sum4x16_neon(dp, qv, a + 64 * j);
         }
         int16x8_t slo, shi;
@@ -14092,8 +14113,9 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
     uint8x16_t v[4];
     k_q45_k_bytes_neon(qs, qh, c, v);
     const int8_t *ac = a + 64 * c;
-    *lo = k_dot32w_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), vld1q_s8(ac), vreinterpretq_s8_u8(v[1]), vld1q_s8(ac + 16));
-    *hi = k_dot32w_neon(dp, vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32), vreinterpretq_s8_u8(v[3]),
+    *lo = k_dot32w_neon(dp, false, vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), vld1q_s8(ac), vreinterpretq_s8_u8(v[1]),
+                        vld1q_s8(ac + 16));
+    *hi = k_dot32w_neon(dp, false, vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32), vreinterpretq_s8_u8(v[3]),
                         vld1q_s8(ac + 48));
 }
 
@@ -14146,18 +14168,6 @@ K_INLINE void k_dot_q4_k_neon(bool dp, int64_t n, float *s, const void *x, const
 K_INLINE void k_dot_q5_k_neon(bool dp, int64_t n, float *s, const void *x, const void *y) { k_dot_q45_k_neon(dp, n, s, x, y, true); }
 K_DEF_DOTK_NEON(k_dot_q4_k_q8_k, k_dot_q4_k_neon)
 K_DEF_DOTK_NEON(k_dot_q5_k_q8_k, k_dot_q5_k_neon)
-
-// Q6_K unpacked in registers: for half h and quarter k, values 128h + 32k + l (l < 32) have their
-// low nibble in ql[64h + 32(k&1) + l] at bit 4(k>>1) and their top bits in qh[32h + l] at bit 2k;
-// the 16 values of each half of l are one sub-block. k_q6_k_raw16_neon: values 128h + 32k +
-// 16 half ... + 15 of the block at x as stored (6 bits: q + 32).
-static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int half) {
-    uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
-    l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
-    uint8x16_t hb = vld1q_u8(x + 128 + 32 * h + 16 * half); // bits 2k, 2k + 1 to bits 4, 5:
-    hb = k == 0 ? vshlq_n_u8(hb, 4) : k == 1 ? vshlq_n_u8(hb, 2) : k == 2 ? hb : vshrq_n_u8(hb, 2);
-    return vbslq_u8(vdupq_n_u8(0x30), hb, l); // (k: a literal where the callers unroll)
-}
 
 K_INLINE void k_dot_q6_k_neon(bool dp, int64_t n, float *s, const void *vx, const void *vy) {
     PSV_ASSERT(n % QK_K == 0);
@@ -14727,8 +14737,7 @@ K_INLINE void k_gemv1_blk32_neon(bool dp, uint32_t type, const uint8_t *const xr
         if (!dp && r > 0) __asm__("" : "+r"(xq) : "w"(t[r - 1])); // (as in k_gemv1_kq16_neon)
         int8x16_t lo, hi;
         k_w32_off_neon(type, xq, &lo, &hi, true);
-        t[r] = type == T_Q8_0 && !dp ? k_dot16x_neon(false, k_dot16x_neon(false, t0, lo, a0), hi, a1)
-                                     : k_dot32w_neon(dp, t0, lo, a0, hi, a1);
+        t[r] = k_dot32w_neon(dp, type == T_Q8_0, t0, lo, a0, hi, a1);
     }
     const int32x4_t is = k_hsum4_neon(t);
     const float32x4_t dx = k_f16x4_neon(xb, 0);
@@ -14906,12 +14915,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                     // hoisted the four rows' unpacking above their products, and spilled
                     __asm__("" : "+r"(xq) : "w"(last));
                     int8x16_t qv[4];
-                    K_UNROLL
-                    for (int i = 0; i < 4; i++) { // (the quants plus the type's offset)
-                        const int h = j / 2, k = 2 * (j % 2) + i / 2, half = i % 2;
-                        qv[i] = vreinterpretq_s8_u8(type == T_Q6_K ? k_q6_k_raw16_neon(xq, h, k, half)
-                                                                   : k_q23_k_raw16_neon(type, xq, h, k, half));
-                    }
+                    k_kq16_quad_neon(type, xq, j, qv);
                     last = t[j] = k_sum4x16_neon(false, qv, a + 64 * j);
                 }
                 int16x8_t slo, shi;
@@ -14983,8 +14987,7 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
             const int8_t *a = (const int8_t *)(yr[r] + (size_t)b * ys + qo);
             const int32x4_t t0 = off ? vld1q_lane_s32(ao[r] + b, vdupq_n_s32(0), 0) : vdupq_n_s32(0);
             const int8x16_t a0 = vld1q_s8(a), a1 = vld1q_s8(a + 16);
-            t[r] = type == T_Q8_0 && !dp ? k_dot16x_neon(false, k_dot16x_neon(false, t0, lo, a0), hi, a1)
-                                         : k_dot32w_neon(dp, t0, lo, a0, hi, a1);
+            t[r] = k_dot32w_neon(dp, type == T_Q8_0, t0, lo, a0, hi, a1);
         }
         K_UNROLL
         for (int r = R; r < 4; r++) t[r] = vdupq_n_s32(0);
@@ -15007,10 +15010,10 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
             for (int r = 0; r < R; r++) {
                 const int8_t *a = (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c);
                 const int32x4_t z = vdupq_n_s32(0);
-                const int32x4_t u0 = k_dot32w_neon(dp, z, vreinterpretq_s8_u8(v[0]), vld1q_s8(a), vreinterpretq_s8_u8(v[1]),
+                const int32x4_t u0 = k_dot32w_neon(dp, false, z, vreinterpretq_s8_u8(v[0]), vld1q_s8(a), vreinterpretq_s8_u8(v[1]),
                                                    vld1q_s8(a + 16));
-                const int32x4_t u1 = k_dot32w_neon(dp, z, vreinterpretq_s8_u8(v[2]), vld1q_s8(a + 32), vreinterpretq_s8_u8(v[3]),
-                                                   vld1q_s8(a + 48));
+                const int32x4_t u1 = k_dot32w_neon(dp, false, z, vreinterpretq_s8_u8(v[2]), vld1q_s8(a + 32),
+                                                   vreinterpretq_s8_u8(v[3]), vld1q_s8(a + 48));
                 t[r] = c % 2 ? vmlaq_laneq_s32(vmlaq_laneq_s32(t[r], u0, sc, 2), u1, sc, 3)
                              : vmlaq_laneq_s32(vmlaq_laneq_s32(t[r], u0, sc, 0), u1, sc, 1);
             }
@@ -15031,12 +15034,7 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
         K_UNROLL
         for (int j = 0; j < 4; j++) {
             int8x16_t qv[4];
-            K_UNROLL
-            for (int i = 0; i < 4; i++) { // (the quants plus the type's offset)
-                const int h = j / 2, k = 2 * (j % 2) + i / 2, half = i % 2;
-                qv[i] = vreinterpretq_s8_u8(type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half)
-                                                           : k_q23_k_raw16_neon(type, xb, h, k, half));
-            }
+            k_kq16_quad_neon(type, xb, j, qv);
             K_UNROLL
             for (int r = 0; r < R; r++)
                 t[r] = vmlaq_s32(t[r], k_sum4x16_neon(dp, qv, (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * j)),
@@ -15124,17 +15122,22 @@ K_INLINE void k_gemv_core_neon(bool dp, uint32_t type, int R, int nr, int64_t n,
     for (int r = 0; r < nr; r++) s[r * s_stride] = out[r];
 }
 
-// k_gemv_fn, for the neon set and (with sdot) the dotprod and i8mm sets.
+// k_gemv_fn: nr rows as R = 2 or 4.
+K_INLINE void k_gemv_neon(bool dp, uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys,
+                          const uint8_t *side, size_t sds, int nr) {
+    if (nr <= 2) k_gemv_core_neon(dp, type, 2, nr, n, s, ss, x, y, ys, side, sds);
+    else k_gemv_core_neon(dp, type, 4, nr, n, s, ss, x, y, ys, side, sds);
+}
+
+// Each type's gemv for the neon set and (with sdot) the dotprod and i8mm sets.
 #define K_DEF_GEMV_NEON(name, type)                                                                                    \
     static void name##_neon(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys,            \
                             const uint8_t *side, size_t sds, int nr) {                                                 \
-        if (nr <= 2) k_gemv_core_neon(false, type, 2, nr, n, s, ss, x, y, ys, side, sds);                              \
-        else k_gemv_core_neon(false, type, 4, nr, n, s, ss, x, y, ys, side, sds);                                      \
+        k_gemv_neon(false, type, n, s, ss, x, y, ys, side, sds, nr);                                                   \
     }                                                                                                                  \
     K_DOTPROD static void name##_dotprod(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys, \
                                          const uint8_t *side, size_t sds, int nr) {                                    \
-        if (nr <= 2) k_gemv_core_neon(true, type, 2, nr, n, s, ss, x, y, ys, side, sds);                               \
-        else k_gemv_core_neon(true, type, 4, nr, n, s, ss, x, y, ys, side, sds);                                       \
+        k_gemv_neon(true, type, n, s, ss, x, y, ys, side, sds, nr);                                                    \
     }
 K_DEF_GEMV_NEON(k_gemv_q4_0, T_Q4_0)
 K_DEF_GEMV_NEON(k_gemv_q4_1, T_Q4_1)
@@ -15961,8 +15964,15 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     // (Q4_1 and Q4_K: the 5-bit types' GEMM on panels in their layout, k_panel_bytes4)
 #define K_NEON_DOT(T, t, a, g) \
     {T, k_dot_##t##_##a##_neon, k_dot_##t##_##a##_dotprod, k_gemm_##g##_neon, k_gemm_##g##_dotprod, k_gemm_##g##_i8mm, \
-     k_pack_##t##_neon, k_pack_##t##_neon_g8}
-    static const struct { uint32_t type; k_vec_dot_fn dot, dot_dp; k_gemm_fn gemm0, gemm, gemm_mm; k_pack_fn pack, pack_mm; } dots[] = {
+     k_pack_##t##_neon, k_pack_##t##_neon_g8, k_gemv1_##t##_neon, k_gemv1_##t##_dotprod, k_gemv_##t##_neon, k_gemv_##t##_dotprod}
+    static const struct {
+        uint32_t type;
+        k_vec_dot_fn dot, dot_dp;
+        k_gemm_fn gemm0, gemm, gemm_mm;
+        k_pack_fn pack, pack_mm;
+        k_gemv1_fn gemv1, gemv1_dp;
+        k_gemv_fn gemv, gemv_dp;
+    } dots[] = {
         K_NEON_DOT(T_Q4_0, q4_0, q8_0, q4_0), K_NEON_DOT(T_Q4_1, q4_1, q8_1, q5_1), K_NEON_DOT(T_Q5_0, q5_0, q8_0, q5_0),
         K_NEON_DOT(T_Q5_1, q5_1, q8_1, q5_1), K_NEON_DOT(T_Q8_0, q8_0, q8_0, q8_0), K_NEON_DOT(T_Q2_K, q2_k, q8_k, q2_k),
         K_NEON_DOT(T_Q3_K, q3_k, q8_k, q3_k), K_NEON_DOT(T_Q4_K, q4_k, q8_k, q5_k), K_NEON_DOT(T_Q5_K, q5_k, q8_k, q5_k),
@@ -15976,31 +15986,13 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
         k->gemm = mm ? dots[i].gemm_mm : dp ? dots[i].gemm : dots[i].gemm0, k->pack = mm ? dots[i].pack_mm : dots[i].pack;
         k->gemm_rows = K_GEMM_ROWS, k->panel_rows = K_PANEL;
         k->panel_blk = k_panel_blk(k_panel_layout(mm ? K_SET_I8MM : K_SET_DOTPROD, dots[i].type));
+        k->gemv1 = dp ? dots[i].gemv1_dp : dots[i].gemv1;
+        k->gemv = dp ? dots[i].gemv_dp : dots[i].gemv;
+        // the k-quants' products of up to eight rows too: their panels cost 3.0-3.9 instructions a
+        // weight value to pack (tools/arm_icount.sh pack), so the GEMM of eight rows reads 0.57-0.81
+        // a product against gemv's 0.36-0.68 (dotprod; neon 0.51-0.68)
+        k->gemv_max = type_table[dots[i].type].blck_size == QK_K ? 8 : 0;
     }
-    t[T_Q4_0].gemv1 = dp ? k_gemv1_q4_0_dotprod : k_gemv1_q4_0_neon;
-    t[T_Q5_0].gemv1 = dp ? k_gemv1_q5_0_dotprod : k_gemv1_q5_0_neon;
-    t[T_Q8_0].gemv1 = dp ? k_gemv1_q8_0_dotprod : k_gemv1_q8_0_neon;
-    t[T_Q4_K].gemv1 = dp ? k_gemv1_q4_k_dotprod : k_gemv1_q4_k_neon;
-    t[T_Q5_K].gemv1 = dp ? k_gemv1_q5_k_dotprod : k_gemv1_q5_k_neon;
-    t[T_Q2_K].gemv1 = dp ? k_gemv1_q2_k_dotprod : k_gemv1_q2_k_neon;
-    t[T_Q4_1].gemv1 = dp ? k_gemv1_q4_1_dotprod : k_gemv1_q4_1_neon;
-    t[T_Q5_1].gemv1 = dp ? k_gemv1_q5_1_dotprod : k_gemv1_q5_1_neon;
-    t[T_Q3_K].gemv1 = dp ? k_gemv1_q3_k_dotprod : k_gemv1_q3_k_neon;
-    t[T_Q6_K].gemv1 = dp ? k_gemv1_q6_k_dotprod : k_gemv1_q6_k_neon;
-    t[T_Q4_0].gemv = dp ? k_gemv_q4_0_dotprod : k_gemv_q4_0_neon;
-    t[T_Q4_1].gemv = dp ? k_gemv_q4_1_dotprod : k_gemv_q4_1_neon;
-    t[T_Q5_0].gemv = dp ? k_gemv_q5_0_dotprod : k_gemv_q5_0_neon;
-    t[T_Q5_1].gemv = dp ? k_gemv_q5_1_dotprod : k_gemv_q5_1_neon;
-    t[T_Q8_0].gemv = dp ? k_gemv_q8_0_dotprod : k_gemv_q8_0_neon;
-    t[T_Q2_K].gemv = dp ? k_gemv_q2_k_dotprod : k_gemv_q2_k_neon;
-    t[T_Q3_K].gemv = dp ? k_gemv_q3_k_dotprod : k_gemv_q3_k_neon;
-    t[T_Q4_K].gemv = dp ? k_gemv_q4_k_dotprod : k_gemv_q4_k_neon;
-    t[T_Q5_K].gemv = dp ? k_gemv_q5_k_dotprod : k_gemv_q5_k_neon;
-    t[T_Q6_K].gemv = dp ? k_gemv_q6_k_dotprod : k_gemv_q6_k_neon;
-    // the k-quants' products of up to eight rows too: their panels cost 3.0-3.9 instructions a
-    // weight value to pack (tools/arm_icount.sh pack), so the GEMM of eight rows reads 0.57-0.81
-    // a product against gemv's 0.36-0.68 (dotprod; neon 0.51-0.68)
-    for (uint32_t ty = T_Q2_K; ty <= T_Q6_K; ty++) t[ty].gemv_max = 8;
     t[T_Q8_0].from_float = k_quant_q8_0_neon;
     t[T_Q8_1].from_float = k_quant_q8_1_neon;
     t[T_Q8_K].from_float = k_quant_q8_k_neon;
