@@ -13986,11 +13986,43 @@ static inline uint8x16_t k_q23_k_raw16_neon(uint32_t type, const uint8_t *x, int
 // the 16 values of each half of l are one sub-block. k_q6_k_raw16_neon: values 128h + 32k +
 // 16 half ... + 15 of the block at x as stored (6 bits: q + 32).
 static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int half) {
-    uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
-    l = (k >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+    const uint8x16_t l = vld1q_u8(x + 64 * h + 32 * (k & 1) + 16 * half);
     uint8x16_t hb = vld1q_u8(x + 128 + 32 * h + 16 * half); // bits 2k, 2k + 1 to bits 4, 5:
-    hb = k == 0 ? vshlq_n_u8(hb, 4) : k == 1 ? vshlq_n_u8(hb, 2) : k == 2 ? hb : vshrq_n_u8(hb, 2);
-    return vbslq_u8(vdupq_n_u8(0x30), hb, l); // (k: a literal where the callers unroll)
+    if (k & 1) hb = vshrq_n_u8(hb, 2);                       // (k: a literal where the callers unroll)
+    // k = 0, 1: the pair shifted in above the low nibble (sli), bits 6-7 cleared; k = 2, 3: the
+    // high nibble shifted down into the masked pair (sri)
+    return k < 2 ? vandq_u8(vsliq_n_u8(l, hb, 4), vdupq_n_u8(0x3f)) : vsriq_n_u8(vandq_u8(hb, vdupq_n_u8(0x30)), l, 4);
+}
+
+// The sixteen sub-block sums of a Q6_K block at x (its quants as stored, q + 32) against the
+// activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i. Each 16 bytes of ql and qh
+// are loaded once: for half h and 16 bytes `half`, ql's low nibbles are quarters k = 0, 1 and its
+// high nibbles k = 2, 3 (k_q6_k_raw16_neon), each with the bit pair 2k of qh at bits 4-5: shifted
+// in with sli (k = 0, 1: the low nibble kept, bits 6-7 cleared after) or the nibble shifted down
+// into the masked pair with sri (k = 2, 3): two instructions a quarter, where shifting, masking
+// and or-ing took four.
+K_INLINE void k_q6_k_sums_dp_neon(const uint8_t *x, const int8_t *a, int32x4_t t[4]) {
+    const uint8x16_t m30 = vdupq_n_u8(0x30), m3f = vdupq_n_u8(0x3f);
+    K_UNROLL
+    for (int h = 0; h < 2; h++) {
+        int32x4_t u[2][4]; // [k >> 1][2 (k & 1) + half]: sub-block 8h + 2k + half
+        K_UNROLL
+        for (int half = 0; half < 2; half++) {
+            const uint8x16_t qh = vld1q_u8(x + 128 + 32 * h + 16 * half), qh2 = vshrq_n_u8(qh, 2);
+            K_UNROLL
+            for (int k = 0; k < 2; k++) { // ql of quarters k and k + 2
+                const uint8x16_t ql = vld1q_u8(x + 64 * h + 32 * k + 16 * half), p = k ? qh2 : qh;
+                // (sri first: sli overwrites ql, which would otherwise be copied)
+                const uint8x16_t hi = vsriq_n_u8(vandq_u8(p, m30), ql, 4); // quarter k + 2
+                const uint8x16_t lo = vandq_u8(vsliq_n_u8(ql, p, 4), m3f);  // quarter k
+                const int e = 128 * h + 32 * k + 16 * half;
+                u[0][2 * k + half] = k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(lo), vld1q_s8(a + e));
+                u[1][2 * k + half] = k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(hi), vld1q_s8(a + e + 64));
+            }
+        }
+        t[2 * h] = k_hsum4_neon(u[0]);
+        t[2 * h + 1] = k_hsum4_neon(u[1]);
+    }
 }
 
 // Sub-blocks 4j .. 4j + 3 of a Q2_K, Q3_K or Q6_K block (at x), as stored plus the type's offset,
@@ -14892,7 +14924,9 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
                 int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
-                if (dp) { // sixteen sums, then reduced (clang read 9 % more for Q6_K reduced by fours)
+                if (dp && type == T_Q6_K) {
+                    k_q6_k_sums_dp_neon(xb, a, t);
+                } else if (dp) { // sixteen sums, then reduced (clang read 9 % more for Q6_K reduced by fours)
                     int32x4_t u[16];
                     K_UNROLL
                     for (int h = 0; h < 2; h++)
