@@ -15212,6 +15212,25 @@ static inline void k_tr8_store_neon(const uint8_t *const src[2], int e, uint8_t 
     vst1q_u8(dst + 64, vreinterpretq_u8_u64(vzip2q_u64(a0, a1)));
 }
 
+// An 8 x 16 transpose of bytes: byte 8j + r of t[i] is byte 2i + j of v[r] (t[i]: bytes 2i and
+// 2i + 1 of the eight rows), by zips of 8-, 16- and 32-bit elements.
+static inline void k_tr8x16_neon(const uint8x16_t v[8], uint8x16_t t[8]) {
+    uint8x16_t a[4][2]; // rows 2p, 2p + 1 interleaved: bytes 0-7 (h = 0), 8-15
+    uint16x8_t b[2][2][2]; // rows 4q .. 4q + 3 of bytes 8h + 4g .. 8h + 4g + 3
+    for (int p = 0; p < 4; p++) a[p][0] = vzip1q_u8(v[2 * p], v[2 * p + 1]), a[p][1] = vzip2q_u8(v[2 * p], v[2 * p + 1]);
+    for (int q = 0; q < 2; q++)
+        for (int h = 0; h < 2; h++) {
+            const uint16x8_t x0 = vreinterpretq_u16_u8(a[2 * q][h]), x1 = vreinterpretq_u16_u8(a[2 * q + 1][h]);
+            b[q][h][0] = vzip1q_u16(x0, x1), b[q][h][1] = vzip2q_u16(x0, x1);
+        }
+    for (int h = 0; h < 2; h++)
+        for (int g = 0; g < 2; g++) {
+            const uint32x4_t y0 = vreinterpretq_u32_u16(b[0][h][g]), y1 = vreinterpretq_u32_u16(b[1][h][g]);
+            t[4 * h + 2 * g] = vreinterpretq_u8_u32(vzip1q_u32(y0, y1));
+            t[4 * h + 2 * g + 1] = vreinterpretq_u8_u32(vzip2q_u32(y0, y1));
+        }
+}
+
 // g8: the i8mm set's layout (k_panel_g8), else the dotprod and neon sets'. Every ARM layout holds the quants
 // as bytes (k_panel_bytes4: Q4_1 in Q5_1's layout, Q4_K in Q5_K's).
 K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
@@ -15226,11 +15245,13 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *src[K_PANEL];
-        int sc[K_PANEL][16], cor[K_PANEL][16], mco[K_PANEL][16]; // k-quants only (rows past nw: 0)
-        if (kq) memset(sc, 0, sizeof sc), memset(cor, 0, sizeof cor), memset(mco, 0, sizeof mco);
+        // the k-quants' sixteen scales of sub-blocks of 16 (int8) and minimums of each row, as
+        // bytes (rows past nw: 0); the coefficients of the activation's sums are -off times the scales
+        uint8x16_t scv[K_PANEL], mcv[K_PANEL];
         double dx[K_PANEL] = {0}, dm[K_PANEL] = {0};
         for (int r = 0; r < K_PANEL; r++) {
             src[r] = zero;
+            scv[r] = mcv[r] = vdupq_n_u8(0);
             if (r >= nw) continue;
             const uint8_t *x = w + (size_t)r * ws + (size_t)b * xs;
             switch (type) {
@@ -15246,7 +15267,12 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 dm[r] = (double)k_f16_neon(x + 2);
-                for (int k = 0; k < 16; k++) k_scale_min_k4(x + 4, k / 2, &sc[r][k], &mco[r][k]);
+                int32x4_t s03, s47, m03, m47; // (each twice: sub-blocks of 32)
+                k_scale_min_k4x8_neon(x + 4, &s03, &s47, &m03, &m47);
+                const uint8x8_t s8 = vmovn_u16(vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(s03)), vmovn_u32(vreinterpretq_u32_s32(s47))));
+                const uint8x8_t m8 = vmovn_u16(vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(m03)), vmovn_u32(vreinterpretq_u32_s32(m47))));
+                scv[r] = vcombine_u8(vzip1_u8(s8, s8), vzip2_u8(s8, s8));
+                mcv[r] = vcombine_u8(vzip1_u8(m8, m8), vzip2_u8(m8, m8));
                 break;
             }
             case T_Q2_K: case T_Q3_K: { // the quants plus the type's offset (Q3_K's 4), in value order
@@ -15262,10 +15288,11 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 if (three) {
                     uint32_t s4[4];
                     k_q3_k_scales4(x, s4);
-                    for (int k = 0; k < 16; k++) sc[r][k] = (int)(s4[k / 4] >> 8 * (k % 4) & 0xff) - 32, cor[r][k] = -4 * sc[r][k];
+                    scv[r] = vsubq_u8(vreinterpretq_u8_u32(vld1q_u32(s4)), vdupq_n_u8(32)); // (little-endian lanes)
                     dx[r] = (double)k_f16_neon(x + 108);
                 } else {
-                    for (int k = 0; k < 16; k++) sc[r][k] = x[k] & 15, mco[r][k] = x[k] >> 4;
+                    const uint8x16_t sm = vld1q_u8(x);
+                    scv[r] = vandq_u8(sm, vdupq_n_u8(15)), mcv[r] = vshrq_n_u8(sm, 4);
                     dx[r] = (double)k_f16_neon(x + 80);
                     dm[r] = (double)k_f16_neon(x + 82);
                 }
@@ -15293,7 +15320,7 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                         for (int half = 0; half < 2; half++)
                             vst1q_u8(q[r] + 128 * h + 32 * k + 16 * half, k_q6_k_raw16_neon(x, h, k, half));
                 src[r] = q[r];
-                for (int k = 0; k < 16; k++) sc[r][k] = (int8_t)x[192 + k], cor[r][k] = -32 * sc[r][k];
+                scv[r] = vld1q_u8(x + 192);
                 dx[r] = (double)k_f16_neon(x + 208);
                 break;
             }
@@ -15308,13 +15335,29 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 k_tr4_store_neon(src, e, pb + 32 * e);
                 k_tr4_store_neon(src + 4, e, pb + 32 * e + 16);
             }
-        if (kq)
-            for (int k = 0; k < 16; k++)
-                for (int r = 0; r < K_PANEL; r++) {
-                    wr_u32(pb + k_panel_sc(lt) + 32 * k + 4 * r, (uint32_t)sc[r][k]);
-                    if (k_panel_off(lt)) wr_u16(pb + k_panel_cor(lt) + 16 * k + 2 * r, (uint16_t)cor[r][k]); // (k_panel_by16)
-                    if (min) wr_u16(pb + k_panel_mco(lt) + 16 * k + 2 * r, (uint16_t)mco[r][k]);
+        if (kq) { // by sub-block of 16 (k_panel_by16): the rows' int32 scales, int16 coefficients
+            const int off = k_panel_off(lt);
+            uint8x16_t t[8];
+            k_tr8x16_neon(scv, t);
+            K_UNROLL
+            for (int i = 0; i < 8; i++) // sub-blocks k = 2i, 2i + 1
+                K_UNROLL
+                for (int j = 0; j < 2; j++) {
+                    const int k = 2 * i + j;
+                    const int16x8_t s16 = j ? vmovl_high_s8(vreinterpretq_s8_u8(t[i])) : vmovl_s8(vget_low_s8(vreinterpretq_s8_u8(t[i])));
+                    vst1q_s32((int32_t *)(void *)(pb + k_panel_sc(lt) + 32 * k), vmovl_s16(vget_low_s16(s16)));
+                    vst1q_s32((int32_t *)(void *)(pb + k_panel_sc(lt) + 32 * k + 16), vmovl_high_s16(s16));
+                    if (off) vst1q_s16((int16_t *)(void *)(pb + k_panel_cor(lt) + 16 * k), vmulq_n_s16(s16, (int16_t)-off));
                 }
+            if (min) {
+                k_tr8x16_neon(mcv, t);
+                K_UNROLL
+                for (int i = 0; i < 8; i++) {
+                    vst1q_u16((uint16_t *)(void *)(pb + k_panel_mco(lt) + 32 * i), vmovl_u8(vget_low_u8(t[i])));
+                    vst1q_u16((uint16_t *)(void *)(pb + k_panel_mco(lt) + 32 * i + 16), vmovl_high_u8(t[i]));
+                }
+            }
+        }
         memcpy(pb + dxo, dx, sizeof dx);
         if (min) memcpy(pb + dxo + 64, dm, sizeof dm);
     }
