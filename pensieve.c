@@ -13869,6 +13869,16 @@ K_INLINE int32x4_t k_dot32w_neon(bool dp, bool q8, int32x4_t acc, int8x16_t q0, 
     p = vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
     return vpadalq_s16(acc, p);
 }
+// k_dot32w_neon from zero. Without sdot the first pairwise add widens (saddlp) where adding into
+// a zeroed register (sadalp) cost gcc a register copy for each (neon Q4_K generation 0.581 ->
+// 0.538 instructions a product, tools/arm_icount.sh; clang had made the saddlp itself).
+K_INLINE int32x4_t k_dot32z_neon(bool dp, bool q8, int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
+    if (dp) return k_dot32w_neon(true, q8, vdupq_n_s32(0), q0, a0, q1, a1);
+    if (q8) return k_dot16x_neon(false, vpadalq_s16(vpaddlq_s16(vmull_s8(vget_low_s8(q0), vget_low_s8(a0))), vmull_high_s8(q0, a0)), q1, a1);
+    int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(a0)), q0, a0);
+    p = vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
+    return vpaddlq_s16(p);
+}
 
 // *lo and *hi (the values 0-15 and 16-31 of a Q5_0 or Q5_1 block, each a nibble) with byte j's
 // bit 4 set where bit j (16 + j) of b is (their fifth bits): the bit's byte of b to every lane by
@@ -13921,8 +13931,7 @@ K_INLINE void k_dot32_neon(bool dp, uint32_t type, int64_t n, float *s, const ui
         int8x16_t lo, hi;
         k_w32_neon(type, x, &lo, &hi);
         const int8_t *a = (const int8_t *)(y + (q81 ? 4 : 2));
-        const int32x4_t z = vdupq_n_s32(0);
-        int32_t isum = vaddvq_s32(k_dot32w_neon(dp, type == T_Q8_0, z, lo, vld1q_s8(a), hi, vld1q_s8(a + 16)));
+        int32_t isum = vaddvq_s32(k_dot32z_neon(dp, type == T_Q8_0, lo, vld1q_s8(a), hi, vld1q_s8(a + 16)));
         if (q81)
             acc[b % K_BLOCK_LANES] += k_no_fuse((double)k_f16_neon(x) * (double)k_f16_neon(y) * (double)isum +
                                                 (double)k_f16_neon(x + 2) * (double)k_f16_neon(y + 2));
@@ -14145,9 +14154,9 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
     uint8x16_t v[4];
     k_q45_k_bytes_neon(qs, qh, c, v);
     const int8_t *ac = a + 64 * c;
-    *lo = k_dot32w_neon(dp, false, vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), vld1q_s8(ac), vreinterpretq_s8_u8(v[1]),
+    *lo = k_dot32z_neon(dp, false, vreinterpretq_s8_u8(v[0]), vld1q_s8(ac), vreinterpretq_s8_u8(v[1]),
                         vld1q_s8(ac + 16));
-    *hi = k_dot32w_neon(dp, false, vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32), vreinterpretq_s8_u8(v[3]),
+    *hi = k_dot32z_neon(dp, false, vreinterpretq_s8_u8(v[2]), vld1q_s8(ac + 32), vreinterpretq_s8_u8(v[3]),
                         vld1q_s8(ac + 48));
 }
 
@@ -15043,10 +15052,9 @@ K_INLINE void k_gemv_ints_neon(bool dp, uint32_t type, int R, const uint8_t *xb,
             K_UNROLL
             for (int r = 0; r < R; r++) {
                 const int8_t *a = (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 64 * c);
-                const int32x4_t z = vdupq_n_s32(0);
-                const int32x4_t u0 = k_dot32w_neon(dp, false, z, vreinterpretq_s8_u8(v[0]), vld1q_s8(a), vreinterpretq_s8_u8(v[1]),
+                const int32x4_t u0 = k_dot32z_neon(dp, false, vreinterpretq_s8_u8(v[0]), vld1q_s8(a), vreinterpretq_s8_u8(v[1]),
                                                    vld1q_s8(a + 16));
-                const int32x4_t u1 = k_dot32w_neon(dp, false, z, vreinterpretq_s8_u8(v[2]), vld1q_s8(a + 32),
+                const int32x4_t u1 = k_dot32z_neon(dp, false, vreinterpretq_s8_u8(v[2]), vld1q_s8(a + 32),
                                                    vreinterpretq_s8_u8(v[3]), vld1q_s8(a + 48));
                 t[r] = c % 2 ? vmlaq_laneq_s32(vmlaq_laneq_s32(t[r], u0, sc, 2), u1, sc, 3)
                              : vmlaq_laneq_s32(vmlaq_laneq_s32(t[r], u0, sc, 0), u1, sc, 1);
