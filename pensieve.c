@@ -11935,11 +11935,14 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, c
     const size_t bsize = type_table[type].type_size, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
     // Q6_K: qh bits 2k of value 32k + l to bits 4-5: values 0-31 and 32-63 of a half (k = 0, 1)
-    // shift left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2
+    // shift left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2. qh masked first
+    // (0x33 in the low 256 bits, 0xcc in the high) leaves bits 6-7 of every shifted byte clear, so
+    // one bit select (vpternlogd) takes bits 0-3 from the nibble and the rest from the pair.
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i mqh = _mm512_inserti64x4(_mm512_set1_epi8(0x33), _mm256_set1_epi8((char)0xcc), 1);
     // Q2_K, Q3_K: the low bits of chunks (2v, 2v + 1), v even (odd): right by (0, 2) ((4, 6)); Q3_K's
     // third bits of chunks (0, 1) left by (2, 1), of (2, 3), (4, 5), (6, 7) right by (0, 1), (2, 3), (4, 5)
     const __m512i slo[2] = {_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
@@ -11985,10 +11988,9 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, c
                     __m512i qv[2];
                     if (six) {
                         const __m512i ql = _mm512_loadu_si512(xb + 64 * h);
-                        const __m512i qh = _mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h));
-                        qv[0] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
-                        qv[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                                _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+                        const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h)), mqh);
+                        qv[0] = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shl), m4, 0xE4); // m4 ? ql : pair
+                        qv[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), m4, 0xE4);
                     } else {
                         const __m512i qs = _mm512_broadcast_i64x4(k_load256(xb + qo + 32 * h));
                         K_UNROLL
