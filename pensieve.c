@@ -15265,6 +15265,7 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
         // bytes (rows past nw: 0); the coefficients of the activation's sums are -off times the scales
         uint8x16_t scv[K_PANEL], mcv[K_PANEL];
         double dx[K_PANEL] = {0}, dm[K_PANEL] = {0};
+        K_UNROLL
         for (int r = 0; r < K_PANEL; r++) {
             src[r] = zero;
             scv[r] = mcv[r] = vdupq_n_u8(0);
@@ -15345,6 +15346,7 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
         }
         if (g8) // 64-byte vector j: quants 8j..8j+7 of row r at 8r
             for (int e = 0; e < nvec / 2; e += 2)
+                K_UNROLL
                 for (int r = 0; r < K_PANEL; r += 2) k_tr8_store_neon(src + r, e, pb + 64 * e + 8 * r);
         else
             for (int e = 0; e < nvec; e += 4) {
