@@ -15233,13 +15233,18 @@ static inline void k_tr8_store_neon(const uint8_t *const src[2], int e, uint8_t 
 static inline void k_tr8x16_neon(const uint8x16_t v[8], uint8x16_t t[8]) {
     uint8x16_t a[4][2]; // rows 2p, 2p + 1 interleaved: bytes 0-7 (h = 0), 8-15
     uint16x8_t b[2][2][2]; // rows 4q .. 4q + 3 of bytes 8h + 4g .. 8h + 4g + 3
+    K_UNROLL
     for (int p = 0; p < 4; p++) a[p][0] = vzip1q_u8(v[2 * p], v[2 * p + 1]), a[p][1] = vzip2q_u8(v[2 * p], v[2 * p + 1]);
+    K_UNROLL
     for (int q = 0; q < 2; q++)
+        K_UNROLL
         for (int h = 0; h < 2; h++) {
             const uint16x8_t x0 = vreinterpretq_u16_u8(a[2 * q][h]), x1 = vreinterpretq_u16_u8(a[2 * q + 1][h]);
             b[q][h][0] = vzip1q_u16(x0, x1), b[q][h][1] = vzip2q_u16(x0, x1);
         }
+    K_UNROLL
     for (int h = 0; h < 2; h++)
+        K_UNROLL
         for (int g = 0; g < 2; g++) {
             const uint32x4_t y0 = vreinterpretq_u32_u16(b[0][h][g]), y1 = vreinterpretq_u32_u16(b[1][h][g]);
             t[4 * h + 2 * g] = vreinterpretq_u8_u32(vzip1q_u32(y0, y1));
