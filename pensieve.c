@@ -13870,12 +13870,15 @@ K_INLINE int32x4_t k_dot16x_neon(bool dp, int32x4_t acc, int8x16_t q, int8x16_t 
 // with dp; else, for quants of magnitude at most 63 (every type's but Q8_0's), widening multiplies
 // whose four products a 16-bit lane hold (4 * 63 * 128 < 2^15) and one pairwise add into acc,
 // where k_dot16x_neon's two a 16 took four; Q8_0's (q8) by k_dot16x_neon.
+// (The widening products of k_dot32w_neon and k_dot32z_neon: four a 16-bit lane.)
+K_INLINE int16x8_t k_mul32x4_neon(int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
+    const int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(a0)), q0, a0);
+    return vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
+}
 K_INLINE int32x4_t k_dot32w_neon(bool dp, bool q8, int32x4_t acc, int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
     if (dp) return k_sdot_neon(k_sdot_neon(acc, q0, a0), q1, a1);
     if (q8) return k_dot16x_neon(false, k_dot16x_neon(false, acc, q0, a0), q1, a1);
-    int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(a0)), q0, a0);
-    p = vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
-    return vpadalq_s16(acc, p);
+    return vpadalq_s16(acc, k_mul32x4_neon(q0, a0, q1, a1));
 }
 // k_dot32w_neon from zero. Without sdot the first pairwise add widens (saddlp) where adding into
 // a zeroed register (sadalp) cost gcc a register copy for each (neon Q4_K generation 0.581 ->
@@ -13883,9 +13886,7 @@ K_INLINE int32x4_t k_dot32w_neon(bool dp, bool q8, int32x4_t acc, int8x16_t q0, 
 K_INLINE int32x4_t k_dot32z_neon(bool dp, bool q8, int8x16_t q0, int8x16_t a0, int8x16_t q1, int8x16_t a1) {
     if (dp) return k_dot32w_neon(true, q8, vdupq_n_s32(0), q0, a0, q1, a1);
     if (q8) return k_dot16x_neon(false, vpadalq_s16(vpaddlq_s16(vmull_s8(vget_low_s8(q0), vget_low_s8(a0))), vmull_high_s8(q0, a0)), q1, a1);
-    int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(a0)), q0, a0);
-    p = vmlal_high_s8(vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1)), q1, a1);
-    return vpaddlq_s16(p);
+    return vpaddlq_s16(k_mul32x4_neon(q0, a0, q1, a1));
 }
 
 // *lo and *hi (the values 0-15 and 16-31 of a Q5_0 or Q5_1 block, each a nibble) with byte j's
@@ -14012,12 +14013,10 @@ static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int h
 }
 
 // The sixteen sub-block sums of a Q6_K block at x (its quants as stored, q + 32) against the
-// activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i. Each 16 bytes of ql and qh
-// are loaded once: for half h and 16 bytes `half`, ql's low nibbles are quarters k = 0, 1 and its
-// high nibbles k = 2, 3 (k_q6_k_raw16_neon), each with the bit pair 2k of qh at bits 4-5: shifted
-// in with sli (k = 0, 1: the low nibble kept, bits 6-7 cleared after) or the nibble shifted down
-// into the masked pair with sri (k = 2, 3): two instructions a quarter, where shifting, masking
-// and or-ing took four.
+// activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i. The unpacking is
+// k_q6_k_raw16_neon's, with each 16 bytes of ql and qh loaded once (ql's low nibbles are quarters
+// k = 0, 1, its high nibbles k = 2, 3) and qh >> 2 shared by quarters 1 and 3 (dotprod generation
+// 0.625 -> 0.601 with gcc, 0.598 -> 0.527 with clang, against raw16 per sub-block).
 K_INLINE void k_q6_k_sums_dp_neon(const uint8_t *x, const int8_t *a, int32x4_t t[4]) {
     const uint8x16_t m30 = vdupq_n_u8(0x30), m3f = vdupq_n_u8(0x3f);
     K_UNROLL
@@ -14053,19 +14052,19 @@ K_INLINE void k_kq16_quad_neon(uint32_t type, const uint8_t *x, int j, int8x16_t
     }
 }
 
-// A Q2_K, Q3_K or Q6_K block's (at x) 16 sub-block scales widened: sub-blocks 0-7 in *lo, 8-15 in
-// *hi (Q2_K's: the low nibbles; Q3_K's: less 32).
-K_INLINE void k_sc16_neon(uint32_t type, const uint8_t *x, int16x8_t *lo, int16x8_t *hi) {
-    int8x16_t sc8;
-    if (type == T_Q6_K) {
-        sc8 = vld1q_s8((const int8_t *)(x + 192));
-    } else if (type == T_Q3_K) {
+// A Q2_K, Q3_K or Q6_K block's (at x) 16 sub-block scales (Q2_K's: the low nibbles; Q3_K's: less
+// 32), and widened: sub-blocks 0-7 in *lo, 8-15 in *hi.
+K_INLINE int8x16_t k_sc8_neon(uint32_t type, const uint8_t *x) {
+    if (type == T_Q6_K) return vld1q_s8((const int8_t *)(x + 192));
+    if (type == T_Q3_K) {
         uint32_t s4[4];
         k_q3_k_scales4(x, s4);
-        sc8 = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
-    } else {
-        sc8 = vreinterpretq_s8_u8(vandq_u8(vld1q_u8(x), vdupq_n_u8(15)));
+        return vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(s4)), vdupq_n_s8(32)); // (little-endian lanes)
     }
+    return vreinterpretq_s8_u8(vandq_u8(vld1q_u8(x), vdupq_n_u8(15)));
+}
+K_INLINE void k_sc16_neon(uint32_t type, const uint8_t *x, int16x8_t *lo, int16x8_t *hi) {
+    const int8x16_t sc8 = k_sc8_neon(type, x);
     *lo = vmovl_s8(vget_low_s8(sc8)), *hi = vmovl_high_s8(sc8);
 }
 
@@ -14175,11 +14174,16 @@ K_INLINE void k_q4_k_chunk_neon(bool dp, const uint8_t *qs, const uint8_t *qh, c
 // one bit select for 4-7. (gcc kept k_scale_min_k4's eight calls scalar: a quarter of the
 // instructions of the dotprod set's Q4_K generation, 0.648 -> 0.490 a product; this, 0.471 ->
 // 0.448, tools/arm_icount.sh.)
-K_INLINE void k_scale_min_k4x8_neon(const uint8_t *p, int32x4_t *s03, int32x4_t *s47, int32x4_t *m03, int32x4_t *m47) {
+// k_scale_min_k4x8_neon's bytes: *a = (scales 0-3, minimums 0-3), *b = (4-7, 4-7).
+K_INLINE void k_scale_min_k4x8b_neon(const uint8_t *p, uint8x8_t *a, uint8x8_t *b) {
     const uint8x8_t lo = vld1_u8(p), hi = vreinterpret_u8_u32(vdup_n_u32(ld_u32(p + 8)));
     const uint8x8_t h = vshl_u8(hi, vcreate_s8(0xfcfcfcfc00000000u)); // (bytes 8-11, bytes 8-11 >> 4)
-    const uint16x8_t a = vmovl_u8(vand_u8(lo, vdup_n_u8(63)));          // (scales 0-3, minimums 0-3)
-    const uint16x8_t b = vmovl_u8(vbsl_u8(vdup_n_u8(0xf0), vshr_n_u8(lo, 2), h)); // (4-7, 4-7)
+    *a = vand_u8(lo, vdup_n_u8(63)), *b = vbsl_u8(vdup_n_u8(0xf0), vshr_n_u8(lo, 2), h);
+}
+K_INLINE void k_scale_min_k4x8_neon(const uint8_t *p, int32x4_t *s03, int32x4_t *s47, int32x4_t *m03, int32x4_t *m47) {
+    uint8x8_t a8, b8;
+    k_scale_min_k4x8b_neon(p, &a8, &b8);
+    const uint16x8_t a = vmovl_u8(a8), b = vmovl_u8(b8);
     *s03 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(a))), *m03 = vreinterpretq_s32_u32(vmovl_high_u16(a));
     *s47 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(b))), *m47 = vreinterpretq_s32_u32(vmovl_high_u16(b));
 }
@@ -15289,10 +15293,10 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 src[r] = q[r];
                 dx[r] = (double)k_f16_neon(x);
                 dm[r] = (double)k_f16_neon(x + 2);
-                int32x4_t s03, s47, m03, m47; // (each twice: sub-blocks of 32)
-                k_scale_min_k4x8_neon(x + 4, &s03, &s47, &m03, &m47);
-                const uint8x8_t s8 = vmovn_u16(vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(s03)), vmovn_u32(vreinterpretq_u32_s32(s47))));
-                const uint8x8_t m8 = vmovn_u16(vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(m03)), vmovn_u32(vreinterpretq_u32_s32(m47))));
+                uint8x8_t a8, b8; // (each twice: sub-blocks of 32)
+                k_scale_min_k4x8b_neon(x + 4, &a8, &b8);
+                const uint8x8_t s8 = vreinterpret_u8_u32(vzip1_u32(vreinterpret_u32_u8(a8), vreinterpret_u32_u8(b8)));
+                const uint8x8_t m8 = vreinterpret_u8_u32(vzip2_u32(vreinterpret_u32_u8(a8), vreinterpret_u32_u8(b8)));
                 scv[r] = vcombine_u8(vzip1_u8(s8, s8), vzip2_u8(s8, s8));
                 mcv[r] = vcombine_u8(vzip1_u8(m8, m8), vzip2_u8(m8, m8));
                 break;
@@ -15307,14 +15311,11 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                         for (int half = 0; half < 2; half++)
                             vst1q_u8(q[r] + 128 * h + 32 * j + 16 * half, k_q23_k_raw16_neon(type, x, h, j, half));
                 src[r] = q[r];
+                scv[r] = vreinterpretq_u8_s8(k_sc8_neon(type, x));
                 if (three) {
-                    uint32_t s4[4];
-                    k_q3_k_scales4(x, s4);
-                    scv[r] = vsubq_u8(vreinterpretq_u8_u32(vld1q_u32(s4)), vdupq_n_u8(32)); // (little-endian lanes)
                     dx[r] = (double)k_f16_neon(x + 108);
                 } else {
-                    const uint8x16_t sm = vld1q_u8(x);
-                    scv[r] = vandq_u8(sm, vdupq_n_u8(15)), mcv[r] = vshrq_n_u8(sm, 4);
+                    mcv[r] = vshrq_n_u8(vld1q_u8(x), 4);
                     dx[r] = (double)k_f16_neon(x + 80);
                     dm[r] = (double)k_f16_neon(x + 82);
                 }
@@ -15342,7 +15343,7 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                         for (int half = 0; half < 2; half++)
                             vst1q_u8(q[r] + 128 * h + 32 * k + 16 * half, k_q6_k_raw16_neon(x, h, k, half));
                 src[r] = q[r];
-                scv[r] = vld1q_u8(x + 192);
+                scv[r] = vreinterpretq_u8_s8(k_sc8_neon(type, x));
                 dx[r] = (double)k_f16_neon(x + 208);
                 break;
             }
