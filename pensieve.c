@@ -7452,6 +7452,13 @@ typedef void (*k_gemv_fn)(int64_t n, float *s, int64_t s_stride, const uint8_t *
 // successive calls for successive groups continue the same four streams of rows.
 typedef void (*k_gemv1_fn)(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                            const uint8_t *y, const uint8_t *side);
+// k_gemv1_fn for nr (2..K_GEMVN_MAX) activation rows y + r*y_stride (bytes), each with its
+// one-row side data (k_act_side_one) at side + r*side_stride: weight row i against row r to
+// s[r][i]. Generation of a few sequences together, the server's continuous batching: each block
+// of the four weight rows is unpacked once for all the activation rows.
+typedef void (*k_gemvn_fn)(int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                           const uint8_t *y, size_t y_stride, const uint8_t *side, size_t side_stride, int nr);
+#define K_GEMVN_MAX 4
 typedef struct k_traits_s {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
@@ -7473,6 +7480,7 @@ typedef struct k_traits_s {
     const struct k_traits_s *gemm_few;
     int gemm_min;
     int gemv_max; // products of at most this many rows use gemv (0: MM_GEMV_MAX)
+    k_gemvn_fn gemvn; // optional (NULL in the reference set): see k_gemvn_fn
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8428,21 +8436,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -9182,6 +9190,21 @@ K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, con
     attr static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,              \
                           const uint8_t *y, const uint8_t *side) {                                                     \
         core(type, n, s, x, x_stride, nw, w0, w1, y, side);                                                            \
+    }
+
+// A k_gemv1_fn and a k_gemvn_fn of one weight type from a kernel core that takes the type first
+// and the activation rows (nr) last, each count of rows its own copy.
+#define K_DEF_GEMV1N(attr, name1, namen, core, type)                                                                   \
+    attr static void name1(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,             \
+                           const uint8_t *y, const uint8_t *side) {                                                    \
+        float *const out[1] = {s};                                                                                     \
+        core(type, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);                                                 \
+    }                                                                                                                  \
+    attr static void namen(int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,      \
+                           const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride, int nr) {             \
+        if (nr == 2) core(type, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, 2);                           \
+        else if (nr == 3) core(type, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, 3);                      \
+        else core(type, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, 4);                                   \
     }
 
 // The results of group w's rows that exist, out[r] being row r's.
@@ -11807,10 +11830,11 @@ K_DEF_GEMV1(K_AVX512, k_gemv1_q5_1_avx512, k_gemv1_w1_avx512, T_Q5_1)
 // Q5_K (type) is the same with each quant's fifth bit from qh (32 bytes before the quants, in
 // both halves of a vector: bit k of byte l is value 32k + l's) moved to bit 4 by a 16-bit shift
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
-K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                           int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
-    (void)y;
+K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                           int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                           size_t side_stride, const int nr) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K) && nr >= 1 && nr <= K_GEMVN_MAX);
+    (void)y, (void)ys;
     const bool five = type == T_Q5_K;
     const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qo = five ? 48 : 16;
     const int64_t nb = n / QK_K;
@@ -11821,8 +11845,12 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, 
                             _mm512_inserti64x4(_mm512_set1_epi16(3), _mm256_set1_epi16(1), 1),
                             _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
                             _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1)};
-    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    const uint8_t *ax = side + k_act_side_size(T_Q8_K, n); // 384 bytes a block (k_act_side)
+    const double *dys[K_GEMVN_MAX]; // activation row i's scales and 384 bytes a block (k_act_side)
+    const uint8_t *ax[K_GEMVN_MAX];
+    for (int i = 0; i < nr; i++) {
+        dys[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
+        ax[i] = side + (size_t)i * side_stride + k_act_side_size(T_Q8_K, n);
+    }
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     // scale vector v for the packed sums of sub-blocks (4v, 4v + 1) in 128-bit lanes 0-1 and
     // (4v + 2, 4v + 3) in lanes 2-3 (vpackssdw: the first vector's four int32 lanes of a 128-bit
@@ -11848,10 +11876,10 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, 
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
+        for (int i = 0; i < nr; i++)
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *a = ax + 384 * (size_t)b;
             const uint8_t *xb[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
@@ -11867,7 +11895,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, 
             const __m512i hu = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xED), shv), ma);
             const __m512i hv = _mm512_srli_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xA5), 2);
             const __m512i sm = _mm512_ternarylogic_epi32(hu, hv, mb, 0xF8);
-            __m512i t[4];
+            __m512i t[K_GEMVN_MAX][4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const __m512i z0 = _mm512_loadu_si512(xb[r] + qo), z1 = _mm512_loadu_si512(xb[r] + qo + 64);
@@ -11881,35 +11909,45 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *s, 
                         q[v] = _mm512_ternarylogic_epi32(q[v], f, m16, 0xF8); // q | (f & 0x10)
                     }
                 }
-                __m512i d[4]; // |lane| <= 4 * 31 * 128: int16, so packing two vectors into one is exact
-                K_UNROLL
-                for (int v = 0; v < 4; v++) d[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], _mm512_loadu_si512(a + 64 * v));
+                // the scale vectors, then each activation row against the unpacked quants
                 const __m512i sw = _mm512_permutexvar_epi32(lane[r], sm);
-                t[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(d[0], d[1]), _mm512_shuffle_epi8(sw, pick[0]));
-                t[r] = _mm512_dpwssd_epi32(t[r], _mm512_packs_epi32(d[2], d[3]), _mm512_shuffle_epi8(sw, pick[1]));
+                const __m512i sp0 = _mm512_shuffle_epi8(sw, pick[0]), sp1 = _mm512_shuffle_epi8(sw, pick[1]);
+                K_UNROLL
+                for (int i = 0; i < nr; i++) {
+                    const uint8_t *a = ax[i] + 384 * (size_t)b;
+                    __m512i d[4]; // |lane| <= 4 * 31 * 128: int16, so packing two vectors into one is exact
+                    K_UNROLL
+                    for (int v = 0; v < 4; v++) d[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], _mm512_loadu_si512(a + 64 * v));
+                    t[i][r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(d[0], d[1]), sp0);
+                    t[i][r] = _mm512_dpwssd_epi32(t[i][r], _mm512_packs_epi32(d[2], d[3]), sp1);
+                }
             }
-            // the four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes added
-            const __m512i tt = k_sum4_lanes_avx512(t);
-            const __m256i t8 = _mm256_add_epi32(_mm512_castsi512_si256(tt), _mm512_extracti64x4_epi64(tt, 1));
-            const __m256d is = _mm256_cvtepi32_pd(_mm_add_epi32(_mm256_castsi256_si128(t8), _mm256_extracti128_si256(t8, 1)));
-            // msum of row r in 128-bit lane r: the minimums as int16 against the bsums (stored
-            // data, any int16: |msum| <= 16 * 63 * 2^15)
-            __m512i m = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm, mlo), _mm512_loadu_si512(a + 256)),
-                                         _mm512_madd_epi16(_mm512_shuffle_epi8(sm, mhi), _mm512_loadu_si512(a + 320)));
-            m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E));
-            m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1));
-            const __m256d ms = _mm256_cvtepi32_pd(_mm512_castsi512_si128(_mm512_permutexvar_epi32(first4, m)));
             const __m512d dd = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(fp16, h))));
             const __m256d dx = _mm512_castpd512_pd256(dd), dm = _mm512_extractf64x4_pd(dd, 1);
-            // the reference: dy * (d * isum - dmin * msum)
-            __m256d tm = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
-            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(tm));
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                const uint8_t *a = ax[i] + 384 * (size_t)b;
+                // the four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes added
+                const __m512i tt = k_sum4_lanes_avx512(t[i]);
+                const __m256i t8 = _mm256_add_epi32(_mm512_castsi512_si256(tt), _mm512_extracti64x4_epi64(tt, 1));
+                const __m256d is = _mm256_cvtepi32_pd(_mm_add_epi32(_mm256_castsi256_si128(t8), _mm256_extracti128_si256(t8, 1)));
+                // msum of row r in 128-bit lane r: the minimums as int16 against the bsums (stored
+                // data, any int16: |msum| <= 16 * 63 * 2^15)
+                __m512i m = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm, mlo), _mm512_loadu_si512(a + 256)),
+                                             _mm512_madd_epi16(_mm512_shuffle_epi8(sm, mhi), _mm512_loadu_si512(a + 320)));
+                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E));
+                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1));
+                const __m256d ms = _mm256_cvtepi32_pd(_mm512_castsi512_si128(_mm512_permutexvar_epi32(first4, m)));
+                // the reference: dy * (d * isum - dmin * msum)
+                __m256d tm = _mm256_mul_pd(_mm256_set1_pd(dys[i][b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(tm));
+            }
         }
-        k_gemv1_store(acc, s, w, nw);
+        for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_DEF_GEMV1(K_AVX512, k_gemv1_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_avx512, k_gemvn_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_avx512, k_gemvn_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 
 // k_gemv1_fn for Q6_K, as the Q4_K one: four weight rows a block. Each half block h (128 values)
 // is two vectors of quants in value order: the low and high nibbles of its 64 ql bytes, with the
@@ -11928,13 +11966,15 @@ K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 // in with vpternlogd); Q3_K's quants stay unsigned (q + 4) and its offset comes off as Q6_K's,
 // Q2_K's minimums against the stored bsums give msum. Terms: the reference's dx * dy * isum,
 // Q2_K's dy * (dx * isum - dmin * msum).
-K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                          int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
+K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                          int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                          size_t side_stride, const int nr) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K) && nr >= 1 && nr <= K_GEMVN_MAX);
     const bool six = type == T_Q6_K, three = type == T_Q3_K;
     const size_t bsize = type_table[type].type_size, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
     const int64_t nb = n / QK_K;
-    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const double *dys[K_GEMVN_MAX]; // activation row i's scales
+    for (int i = 0; i < nr; i++) dys[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
     // Q6_K: qh bits 2k of value 32k + l to bits 4-5: values 0-31 and 32-63 of a half (k = 0, 1)
     // shift left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2. qh masked first
@@ -11960,12 +12000,17 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, c
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
+        for (int i = 0; i < nr; i++)
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE, *a = yb + 4;
-            const __m256i sums = type == T_Q2_K ? k_load256(yb + 260) : k_load256(side + 32 * b); // Q2_K: the stored bsums
-            __m256i iv[4], mv[4];
+            const uint8_t *a[K_GEMVN_MAX]; // activation row i's quants
+            __m256i sums[K_GEMVN_MAX], iv[K_GEMVN_MAX][4], mv[K_GEMVN_MAX][4];
+            for (int i = 0; i < nr; i++) {
+                const uint8_t *yb = y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE;
+                a[i] = yb + 4; // Q2_K: the stored bsums
+                sums[i] = type == T_Q2_K ? k_load256(yb + 260) : k_load256(side + (size_t)i * side_stride + 32 * b);
+            }
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
@@ -11982,7 +12027,8 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, c
                 }
                 const __m512i scz = _mm512_castsi256_si512(sc16);
                 const __m512i hm = three ? _mm512_broadcast_i64x4(k_load256(xb)) : _mm512_setzero_si512();
-                __m512i t = _mm512_setzero_si512();
+                __m512i t[K_GEMVN_MAX];
+                for (int i = 0; i < nr; i++) t[i] = _mm512_setzero_si512();
                 K_UNROLL
                 for (int h = 0; h < 2; h++) {
                     __m512i qv[2];
@@ -12004,35 +12050,46 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *s, c
                         }
                     }
                     // vpdpbusd's sums of four (|sum| <= 4 * 63 * 128) pack into int16 exactly
-                    const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[0], _mm512_loadu_si512(a + 128 * h));
-                    const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[1], _mm512_loadu_si512(a + 128 * h + 64));
-                    t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(d0, d1), _mm512_permutexvar_epi16(pick[h], scz));
+                    const __m512i sp = _mm512_permutexvar_epi16(pick[h], scz);
+                    K_UNROLL
+                    for (int i = 0; i < nr; i++) {
+                        const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[0], _mm512_loadu_si512(a[i] + 128 * h));
+                        const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[1], _mm512_loadu_si512(a[i] + 128 * h + 64));
+                        t[i] = _mm512_dpwssd_epi32(t[i], _mm512_packs_epi32(d0, d1), sp);
+                    }
                 }
-                iv[r] = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
-                // |off * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27 (Q6_K)
-                if (type != T_Q2_K)
-                    iv[r] = _mm256_sub_epi32(iv[r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), six ? 5 : 2));
-                mv[r] = type == T_Q2_K ? _mm256_madd_epi16(mn16, sums) : _mm256_setzero_si256();
+                K_UNROLL
+                for (int i = 0; i < nr; i++) {
+                    iv[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+                    // |off * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27 (Q6_K)
+                    if (type != T_Q2_K)
+                        iv[i][r] = _mm256_sub_epi32(iv[i][r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums[i]), six ? 5 : 2));
+                    mv[i][r] = type == T_Q2_K ? _mm256_madd_epi16(mn16, sums[i]) : _mm256_setzero_si256();
+                }
             }
-            const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
             const size_t o = (size_t)b * bsize + od;
             const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
-            __m256d t;
-            if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
-                const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
-                const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
-                t = _mm256_mul_pd(_mm256_set1_pd(dys[b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
-            } else { // (double)d * (double)dy * (double)isum
-                t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[b])), is);
+            const __m256d dm = type == T_Q2_K ? _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2))
+                                              : _mm256_setzero_pd();
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[i][0], iv[i][1], iv[i][2], iv[i][3]));
+                __m256d t;
+                if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
+                    const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[i][0], mv[i][1], mv[i][2], mv[i][3]));
+                    t = _mm256_mul_pd(_mm256_set1_pd(dys[i][b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                } else { // (double)d * (double)dy * (double)isum
+                    t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[i][b])), is);
+                }
+                acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
             }
-            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
-        k_gemv1_store(acc, s, w, nw);
+        for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_DEF_GEMV1(K_AVX512, k_gemv1_q2_k_avx512, k_gemv1_kq16_avx512, T_Q2_K)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q3_k_avx512, k_gemv1_kq16_avx512, T_Q3_K)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q6_k_avx512, k_gemv1_kq16_avx512, T_Q6_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q2_k_avx512, k_gemvn_q2_k_avx512, k_gemv1_kq16_avx512, T_Q2_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q3_k_avx512, k_gemvn_q3_k_avx512, k_gemv1_kq16_avx512, T_Q3_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q6_k_avx512, k_gemvn_q6_k_avx512, k_gemv1_kq16_avx512, T_Q6_K)
 
 K_DEF_GEMV1(K_AVX512, k_gemv1_q4_0_avx512, k_gemv1_avx512, T_Q4_0)
 K_DEF_GEMV1(K_AVX512, k_gemv1_q5_0_avx512, k_gemv1_avx512, T_Q5_0)
@@ -16363,6 +16420,11 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
     t[T_F16].gemv1 = k_gemv1_f16_avx512;
     t[T_BF16].gemv1 = k_gemv1_bf16_avx512;
+    t[T_Q2_K].gemvn = k_gemvn_q2_k_avx512;
+    t[T_Q3_K].gemvn = k_gemvn_q3_k_avx512;
+    t[T_Q4_K].gemvn = k_gemvn_q4_k_avx512;
+    t[T_Q5_K].gemvn = k_gemvn_q5_k_avx512;
+    t[T_Q6_K].gemvn = k_gemvn_q6_k_avx512;
 }
 
 #if defined(PSV_AMX)
@@ -17230,6 +17292,9 @@ typedef struct {
 // the tokens/s for Q4_K_M and Q8_0; at 2 and 3 rows it is a tie).
 #define MM_GEMM_MIN 4
 #define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
+#ifndef MM_GEMVN_MAX
+#define MM_GEMVN_MAX 4 // products of 2 to this many rows use the set's gemvn kernels where it has them (measured)
+#endif
 #define MM_ALSO_MAX 2 // products a job does besides its first (k and v beside q)
 #ifndef MM_CHUNKS
 #define MM_CHUNKS 4 // chunks of a product per thread on average, taken as threads come free
@@ -17316,7 +17381,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     const size_t side_row = PSV_MAX(PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), k_act_side_size(T_BF16, widest_in));
-    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, one)));
+    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, PSV_MIN(B, (size_t)MM_GEMVN_MAX) * one))); // gemv1, gemvn: one each
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
         // a value of the row rounded up to 16, and their trailer)
@@ -17361,6 +17426,7 @@ typedef struct {
     size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
+    bool one_row; // sides of one-row kernels: gemv1 (one token) or gemvn (a few), k_act_side_one apart
     uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows' groups (k_act_vnni)
     // more products of the same activations in this job, without panels (q, k and v; gate and
     // up): weights of w's type and width, also_y[i] taking also_w[i]'s results as y takes w's
@@ -17379,15 +17445,16 @@ static const k_traits *mm_traits(const k_traits *tr, int64_t n_tok) {
 // Product p of job j (0: w into y, then the also_ ones).
 static const mtensor *mm_part_w(const mm_job *j, int p) { return p ? j->also_w[p - 1] : j->w; }
 static float *mm_part_y(const mm_job *j, int p) { return p ? j->also_y[p - 1] : j->y; }
-// One token's products with the gemv1 kernels (many weight rows a call, in fours).
-static bool mm_gemv1_job(const mm_job *j) { return !j->panels && j->sides && j->n_tok == 1 && j->tr->gemv1; }
+// One token's products with the gemv1 kernels (many weight rows a call, in fours), or a few
+// tokens' with the gemvn kernels (the same, each weight block against every token's row).
+static bool mm_gemv1_job(const mm_job *j) { return j->one_row; }
 
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
     int64_t lo, hi;
     pool_share(j->n_tok, ith, nth, &lo, &hi);
     const k_traits *at = eng_traits(j->tr->vec_dot_type);
-    const bool one_row = j->n_tok == 1 && j->tr->gemv1;
+    const bool one_row = j->one_row;
     void (*fused)(const float *, uint8_t *, int64_t, int, uint8_t *, bool) =
         j->sides && j->tr->vec_dot_type == T_Q8_0 ? k_vec_get()->quant_side_q8_0 : NULL;
     const bool w16 = j->panels && j->tr->side_w16;
@@ -17518,8 +17585,16 @@ static void mm_gemv1_groups(const mm_job *j, int t, int nth, int64_t units, int6
         gb += ub - ua;
         if (s0 >= s1) continue;
         const int64_t a = ua * 4, b = PSV_MIN(ub * 4, w->n_out);
-        j->tr->gemv1(w->n_in, (j->y_rows ? j->y_rows[0] : mm_part_y(j, p)) + a, w->data + (size_t)a * w->row_size,
-                     w->row_size, (int)(b - a), (int)s0, (int)s1, j->xq, j->sides);
+        const uint8_t *x = w->data + (size_t)a * w->row_size;
+        if (j->n_tok == 1) {
+            j->tr->gemv1(w->n_in, (j->y_rows ? j->y_rows[0] : mm_part_y(j, p)) + a, x, w->row_size, (int)(b - a), (int)s0,
+                         (int)s1, j->xq, j->sides);
+        } else {
+            float *out[K_GEMVN_MAX];
+            for (int t = 0; t < j->n_tok; t++) out[t] = (j->y_rows ? j->y_rows[t] : mm_part_y(j, p) + t * j->y_stride) + a;
+            j->tr->gemvn(w->n_in, out, x, w->row_size, (int)(b - a), (int)s0, (int)s1, j->xq, j->xq_row, j->sides,
+                         j->side_stride, (int)j->n_tok);
+        }
     }
 }
 
@@ -17600,7 +17675,11 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
-    if ((n_tok <= (j.tr->gemv_max ? j.tr->gemv_max : MM_GEMV_MAX) && j.tr->gemv) || (n_tok == 1 && j.tr->gemv1)) {
+    if ((n_tok == 1 && j.tr->gemv1) || (n_tok >= 2 && n_tok <= MM_GEMVN_MAX && j.tr->gemvn)) {
+        j.sides = s->sides;
+        j.side_stride = k_act_side_one(j.tr->vec_dot_type, w->n_in);
+        j.one_row = true;
+    } else if ((n_tok <= (j.tr->gemv_max ? j.tr->gemv_max : MM_GEMV_MAX) && j.tr->gemv)) {
         j.sides = s->sides;
         j.side_stride = k_act_side_stride(j.tr, w->n_in, false);
     } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {

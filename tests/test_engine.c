@@ -71,13 +71,15 @@ static int32_t *ids_of(const json_value *arr, size_t *n) {
     return ids;
 }
 
-// Every logit of tokens[] evaluated in one context, batch (n_batch 512) or one token per pass.
-static bool eval_all(psv_model *m, const int32_t *tokens, size_t n, bool batch, float *lg, const char *tag) {
+// Every logit of tokens[] evaluated in one context, in passes of up to n_batch tokens (512: the
+// whole prompt at once; 1: one token per pass).
+static bool eval_all(psv_model *m, const int32_t *tokens, size_t n, int n_batch, float *lg, const char *tag) {
+    const bool batch = n_batch > 1;
     int64_t nv = psv_model_n_vocab(m);
     psv_ctx_params cp = psv_ctx_default_params();
     cp.n_ctx = 512; // the reference's context (it selects phi3's long rope factors)
     cp.kv_type = PSV_KV_F32;
-    cp.n_batch = batch ? 512 : 1;
+    cp.n_batch = n_batch;
     psv_ctx *c = NULL;
     psv_error err = {0};
     bool ok = psv_ctx_new(m, &cp, &c, &err) == PSV_OK;
@@ -91,9 +93,10 @@ static bool eval_all(psv_model *m, const int32_t *tokens, size_t n, bool batch, 
     return ok;
 }
 
-// One case: teacher-forced logits over prompt_ids + gen_ids in four configurations (1 and 2
-// threads x batch and one by one), which must agree bit for bit; then the comparison with the
-// reference and greedy generation.
+// One case: teacher-forced logits over prompt_ids + gen_ids in six configurations (1 and 2
+// threads x batch and one by one; passes of 3 and of 4 tokens, as a few sequences generated
+// together take the products: the gemvn kernels), which must agree bit for bit; then the
+// comparison with the reference and greedy generation.
 static void run_case(psv_model *m1, psv_model *m2, const char *model, const json_value *cs, ref_stats *st) {
     char tag[256];
     snprintf(tag, sizeof tag, "%s/%s", model, json_str(json_get(cs, "name")));
@@ -110,13 +113,14 @@ static void run_case(psv_model *m1, psv_model *m2, const char *model, const json
 
     test_tie_rel = TIE_REL;
     test_first_tie = INT64_MAX;
-    bool ok = eval_all(m1, all, n, true, ref_lg, tag);
+    bool ok = eval_all(m1, all, n, 512, ref_lg, tag);
     test_tie_rel = 0;
     int64_t first_tie = test_first_tie;
-    struct { psv_model *m; bool batch; const char *name; } cfg[] = {
-        {m1, false, "1 thread, one by one"}, {m2, true, "2 threads, batch"}, {m2, false, "2 threads, one by one"}};
+    struct { psv_model *m; int n_batch; const char *name; } cfg[] = {
+        {m1, 1, "1 thread, one by one"}, {m2, 512, "2 threads, batch"}, {m2, 1, "2 threads, one by one"},
+        {m2, 3, "2 threads, passes of 3"}, {m1, 4, "1 thread, passes of 4"}};
     for (size_t k = 0; ok && k < PSV_ARRAY_LEN(cfg); k++)
-        if (eval_all(cfg[k].m, all, n, cfg[k].batch, lg, tag))
+        if (eval_all(cfg[k].m, all, n, cfg[k].n_batch, lg, tag))
             CHECKF(memcmp(lg, ref_lg, bytes) == 0, "%s: %s differs from 1 thread, batch", tag, cfg[k].name);
 
     // positions with a reference summary: prompt_logits[i] at i, gen_logits[s] at np - 1 + s

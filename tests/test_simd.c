@@ -582,6 +582,71 @@ static void st_check_gemv1(k_set set) {
     }
 }
 
+// The set's gemvn kernels (a few activation rows against many weight rows) against the
+// reference vec_dot, bit for bit, as st_check_gemv1 does gemv1: every count of activation rows
+// (2..K_GEMVN_MAX), each row its own activation and side data, results to separate rows of s
+// (only s[r][0..nw) may be written), the groups in two calls.
+static void st_check_gemvn(k_set set) {
+    bool any = false;
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemvn;
+    if (!any) SKIP("kernel set %s: has no gemvn kernels", k_set_names[set]);
+    enum { MAXW = 13 };
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        uint32_t wt = st_weight_types[ti];
+        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
+        if (!sk || !sk->gemvn) continue;
+        CHECKF(sk->gemv1 != NULL, "%s %s: gemvn without gemv1", k_set_names[set], type_get(wt)->name);
+        uint32_t at = ref->vec_dot_type;
+        int64_t lens[16];
+        int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+        for (int li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size;
+            size_t ys = st_row_bytes(at, n) + 8, ss = k_act_side_one(at, n) + 24; // rows further apart than they are long
+            uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * K_GEMVN_MAX), *side = malloc(ss * K_GEMVN_MAX);
+            PSV_ASSERT(x && y && side);
+            for (int rep = 0; rep < (n >= 4096 ? 6 : 18); rep++) {
+                bool wild = rep % 5 == 4;
+                int nw = 1 + (rep * 5) % MAXW, nr = 2 + rep % (K_GEMVN_MAX - 1);
+                for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
+                for (int r = 0; r < nr; r++) st_random_row(at, n, y + (size_t)r * ys, wild && r == 1);
+                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nr, ys);
+                for (int r = 0; r < nr; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, side + (size_t)r * ss, true);
+                float got[K_GEMVN_MAX][MAXW + 1], *out[K_GEMVN_MAX];
+                for (int r = 0; r < K_GEMVN_MAX; r++) {
+                    out[r] = got[r];
+                    for (int i = 0; i <= MAXW; i++) got[r][i] = -1.0f;
+                }
+                const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
+                sk->gemvn(n, out, x, xstride, nw, 0, cut, y, ys, side, ss, nr);
+                bool untouched = true;
+                for (int r = 0; r < nr; r++)
+                    for (int i = 0; i < nw; i++) untouched = untouched && (i % G < cut || got[r][i] == -1.0f);
+                sk->gemvn(n, out, x, xstride, nw, cut, G, y, ys, side, ss, nr);
+                CHECKF(untouched, "%s gemvn %s n=%lld nw=%d: groups [0, %d) wrote rows of [%d, %d)", k_set_names[set],
+                       type_get(wt)->name, (long long)n, nw, cut, cut, G);
+                for (int r = 0; r < K_GEMVN_MAX; r++) {
+                    for (int i = 0; i < nw && r < nr; i++) {
+                        float want;
+                        ref->vec_dot(n, &want, x + (size_t)i * xstride, y + (size_t)r * ys);
+                        checked++;
+                        if (!st_same(want, got[r][i]) && mismatches++ < 5)
+                            fprintf(stderr, "%s gemvn %s n=%lld rep %d nr=%d nw=%d act %d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                                    k_set_names[set], type_get(wt)->name, (long long)n, rep, nr, nw, r, i, want,
+                                    f32_bits(want), got[r][i], f32_bits(got[r][i]));
+                    }
+                    CHECK(got[r][r < nr ? nw : 0] == -1.0f); // past the rows, and rows past nr, untouched
+                }
+            }
+            free(x);
+            free(y);
+            free(side);
+        }
+        CHECKF(mismatches == 0, "%s gemvn %s: %d of %d products differ from the reference", k_set_names[set],
+               type_get(wt)->name, mismatches, checked);
+    }
+}
+
 // ---- quantizers ------------------------------------------------------------------------------
 
 static const uint32_t st_act_types[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16, T_F32};
@@ -1125,6 +1190,7 @@ int main(void) {
         st_check_gemm_bf16_edges((k_set)s);
         st_check_gemv((k_set)s);
         st_check_gemv1((k_set)s);
+        st_check_gemvn((k_set)s);
         st_check_quantizers((k_set)s);
         st_check_vec((k_set)s);
     }
