@@ -7481,6 +7481,7 @@ typedef struct k_traits_s {
     int gemm_min;
     int gemv_max; // products of at most this many rows use gemv (0: MM_GEMV_MAX)
     k_gemvn_fn gemvn; // optional (NULL in the reference set): see k_gemvn_fn
+    int gemvn_max;    // products of 2 to this many rows use gemvn (set with gemvn; measured against GEMM)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -8436,21 +8437,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -11595,14 +11596,13 @@ K_AVX512 K_INLINE __m512i k_sum4_lanes_avx512(const __m512i r[4]) {
 // whose 128-bit lanes add up to the four blocks' lanes; its scales are gathered in general
 // registers (measured, Q8_0 rows of 896 values from memory: 20-22 GB/s a row at a time with the
 // one-row kernel, 25-27 GB/s so).
-K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                      int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0));
+K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                      size_t side_stride, const int nr) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0) && nr >= 1 && nr <= K_GEMVN_MAX);
     const bool five = type == T_Q5_0, eight = type == T_Q8_0;
     const size_t xs = k_w32_size(type);
     const int64_t nb = n / 32, ng = nb / 4;
-    const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block
-    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
     // word indices: the quants of a row's four blocks from (x, x + 8) (Q4_0: the blocks at words
     // 0, 9, 18, 27) or (x, x + 24) (Q5_0: at words 0, 11, 22, 33). Q4_0: the block scales of rows
     // 0 and 1 (2 and 3) to word 4 * block + row, from each row's first 64 bytes. Q5_0: per row,
@@ -11637,15 +11637,14 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
+        __m512d acc01[K_GEMVN_MAX], acc23[K_GEMVN_MAX]; // activation row i's [lane][row]
+        for (int i = 0; i < nr; i++) acc01[i] = acc23[i] = _mm512_setzero_pd();
         for (int64_t g = 0; g < ng; g++) {
-            const uint8_t *xg = side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part
-            const __m512i corr = _mm512_loadu_si512(xg + 128);
-            __m512i rs[4], l0[4];
+            const uint8_t *xg[K_GEMVN_MAX]; // activation row i's part of the side data
+            for (int i = 0; i < nr; i++) xg[i] = side + (size_t)i * side_stride + k_act_side_x(n) + 256 * (size_t)g;
+            __m512i rs[K_GEMVN_MAX][4], l0[4];
             __m256i sc;
             if (eight) {
-                const uint8_t *yb = y + (size_t)g * 4 * K_Q8_0_SIZE;
-                const __m512i a01 = k_cat256(yb + 2, yb + 36), a23 = k_cat256(yb + 70, yb + 104);
                 uint64_t h[4]; // block j's scales of the four rows
                 K_UNROLL
                 for (int j = 0; j < 4; j++) {
@@ -11657,14 +11656,20 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
                     for (size_t o = 0; o < 4 * xs; o += 64) k_gemv1_prefetch(xb + o); // 136 bytes: 3 lines
-                    const __m512i v0 = _mm512_dpbusd_epi32(z, _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip), a01);
-                    const __m512i v1 = _mm512_dpbusd_epi32(z, _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip), a23);
-                    // 128-bit lanes (b0 lo, b0 hi, b1 lo, b1 hi), (b2 lo, ...) added to b0, b1, b2, b3
-                    rs[r] = _mm512_add_epi32(corr, _mm512_add_epi32(_mm512_shuffle_i64x2(v0, v1, 0x88),
-                                                                    _mm512_shuffle_i64x2(v0, v1, 0xdd)));
+                    const __m512i q01 = _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip);
+                    const __m512i q23 = _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip);
+                    K_UNROLL
+                    for (int i = 0; i < nr; i++) {
+                        const uint8_t *yb = y + (size_t)i * ys + (size_t)g * 4 * K_Q8_0_SIZE;
+                        const __m512i v0 = _mm512_dpbusd_epi32(z, q01, k_cat256(yb + 2, yb + 36));
+                        const __m512i v1 = _mm512_dpbusd_epi32(z, q23, k_cat256(yb + 70, yb + 104));
+                        // 128-bit lanes (b0 lo, b0 hi, b1 lo, b1 hi), (b2 lo, ...) added to b0, b1, b2, b3
+                        rs[i][r] = _mm512_add_epi32(_mm512_loadu_si512(xg[i] + 128),
+                                                    _mm512_add_epi32(_mm512_shuffle_i64x2(v0, v1, 0x88),
+                                                                     _mm512_shuffle_i64x2(v0, v1, 0xdd)));
+                    }
                 }
             } else {
-                const __m512i alo = _mm512_loadu_si512(xg), ahi = _mm512_loadu_si512(xg + 64);
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
@@ -11679,38 +11684,50 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *s, const 
                         lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], plo), bit), lo, c16);
                         hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(l0[r], phi), bit), hi, c16);
                     }
-                    rs[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, alo), hi, ahi);
+                    K_UNROLL
+                    for (int i = 0; i < nr; i++)
+                        rs[i][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_loadu_si512(xg[i] + 128), lo, _mm512_loadu_si512(xg[i])),
+                                                       hi, _mm512_loadu_si512(xg[i] + 64));
                 }
                 sc = _mm512_castsi512_si256(_mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(l0[0], isc, l0[1]),
                                                                      _mm512_permutex2var_epi16(l0[2], isc, l0[3])));
             }
-            const __m512i is = k_sum4_lanes_avx512(rs); // rows' four lanes a block: [block][row]
-            // reference: (double)dx * (double)dy * (double)isum, added with one FMA as the GEMM
-            // does it (the product is exact: see k_gemm_blk_avx512). dx * dy is exact in float
-            // too (two fp16 values: 11 + 11 bits, and no smaller than 2^-48).
-            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(sc), _mm512_loadu_ps((const float *)(const void *)(xg + 192)));
-            __m512d dxy01 = _mm512_cvtps_pd(_mm512_castps512_ps256(dxy));
-            __m512d dxy23 = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1)));
-            acc01 = _mm512_fmadd_pd(dxy01, _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)), acc01);
-            acc23 = _mm512_fmadd_pd(dxy23, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)), acc23);
-        }
-        double acc[4][4]; // [lane][row]
-        _mm512_storeu_pd(acc[0], acc01);
-        _mm512_storeu_pd(acc[2], acc23);
-        for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
-            const uint8_t *yc = y + (size_t)c * K_Q8_0_SIZE;
-            int32_t o;
-            memcpy(&o, so + 4 * (size_t)c, 4);
-            for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)c * xs;
-                int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k_gemv_u8_avx512(type, xb),
-                                                                  k_load256(yc + 2))) + o;
-                acc[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
+            const __m512 sch = _mm512_cvtph_ps(sc);
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                const __m512i is = k_sum4_lanes_avx512(rs[i]); // rows' four lanes a block: [block][row]
+                // reference: (double)dx * (double)dy * (double)isum, added with one FMA as the GEMM
+                // does it (the product is exact: see k_gemm_blk_avx512). dx * dy is exact in float
+                // too (two fp16 values: 11 + 11 bits, and no smaller than 2^-48).
+                const __m512 dxy = _mm512_mul_ps(sch, _mm512_loadu_ps((const float *)(const void *)(xg[i] + 192)));
+                __m512d dxy01 = _mm512_cvtps_pd(_mm512_castps512_ps256(dxy));
+                __m512d dxy23 = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1)));
+                acc01[i] = _mm512_fmadd_pd(dxy01, _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)), acc01[i]);
+                acc23[i] = _mm512_fmadd_pd(dxy23, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)), acc23[i]);
             }
         }
-        const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
-                                              _mm256_loadu_pd(acc[3])};
-        k_gemv1_store(lanes, s, w, nw);
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *si = side + (size_t)i * side_stride;
+            const uint8_t *so = si + k_act_side_o(n); // int32 -off * sum(a) of each block
+            const double *dy = (const double *)(const void *)(si + k_act_side_d(n));
+            double acc[4][4]; // [lane][row]
+            _mm512_storeu_pd(acc[0], acc01[i]);
+            _mm512_storeu_pd(acc[2], acc23[i]);
+            for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
+                const uint8_t *yc = y + (size_t)i * ys + (size_t)c * K_Q8_0_SIZE;
+                int32_t o;
+                memcpy(&o, so + 4 * (size_t)c, 4);
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)c * xs;
+                    int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k_gemv_u8_avx512(type, xb),
+                                                                      k_load256(yc + 2))) + o;
+                    acc[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
+                }
+            }
+            const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
+                                                  _mm256_loadu_pd(acc[3])};
+            k_gemv1_store(lanes, s[i], w, nw);
+        }
     }
 }
 
@@ -12091,9 +12108,9 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q2_k_avx512, k_gemvn_q2_k_avx512, k_gemv1_kq16_av
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q3_k_avx512, k_gemvn_q3_k_avx512, k_gemv1_kq16_avx512, T_Q3_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q6_k_avx512, k_gemvn_q6_k_avx512, k_gemv1_kq16_avx512, T_Q6_K)
 
-K_DEF_GEMV1(K_AVX512, k_gemv1_q4_0_avx512, k_gemv1_avx512, T_Q4_0)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q5_0_avx512, k_gemv1_avx512, T_Q5_0)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q8_0_avx512, k_gemv1_avx512, T_Q8_0)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_0_avx512, k_gemvn_q4_0_avx512, k_gemv1_avx512, T_Q4_0)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_0_avx512, k_gemvn_q5_0_avx512, k_gemv1_avx512, T_Q5_0)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q8_0_avx512, k_gemvn_q8_0_avx512, k_gemv1_avx512, T_Q8_0)
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
 K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min,
@@ -16420,11 +16437,16 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
     t[T_F16].gemv1 = k_gemv1_f16_avx512;
     t[T_BF16].gemv1 = k_gemv1_bf16_avx512;
-    t[T_Q2_K].gemvn = k_gemvn_q2_k_avx512;
-    t[T_Q3_K].gemvn = k_gemvn_q3_k_avx512;
-    t[T_Q4_K].gemvn = k_gemvn_q4_k_avx512;
-    t[T_Q5_K].gemvn = k_gemvn_q5_k_avx512;
-    t[T_Q6_K].gemvn = k_gemvn_q6_k_avx512;
+    // gemvn up to four rows for the k-quants, three for the 32-value types, whose GEMM is
+    // faster from four (measured on Zen 4, pensieve bench -s 4: phi4-mini Q4_K_M 33 against
+    // 23 t/s, qwen2-0.5b Q4_0 199 against 201-217, Q8_0 152-167 against 190; at three rows
+    // gemvn 178-195 against the GEMM's 125-129)
+    static const struct { uint32_t type; k_gemvn_fn fn; int max; } gemvns[] = {
+        {T_Q2_K, k_gemvn_q2_k_avx512, 4}, {T_Q3_K, k_gemvn_q3_k_avx512, 4}, {T_Q4_K, k_gemvn_q4_k_avx512, 4},
+        {T_Q5_K, k_gemvn_q5_k_avx512, 4}, {T_Q6_K, k_gemvn_q6_k_avx512, 4}, {T_Q4_0, k_gemvn_q4_0_avx512, 3},
+        {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = gemvns[i].max;
 }
 
 #if defined(PSV_AMX)
@@ -17292,9 +17314,6 @@ typedef struct {
 // the tokens/s for Q4_K_M and Q8_0; at 2 and 3 rows it is a tie).
 #define MM_GEMM_MIN 4
 #define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
-#ifndef MM_GEMVN_MAX
-#define MM_GEMVN_MAX 4 // products of 2 to this many rows use the set's gemvn kernels where it has them (measured)
-#endif
 #define MM_ALSO_MAX 2 // products a job does besides its first (k and v beside q)
 #ifndef MM_CHUNKS
 #define MM_CHUNKS 4 // chunks of a product per thread on average, taken as threads come free
@@ -17381,7 +17400,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     const size_t side_row = PSV_MAX(PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), k_act_side_size(T_BF16, widest_in));
-    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, PSV_MIN(B, (size_t)MM_GEMVN_MAX) * one))); // gemv1, gemvn: one each
+    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_MAX) * one))); // gemv1, gemvn: one each
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
         // a value of the row rounded up to 16, and their trailer)
@@ -17675,7 +17694,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
     j.xq_row = (size_t)rs;
     PSV_ASSERT(j.xq_row * (size_t)n_tok <= s->qbuf_size);
     j.xq = s->qbuf;
-    if ((n_tok == 1 && j.tr->gemv1) || (n_tok >= 2 && n_tok <= MM_GEMVN_MAX && j.tr->gemvn)) {
+    if ((n_tok == 1 && j.tr->gemv1) || (n_tok >= 2 && n_tok <= j.tr->gemvn_max && j.tr->gemvn)) {
         j.sides = s->sides;
         j.side_stride = k_act_side_one(j.tr->vec_dot_type, w->n_in);
         j.one_row = true;
