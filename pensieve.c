@@ -10044,9 +10044,11 @@ K_DEF_KQUANTS(avx2, K_AVX2)
 // from k_q3_k_scales_avx2 and its offset 4, Q2_K's from the low nibbles of its 16 scale bytes,
 // its minimums (the high nibbles) against the stored bsums giving msum, its term the
 // reference's dy * (d * isum - dmin * msum).
-K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                      int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
+// Several activation rows (gemvn): each weight row's block unpacked once for all of them.
+K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                      size_t side_stride, const int nr) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K) && nr >= 1 && nr <= K_GEMVN_MAX);
     const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
     const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15); // even scales, then odd
@@ -10059,14 +10061,11 @@ K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *s, const
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
+        for (int i = 0; i < nr; i++)
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
-            __m256i a[8];
-            K_UNROLL
-            for (int c = 0; c < 8; c++) a[c] = k_load256(yb + 4 + 32 * c);
-            __m256i iv[4], mv[4];
+            __m256i iv[K_GEMVN_MAX][4], mv[K_GEMVN_MAX][4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
@@ -10077,36 +10076,44 @@ K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *s, const
                                    : type == T_Q3_K ? k_q3_k_scales_avx2(xb)
                                                     : _mm_and_si128(k_load128(xb), _mm_set1_epi8(15));
                 const __m256i se = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sb, split));
-                __m256i t = _mm256_setzero_si256();
                 K_UNROLL
-                for (int i = 0; i < 4; i++) {
-                    const __m256i h = _mm256_hadd_epi16(_mm256_maddubs_epi16(wk.q[2 * i], a[2 * i]),
-                                                        _mm256_maddubs_epi16(wk.q[2 * i + 1], a[2 * i + 1]));
-                    t = _mm256_add_epi32(t, _mm256_madd_epi16(h, _mm256_shuffle_epi8(se, pick[i])));
+                for (int i = 0; i < nr; i++) {
+                    const uint8_t *a = y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE + 4; // activation row i's quants
+                    __m256i t = _mm256_setzero_si256();
+                    K_UNROLL
+                    for (int c = 0; c < 4; c++) {
+                        const __m256i h = _mm256_hadd_epi16(_mm256_maddubs_epi16(wk.q[2 * c], k_load256(a + 64 * c)),
+                                                            _mm256_maddubs_epi16(wk.q[2 * c + 1], k_load256(a + 64 * c + 32)));
+                        t = _mm256_add_epi32(t, _mm256_madd_epi16(h, _mm256_shuffle_epi8(se, pick[c])));
+                    }
+                    iv[i][r] = type == T_Q2_K ? t : k_wk_off_avx2(&wk, t, side + (size_t)i * side_stride + 32 * b);
+                    mv[i][r] = type == T_Q2_K ? _mm256_madd_epi16(wk.mins, k_load256(a + 256)) : _mm256_setzero_si256();
                 }
-                iv[r] = type == T_Q2_K ? t : k_wk_off_avx2(&wk, t, side + 32 * b);
-                mv[r] = type == T_Q2_K ? _mm256_madd_epi16(wk.mins, k_load256(yb + 260)) : _mm256_setzero_si256();
             }
-            const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
             const size_t o = (size_t)b * bsize + od;
             const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
-            const __m256d dy = _mm256_set1_pd((double)k_ld_f32(yb));
-            __m256d t;
-            if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
-                const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
-                const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
-                t = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
-            } else { // (double)d * (double)dy * (double)isum
-                t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), is);
+            const __m256d dm = type == T_Q2_K ? _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2))
+                                              : _mm256_setzero_pd();
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[i][0], iv[i][1], iv[i][2], iv[i][3]));
+                const __m256d dy = _mm256_set1_pd((double)k_ld_f32(y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE));
+                __m256d t;
+                if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
+                    const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[i][0], mv[i][1], mv[i][2], mv[i][3]));
+                    t = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                } else { // (double)d * (double)dy * (double)isum
+                    t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), is);
+                }
+                acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
             }
-            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
         }
-        k_gemv1_store(acc, s, w, nw);
+        for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_DEF_GEMV1(K_AVX2, k_gemv1_q2_k_avx2, k_gemv1_kq16_avx2, T_Q2_K)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q3_k_avx2, k_gemv1_kq16_avx2, T_Q3_K)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q6_k_avx2, k_gemv1_kq16_avx2, T_Q6_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q2_k_avx2, k_gemvn_q2_k_avx2, k_gemv1_kq16_avx2, T_Q2_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q3_k_avx2, k_gemvn_q3_k_avx2, k_gemv1_kq16_avx2, T_Q3_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_avx2, k_gemvn_q6_k_avx2, k_gemv1_kq16_avx2, T_Q6_K)
 
 // k_gemv1_fn for Q4_K on AVX2: four weight rows (one from each quarter) a block, the
 // activation's quants loaded once for the four. A row's 32-byte chunk c holds sub-blocks 2c (low
@@ -10118,10 +10125,13 @@ K_DEF_GEMV1(K_AVX2, k_gemv1_q6_k_avx2, k_gemv1_kq16_avx2, T_Q6_K)
 // sums are reduced together and their terms formed side by side, exactly the reference's
 // dy * (d * isum - dmin * msum). Q5_K (type) is the same with sub-block k's fifth bits, bit k of
 // the 32 qh bytes before the quants, shifted to bit 4 and or-ed in (|pair| <= 2 * 31 * 128).
-K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                       int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
-    (void)side;
+// For several activation rows (gemvn), each row's block is unpacked once and its lo/hi vectors
+// meet every activation row in turn.
+K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                       size_t side_stride, const int nr) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K) && nr >= 1 && nr <= K_GEMVN_MAX);
+    (void)side, (void)side_stride;
     const bool five = type == T_Q5_K;
     const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qo = five ? 48 : 16;
     const int64_t nb = n / QK_K;
@@ -10129,61 +10139,64 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *s, cons
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
+        for (int i = 0; i < nr; i++)
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
-            __m256i a[8]; // sub-block k: values 32k .. 32k + 31
-            K_UNROLL
-            for (int k = 0; k < 8; k++) a[k] = k_load256(yb + 4 + 32 * k);
-            const __m256i bsums = k_load256(yb + 260);
-            __m256i iv[4], mv[4];
+            __m256i iv[K_GEMVN_MAX][4], mv[K_GEMVN_MAX][4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
                 for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 144 or 176 bytes: 3 lines
-                __m256i p[8];
+                __m256i q[8]; // sub-block k's quants
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
                 for (int c = 0; c < 4; c++) {
-                    const __m256i q = k_load256(xb + qo + 32 * c);
-                    __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    const __m256i qc = k_load256(xb + qo + 32 * c);
+                    __m256i lo = _mm256_and_si256(qc, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qc, 4), m4);
                     if (five) { // bits 2c and 2c + 1 to bit 4
                         const __m256i f0 = c < 2 ? _mm256_slli_epi16(qh, 4 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 4);
                         const __m256i f1 = c < 2 ? _mm256_slli_epi16(qh, 3 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 3);
                         lo = _mm256_or_si256(lo, _mm256_and_si256(f0, m16));
                         hi = _mm256_or_si256(hi, _mm256_and_si256(f1, m16));
                     }
-                    p[2 * c] = _mm256_maddubs_epi16(lo, a[2 * c]);
-                    p[2 * c + 1] = _mm256_maddubs_epi16(hi, a[2 * c + 1]);
+                    q[2 * c] = lo, q[2 * c + 1] = hi;
                 }
                 __m128i sc8, m8;
                 k_scale_min_k4_avx2(xb, &sc8, &m8);
                 const __m256i scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); // scale k: int16 lane k of each 128
-                __m256i t = _mm256_setzero_si256();
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
                 K_UNROLL
-                for (int k = 0; k < 8; k++) {
-                    const __m256i sk = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (2 * k + 1) + 2 * k)));
-                    t = _mm256_add_epi32(t, _mm256_madd_epi16(p[k], sk));
+                for (int i = 0; i < nr; i++) {
+                    const uint8_t *yb = y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE; // sub-block k: values 32k ..
+                    __m256i t = _mm256_setzero_si256();
+                    K_UNROLL
+                    for (int k = 0; k < 8; k++) {
+                        const __m256i sk = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (2 * k + 1) + 2 * k)));
+                        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], k_load256(yb + 4 + 32 * k)), sk));
+                    }
+                    iv[i][r] = t;
+                    mv[i][r] = _mm256_madd_epi16(mins, k_load256(yb + 260)); // against the stored bsums
                 }
-                iv[r] = t;
-                mv[r] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), bsums);
             }
-            const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));
-            const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[0], mv[1], mv[2], mv[3]));
             const size_t o = (size_t)b * bsize;
             const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
             const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
-            // the reference: dy * (d * isum - dmin * msum)
-            const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(yb)),
-                                             _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
-            acc[b % K_BLOCK_LANES] = _mm256_add_pd(acc[b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[i][0], iv[i][1], iv[i][2], iv[i][3]));
+                const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[i][0], mv[i][1], mv[i][2], mv[i][3]));
+                // the reference: dy * (d * isum - dmin * msum)
+                const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE)),
+                                                 _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+            }
         }
-        k_gemv1_store(acc, s, w, nw);
+        for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_DEF_GEMV1(K_AVX2, k_gemv1_q4_k_avx2, k_gemv1_q45_k_avx2, T_Q4_K)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q5_k_avx2, k_gemv1_q45_k_avx2, T_Q5_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_k_avx2, k_gemvn_q4_k_avx2, k_gemv1_q45_k_avx2, T_Q4_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_k_avx2, k_gemvn_q5_k_avx2, k_gemv1_q45_k_avx2, T_Q5_K)
 
 // ---- AVX2: packing GEMM panels -----------------------------------------------------------------
 // k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
@@ -16376,6 +16389,13 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q5_1].gemv1 = k_gemv1_q5_1_avx2;
     t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
+    // gemvn up to four rows (phi4-mini Q4_K_M, two threads on Zen 4: 21.2-22.0 t/s at four, the
+    // GEMM 20.8-21.0)
+    static const struct { uint32_t type; k_gemvn_fn fn; } gemvns[] = {
+        {T_Q2_K, k_gemvn_q2_k_avx2}, {T_Q3_K, k_gemvn_q3_k_avx2}, {T_Q4_K, k_gemvn_q4_k_avx2},
+        {T_Q5_K, k_gemvn_q5_k_avx2}, {T_Q6_K, k_gemvn_q6_k_avx2},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = 4;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
     t[T_Q8_K].from_float = k_quant_q8_k_avx2;
