@@ -9584,17 +9584,24 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
 // (against Q8_1) as Q4_0 and Q5_0 with no offset, the activation's halves loaded from its blocks,
 // and the term the reference's dx * dy * isum + mx * sy (both products exact, mx * sy in float
 // too) with one rounding (one FMA), then added to the lane.
-K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                  int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 &&
+// For several activation rows (gemvn) each weight row's blocks are unpacked (Q8_0: widened) once
+// and meet every activation row's in turn.
+K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
+                                  int w0, int w1, const uint8_t *y, size_t y_stride, const uint8_t *side,
+                                  size_t side_stride, const int nr) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && nr >= 1 && nr <= K_GEMVN_MAX &&
                (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_1 || type == T_Q5_1));
     const bool five = type == T_Q5_0 || type == T_Q5_1, eight = type == T_Q8_0, one = type == T_Q4_1 || type == T_Q5_1;
     const size_t xs = k_w32_size(type), qo = type == T_Q5_1 ? 8 : type == T_Q5_0 ? 6 : one ? 4 : 2; // the quants' offset
     const size_t ho = one ? 4 : 2;  // Q5_0, Q5_1: qh's offset in a block
     const size_t ys = one ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const int64_t nb = n / 32, ng = nb / 4;
-    const uint8_t *so = side + k_act_side_o(n); // int32 -off * sum(a) of each block (Q4_0, Q5_0)
-    const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
+    const uint8_t *so[K_GEMVN_MAX]; // activation row i's int32 -off * sum(a) of each block (Q4_0, Q5_0)
+    const double *dy[K_GEMVN_MAX];  // and its scales
+    for (int i = 0; i < nr; i++) {
+        so[i] = side + (size_t)i * side_stride + k_act_side_o(n);
+        dy[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
+    }
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i spread01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), spread23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
     // Q5_0, two blocks' qh as one 64-bit value in every 64-bit lane: byte i of the low (high)
@@ -9605,43 +9612,56 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_BLOCK_LANES]; // lane l of the four rows
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l] = _mm256_setzero_pd();
+        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
+        for (int i = 0; i < nr; i++)
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t g = 0; g < ng; g++) {
-            const uint8_t *xg = one ? NULL : side + k_act_side_x(n) + 256 * (size_t)g; // the activation's part (Q8_0)
-            __m256i is01, is23;                                            // [block][row] isums
-            __m256i t01[4], t23[4];                                        // per row: blocks 0, 1 (2, 3) in its lanes
+            const uint8_t *xg[K_GEMVN_MAX]; // the activation's part (Q8_0)
+            for (int i = 0; i < nr; i++) xg[i] = one ? NULL : side + (size_t)i * side_stride + k_act_side_x(n) + 256 * (size_t)g;
+            __m256i is01[K_GEMVN_MAX], is23[K_GEMVN_MAX]; // [block][row] isums
+            __m256i t01[K_GEMVN_MAX][4], t23[K_GEMVN_MAX][4]; // per row: blocks 0, 1 (2, 3) in its lanes
             if (eight) {
-                __m256i alo[4], ahi[4];
+                __m256i alo[K_GEMVN_MAX][4], ahi[K_GEMVN_MAX][4];
                 K_UNROLL
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t *yb = y + (size_t)(4 * g + j) * K_Q8_0_SIZE + 2;
-                    alo[j] = _mm256_cvtepi8_epi16(k_load128(yb));
-                    ahi[j] = _mm256_cvtepi8_epi16(k_load128(yb + 16));
-                }
+                for (int i = 0; i < nr; i++)
+                    K_UNROLL
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t *yb = y + (size_t)i * y_stride + (size_t)(4 * g + j) * K_Q8_0_SIZE + 2;
+                        alo[i][j] = _mm256_cvtepi8_epi16(k_load128(yb));
+                        ahi[i][j] = _mm256_cvtepi8_epi16(k_load128(yb + 16));
+                    }
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
                     for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
-                    __m256i d[4];
                     K_UNROLL
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t *q = xb + (size_t)j * xs + 2;
-                        d[j] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q)), alo[j]),
-                                                _mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q + 16)), ahi[j]));
+                    for (int i = 0; i < nr; i++) { // (the compilers widen each row's quants once for all i)
+                        __m256i d[4];
+                        K_UNROLL
+                        for (int j = 0; j < 4; j++) {
+                            const uint8_t *q = xb + (size_t)j * xs + 2;
+                            d[j] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q)), alo[i][j]),
+                                                    _mm256_madd_epi16(_mm256_cvtepi8_epi16(k_load128(q + 16)), ahi[i][j]));
+                        }
+                        // blocks 0 and 1 (2 and 3): the two halves of each added, block 0 in the low lane
+                        t01[i][r] = k_fold2_avx2(d[0], d[1]);
+                        t23[i][r] = k_fold2_avx2(d[2], d[3]);
                     }
-                    // blocks 0 and 1 (2 and 3): the two halves of each added, block 0 in the low lane
-                    t01[r] = k_fold2_avx2(d[0], d[1]);
-                    t23[r] = k_fold2_avx2(d[2], d[3]);
                 }
-                is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
-                is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
+                for (int i = 0; i < nr; i++) {
+                    is01[i] = k_sum4_lanes_avx2(t01[i][0], t01[i][1], t01[i][2], t01[i][3]);
+                    is23[i] = k_sum4_lanes_avx2(t23[i][0], t23[i][1], t23[i][2], t23[i][3]);
+                }
             } else {
-                const uint8_t *yg = y + (size_t)g * 4 * ys + 4; // Q8_1: the blocks' quants
-                const __m256i alo01 = one ? k_cat128_avx2(yg, yg + ys) : k_load256(xg);
-                const __m256i alo23 = one ? k_cat128_avx2(yg + 2 * ys, yg + 3 * ys) : k_load256(xg + 32);
-                const __m256i ahi01 = one ? k_cat128_avx2(yg + 16, yg + ys + 16) : k_load256(xg + 64);
-                const __m256i ahi23 = one ? k_cat128_avx2(yg + 2 * ys + 16, yg + 3 * ys + 16) : k_load256(xg + 96);
+                __m256i alo01[K_GEMVN_MAX], alo23[K_GEMVN_MAX], ahi01[K_GEMVN_MAX], ahi23[K_GEMVN_MAX];
+                K_UNROLL
+                for (int i = 0; i < nr; i++) {
+                    const uint8_t *yg = y + (size_t)i * y_stride + (size_t)g * 4 * ys + 4; // Q8_1: the blocks' quants
+                    alo01[i] = one ? k_cat128_avx2(yg, yg + ys) : k_load256(xg[i]);
+                    alo23[i] = one ? k_cat128_avx2(yg + 2 * ys, yg + 3 * ys) : k_load256(xg[i] + 32);
+                    ahi01[i] = one ? k_cat128_avx2(yg + 16, yg + ys + 16) : k_load256(xg[i] + 64);
+                    ahi23[i] = one ? k_cat128_avx2(yg + 2 * ys + 16, yg + 3 * ys + 16) : k_load256(xg[i] + 96);
+                }
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
@@ -9659,18 +9679,23 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                         lo23 = _mm256_or_si256(lo23, k_q5_bits_avx2(h23, qlo));
                         hi23 = _mm256_or_si256(hi23, k_q5_bits_avx2(h23, qhi));
                     }
-                    // int16 pair sums: |lo + hi| <= 4 * 31 * 128
-                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo01), _mm256_maddubs_epi16(hi01, ahi01));
-                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo23), _mm256_maddubs_epi16(hi23, ahi23));
-                    t01[r] = _mm256_madd_epi16(p01, ones);
-                    t23[r] = _mm256_madd_epi16(p23, ones);
+                    K_UNROLL
+                    for (int i = 0; i < nr; i++) {
+                        // int16 pair sums: |lo + hi| <= 4 * 31 * 128
+                        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo01[i]), _mm256_maddubs_epi16(hi01, ahi01[i]));
+                        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo23[i]), _mm256_maddubs_epi16(hi23, ahi23[i]));
+                        t01[i][r] = _mm256_madd_epi16(p01, ones);
+                        t23[i][r] = _mm256_madd_epi16(p23, ones);
+                    }
                 }
-                is01 = k_sum4_lanes_avx2(t01[0], t01[1], t01[2], t01[3]);
-                is23 = k_sum4_lanes_avx2(t23[0], t23[1], t23[2], t23[3]);
-                if (!one) {
-                    const __m256i o = _mm256_castsi128_si256(k_load128(so + 16 * (size_t)g)); // the four blocks' offset terms
-                    is01 = _mm256_add_epi32(is01, _mm256_permutevar8x32_epi32(o, spread01));
-                    is23 = _mm256_add_epi32(is23, _mm256_permutevar8x32_epi32(o, spread23));
+                for (int i = 0; i < nr; i++) {
+                    is01[i] = k_sum4_lanes_avx2(t01[i][0], t01[i][1], t01[i][2], t01[i][3]);
+                    is23[i] = k_sum4_lanes_avx2(t23[i][0], t23[i][1], t23[i][2], t23[i][3]);
+                    if (!one) {
+                        const __m256i o = _mm256_castsi128_si256(k_load128(so[i] + 16 * (size_t)g)); // the four blocks' offset terms
+                        is01[i] = _mm256_add_epi32(is01[i], _mm256_permutevar8x32_epi32(o, spread01));
+                        is23[i] = _mm256_add_epi32(is23[i], _mm256_permutevar8x32_epi32(o, spread23));
+                    }
                 }
             }
             uint64_t h[4]; // block j's scales of the four rows
@@ -9686,58 +9711,65 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *s, const uint
                     const size_t o = (size_t)(4 * g + j) * xs + 2;
                     hm[j] = k_f16x4_bits(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o);
                 }
-                const __m256 dy4 = _mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(dy + 4 * g)));
-                const __m256 sy4 = _mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(dy + nb + 4 * g)));
                 K_UNROLL
-                for (int p = 0; p < 2; p++) {
-                    const __m256i sp = p ? spread23 : spread01;
-                    const __m256 dxy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[2 * p + 1], (long long)h[2 * p])),
-                                                     _mm256_permutevar8x32_ps(dy4, sp));
-                    const __m256 msy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)hm[2 * p + 1], (long long)hm[2 * p])),
-                                                     _mm256_permutevar8x32_ps(sy4, sp));
-                    const __m256i is = p ? is23 : is01;
-                    acc[2 * p] = _mm256_add_pd(acc[2 * p], _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy)),
-                                                                           _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)),
-                                                                           _mm256_cvtps_pd(_mm256_castps256_ps128(msy))));
-                    acc[2 * p + 1] = _mm256_add_pd(acc[2 * p + 1], _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy, 1)),
-                                                                                   _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1)),
-                                                                                   _mm256_cvtps_pd(_mm256_extractf128_ps(msy, 1))));
+                for (int i = 0; i < nr; i++) {
+                    const __m256 dy4 = _mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(dy[i] + 4 * g)));
+                    const __m256 sy4 = _mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(dy[i] + nb + 4 * g)));
+                    K_UNROLL
+                    for (int p = 0; p < 2; p++) {
+                        const __m256i sp = p ? spread23 : spread01;
+                        const __m256 dxy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[2 * p + 1], (long long)h[2 * p])),
+                                                         _mm256_permutevar8x32_ps(dy4, sp));
+                        const __m256 msy = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)hm[2 * p + 1], (long long)hm[2 * p])),
+                                                         _mm256_permutevar8x32_ps(sy4, sp));
+                        const __m256i is = p ? is23[i] : is01[i];
+                        acc[i][2 * p] = _mm256_add_pd(acc[i][2 * p], _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(dxy)),
+                                                                                     _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)),
+                                                                                     _mm256_cvtps_pd(_mm256_castps256_ps128(msy))));
+                        acc[i][2 * p + 1] = _mm256_add_pd(acc[i][2 * p + 1],
+                                                          _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(dxy, 1)),
+                                                                          _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1)),
+                                                                          _mm256_cvtps_pd(_mm256_extractf128_ps(msy, 1))));
+                    }
                 }
                 continue;
             }
             // the side data's scales: each block's four times, in [block][row] order
-            const __m256 dxy01 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0])),
-                                               _mm256_loadu_ps((const float *)(const void *)(xg + 192)));
-            const __m256 dxy23 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h[3], (long long)h[2])),
-                                               _mm256_loadu_ps((const float *)(const void *)(xg + 224)));
-            k_fma2_avx2(&acc[0], &acc[1], dxy01, is01);
-            k_fma2_avx2(&acc[2], &acc[3], dxy23, is23);
-        }
-        double a[K_BLOCK_LANES][4]; // [lane][row]
-        for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[l]);
-        for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
-            const uint8_t *yc = y + (size_t)c * ys;
-            for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)c * xs;
-                if (one) {
-                    a[c % 4][r] += k_no_fuse(k_w1_term_scalar(type, xb, yc));
-                    continue;
-                }
-                int32_t isum = k_w32_isum_avx2(type, k_w32_dot_avx2(type, k_w32_unpack_avx2(type, xb), yc));
-                a[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
+            const __m256 d01 = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
+            const __m256 d23 = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[3], (long long)h[2]));
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                k_fma2_avx2(&acc[i][0], &acc[i][1], _mm256_mul_ps(d01, _mm256_loadu_ps((const float *)(const void *)(xg[i] + 192))), is01[i]);
+                k_fma2_avx2(&acc[i][2], &acc[i][3], _mm256_mul_ps(d23, _mm256_loadu_ps((const float *)(const void *)(xg[i] + 224))), is23[i]);
             }
         }
-        const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(a[0]), _mm256_loadu_pd(a[1]), _mm256_loadu_pd(a[2]),
-                                              _mm256_loadu_pd(a[3])};
-        k_gemv1_store(lanes, s, w, nw);
+        for (int i = 0; i < nr; i++) {
+            double a[K_BLOCK_LANES][4]; // [lane][row]
+            for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[i][l]);
+            for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one
+                const uint8_t *yc = y + (size_t)i * y_stride + (size_t)c * ys;
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)c * xs;
+                    if (one) {
+                        a[c % 4][r] += k_no_fuse(k_w1_term_scalar(type, xb, yc));
+                        continue;
+                    }
+                    int32_t isum = k_w32_isum_avx2(type, k_w32_dot_avx2(type, k_w32_unpack_avx2(type, xb), yc));
+                    a[c % 4][r] += k_no_fuse((double)k_f16_avx2(xb) * dy[i][c] * (double)isum);
+                }
+            }
+            const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(a[0]), _mm256_loadu_pd(a[1]), _mm256_loadu_pd(a[2]),
+                                                  _mm256_loadu_pd(a[3])};
+            k_gemv1_store(lanes, s[i], w, nw);
+        }
     }
 }
 
-K_DEF_GEMV1(K_AVX2, k_gemv1_q4_0_avx2, k_gemv1_avx2, T_Q4_0)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q5_0_avx2, k_gemv1_avx2, T_Q5_0)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q8_0_avx2, k_gemv1_avx2, T_Q8_0)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q4_1_avx2, k_gemv1_avx2, T_Q4_1)
-K_DEF_GEMV1(K_AVX2, k_gemv1_q5_1_avx2, k_gemv1_avx2, T_Q5_1)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_0_avx2, k_gemvn_q4_0_avx2, k_gemv1_avx2, T_Q4_0)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_0_avx2, k_gemvn_q5_0_avx2, k_gemv1_avx2, T_Q5_0)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q8_0_avx2, k_gemvn_q8_0_avx2, k_gemv1_avx2, T_Q8_0)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_1_avx2, k_gemvn_q4_1_avx2, k_gemv1_avx2, T_Q4_1)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_1_avx2, k_gemvn_q5_1_avx2, k_gemv1_avx2, T_Q5_1)
 
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
 // A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
@@ -16389,13 +16421,15 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q5_1].gemv1 = k_gemv1_q5_1_avx2;
     t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
-    // gemvn up to four rows (phi4-mini Q4_K_M, two threads on Zen 4: 21.2-22.0 t/s at four, the
-    // GEMM 20.8-21.0)
-    static const struct { uint32_t type; k_gemvn_fn fn; } gemvns[] = {
-        {T_Q2_K, k_gemvn_q2_k_avx2}, {T_Q3_K, k_gemvn_q3_k_avx2}, {T_Q4_K, k_gemvn_q4_k_avx2},
-        {T_Q5_K, k_gemvn_q5_k_avx2}, {T_Q6_K, k_gemvn_q6_k_avx2},
+    // gemvn up to four rows (two threads on Zen 4, -s 4: phi4-mini Q4_K_M 21.2-22.0 t/s, the GEMM
+    // 20.8-21.0; qwen2-0.5b Q4_0 121.6-123.4 against 114.1-115.5, Q8_0 108.0-109.4 against 97.5-100.7)
+    static const struct { uint32_t type; k_gemvn_fn fn; int max; } gemvns[] = {
+        {T_Q2_K, k_gemvn_q2_k_avx2, 4}, {T_Q3_K, k_gemvn_q3_k_avx2, 4}, {T_Q4_K, k_gemvn_q4_k_avx2, 4},
+        {T_Q5_K, k_gemvn_q5_k_avx2, 4}, {T_Q6_K, k_gemvn_q6_k_avx2, 4}, {T_Q4_0, k_gemvn_q4_0_avx2, 4},
+        {T_Q5_0, k_gemvn_q5_0_avx2, 4}, {T_Q8_0, k_gemvn_q8_0_avx2, 4},
+        {T_Q4_1, k_gemvn_q4_1_avx2, 4}, {T_Q5_1, k_gemvn_q5_1_avx2, 4},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = 4;
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = gemvns[i].max;
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
     t[T_Q8_K].from_float = k_quant_q8_k_avx2;
