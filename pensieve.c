@@ -7443,6 +7443,7 @@ typedef void (*k_pack_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nw, 
 // vec_dot_rows given each activation row's k_act_side (section 12) at side + r*side_stride,
 // which lets generation skip work that depends only on the activation: weight row x against nr
 // (1..K_ROWS_MAX) activation rows y + r*y_stride, results to s[r*s_stride], bit-identical to vec_dot.
+// (The ARM sets'; the x86 sets take a few rows with their gemvn kernels instead.)
 typedef void (*k_gemv_fn)(int64_t n, float *s, int64_t s_stride, const uint8_t *x, const uint8_t *y, size_t y_stride,
                           const uint8_t *side, size_t side_stride, int nr);
 // One activation row y (with its k_act_side) against weight rows x + i*x_stride of nw >= 1,
@@ -9913,19 +9914,20 @@ K_AVX2 K_INLINE void k_wk_unpack_avx2(uint32_t type, const uint8_t *x, k_wk_avx2
     for (int c = 0; c < 8; c++) w->sc[c] = k_sc_chunk_avx2(s16, c);
 }
 
-// An unpacked block against an activation block: 8 int32 lanes summing to isum (*iv) and, for
-// the formats with a minimum, to msum through the activation's bsums (*mv).
-// Pair bounds: q*a <= 2*63*128 = 16128, off*a <= 2*32*128 = 8192, (q - off)*a <= 8192.
-// With sums (the activation block's 16 sums of 16 from its side data), the offset is taken off
-// once per block as off * sum_k(scale_k * sum_k) instead of once per chunk; every intermediate
-// stays inside int32 (|sum_k| <= 2048, |scale| <= 128: the correction is below 2^28).
+// The AVX2 one-row kernel (k_gemv1_kq16_avx2) takes the quant offset off with the activation
+// block's 16 sums of 16 (sums, from its side data) once per block, as off * sum_k(scale_k *
+// sum_k), instead of once per chunk; every intermediate stays inside int32 (|sum_k| <= 2048,
+// |scale| <= 128: the correction is below 2^28).
 K_AVX2 K_INLINE __m256i k_wk_off_avx2(const k_wk_avx2 *w, __m256i acc, const uint8_t *sums) {
     __m256i corr = _mm256_madd_epi16(w->s16, k_load256(sums));
     return _mm256_sub_epi32(acc, w->off == 32 ? _mm256_slli_epi32(corr, 5) : _mm256_mullo_epi32(corr, _mm256_set1_epi32(w->off)));
 }
 
-K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min, __m256i *iv,
-                                   __m256i *mv) {
+// An unpacked block against an activation block: 8 int32 lanes summing to isum (*iv) and, for
+// the formats with a minimum, to msum through the activation's bsums (*mv).
+// Pair bounds: q*a <= 2*63*128 = 16128, off*a <= 2*32*128 = 8192, (q - off)*a <= 8192.
+
+K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
@@ -9933,10 +9935,9 @@ K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, const 
     for (int c = 0; c < 8; c++) {
         __m256i av = k_load256(a + 32 * c);
         __m256i p = _mm256_maddubs_epi16(w->q[c], av);
-        if (w->off && !sums) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+        if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, w->sc[c]));
     }
-    if (w->off && sums) acc = k_wk_off_avx2(w, acc, sums);
     *iv = acc;
     *mv = has_min ? _mm256_madd_epi16(w->mins, k_load256(yb + 260)) : _mm256_setzero_si256();
 }
@@ -9955,8 +9956,7 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
 // side by side in a vector (element r: row r), the block lanes kept as one vector each.
 #define K_DEF_ROWSK(isa, tgt)                                                                              \
     tgt K_INLINE void k_rowsk_##isa(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,      \
-                                    const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,  \
-                                    int nr) {                                                              \
+                                    const uint8_t *y, size_t ys, int nr) {                                 \
         PSV_ASSERT(n % QK_K == 0);                                                                         \
         const size_t xs = type_table[type].type_size;                                                      \
         const bool has_min = type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;                           \
@@ -9972,7 +9972,7 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
                 for (int l = 0; l < 4; l++) {                                                              \
                     k_wk_unpack_avx2(type, x + (size_t)(b + l) * xs, &w);                                  \
                     const uint8_t *yb = y + (size_t)(b + l) * K_Q8_K_SIZE;                                 \
-                    k_wk_dot_##isa(&w, yb, side ? side + 32 * (b + l) : NULL, has_min, &iv[l], &mv[l]);   \
+                    k_wk_dot_##isa(&w, yb, has_min, &iv[l], &mv[l]);                                      \
                     d[l] = (double)w.d, dm[l] = (double)w.dmin, dyv[l] = (double)k_ld_f32(yb);             \
                 }                                                                                          \
                 __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));             \
@@ -9993,7 +9993,7 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
             if (nr == 1) {                                                                                 \
                 __m256i iv, mv;                                                                            \
                 int32_t isum, msum;                                                                        \
-                k_wk_dot_##isa(&w, yb, side ? side + 32 * b : NULL, has_min, &iv, &mv);                    \
+                k_wk_dot_##isa(&w, yb, has_min, &iv, &mv);                                                 \
                 k_hsum2_i32_avx2(iv, mv, &isum, &msum);                                                    \
                 double dy = (double)k_ld_f32(yb), t; /* the reference's expressions */                    \
                 if (has_min) t = dy * ((double)w.d * (double)isum - (double)w.dmin * (double)msum);       \
@@ -10005,8 +10005,7 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
             float dyf[4] = {0};                                                                            \
             for (int r = 0; r < 4; r++) iv[r] = mv[r] = _mm256_setzero_si256();                           \
             for (int r = 0; r < nr; r++) {                                                                 \
-                k_wk_dot_##isa(&w, yb + (size_t)r * ys, side ? side + (size_t)r * side_stride + 32 * b : NULL, \
-                               has_min, &iv[r], &mv[r]);                                                   \
+                k_wk_dot_##isa(&w, yb + (size_t)r * ys, has_min, &iv[r], &mv[r]);                         \
                 dyf[r] = k_ld_f32(yb + (size_t)r * ys);                                                    \
             }                                                                                              \
             __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[0], iv[1], iv[2], iv[3]));                 \
@@ -10033,30 +10032,14 @@ K_AVX2 K_INLINE void k_hsum2_i32_avx2(__m256i a, __m256i b, int32_t *sa, int32_t
         }                                                                                                  \
     }
 
-// A k_gemv_fn from an inlined core taking side data; one row (generation) gets its own copy
-// with the row count constant.
-#define K_DEF_GEMV(fname, core, type, tgt)                                                                  \
-    tgt static void fname(int64_t n, float *s, int64_t ss, const uint8_t *x, const uint8_t *y, size_t ys,    \
-                          const uint8_t *side, size_t side_stride, int nr) {                                \
-        if (nr == 1) core(type, n, s, ss, x, y, ys, side, side_stride, 1);                                  \
-        else core(type, n, s, ss, x, y, ys, side, side_stride, nr);                                         \
-    }
-
-// The k-quant entry points of a set: vec_dot and vec_dot_rows (no side data) and, for the types
-// with a quant offset (Q3_K, Q6_K), generation's products, where the offset comes off through the
-// activation's sums of 16 (k_wk_off_avx2). All bit-identical to the reference vec_dot.
+// The k-quant entry points of a set: vec_dot and vec_dot_rows, all bit-identical to the
+// reference vec_dot. (Generation's products are the one-row kernels', gemv1 and gemvn.)
 #define K_DEF_KQUANTS(isa, tgt)                                                                             \
-    tgt K_INLINE void k_rowsk_##isa##_plain(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x, \
-                                            const uint8_t *y, size_t ys, int nr) {                          \
-        k_rowsk_##isa(type, n, s, ss, x, y, ys, NULL, 0, nr);                                               \
-    }                                                                                                       \
-    K_DEF_ROWS(q2_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q2_K, tgt)                                         \
-    K_DEF_ROWS(q3_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q3_K, tgt)                                         \
-    K_DEF_ROWS(q4_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q4_K, tgt)                                         \
-    K_DEF_ROWS(q5_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q5_K, tgt)                                         \
-    K_DEF_ROWS(q6_k_q8_k_##isa, k_rowsk_##isa##_plain, T_Q6_K, tgt)                                         \
-    K_DEF_GEMV(k_gemv_q3_k_##isa, k_rowsk_##isa, T_Q3_K, tgt)                                               \
-    K_DEF_GEMV(k_gemv_q6_k_##isa, k_rowsk_##isa, T_Q6_K, tgt)
+    K_DEF_ROWS(q2_k_q8_k_##isa, k_rowsk_##isa, T_Q2_K, tgt)                                                 \
+    K_DEF_ROWS(q3_k_q8_k_##isa, k_rowsk_##isa, T_Q3_K, tgt)                                                 \
+    K_DEF_ROWS(q4_k_q8_k_##isa, k_rowsk_##isa, T_Q4_K, tgt)                                                 \
+    K_DEF_ROWS(q5_k_q8_k_##isa, k_rowsk_##isa, T_Q5_K, tgt)                                                 \
+    K_DEF_ROWS(q6_k_q8_k_##isa, k_rowsk_##isa, T_Q6_K, tgt)
 
 K_DEF_ROWSK(avx2, K_AVX2)
 
@@ -11544,62 +11527,15 @@ K_DEF_ROWS(q5_0_q8_0_avx512, k_rows32_avx512, T_Q5_0, K_AVX512)
 K_DEF_ROWS(q5_1_q8_1_avx512, k_rows32_avx512, T_Q5_1, K_AVX512)
 K_DEF_ROWS(q8_0_q8_0_avx512, k_rows32_avx512, T_Q8_0, K_AVX512)
 
-// Generation's products for the types against Q8_0 (k_gemv_fn): the weight quants as unsigned
-// bytes u (Q4_0 and Q5_0 keep their +8/+16 offset, Q8_0 gets +128 by flipping its sign bit), so
-// one vpdpbusd per block gives sum(u * a); the offset times the activation block's sum (from the
-// side data, computed once per activation row instead of once per weight row) is then taken off:
-// isum = sum(u * a) - off * sum(a), the reference's isum exactly. |sum(u * a)| <= 32 * 255 * 128.
-// The block scales of the activation come from the side data as doubles.
+// A block of a type against Q8_0 as unsigned bytes u (Q4_0 and Q5_0 keep their +8/+16 offset,
+// Q8_0 gets +128 by flipping its sign bit), so one vpdpbusd gives sum(u * a); the offset times
+// the activation block's sum (side data) then comes off: isum = sum(u * a) - off * sum(a), the
+// reference's isum exactly. |sum(u * a)| <= 32 * 255 * 128. (k_gemv1_avx512's last blocks.)
 K_AVX512 K_INLINE __m256i k_gemv_u8_avx512(uint32_t type, const uint8_t *xb) {
     if (type == T_Q8_0) return _mm256_xor_si256(k_load256(xb + 2), _mm256_set1_epi8((char)0x80));
     return k_w32_unpack_avx2(type, xb).a;
 }
 
-K_AVX512 K_INLINE void k_gemv32_avx512(uint32_t type, int64_t n, float *s, int64_t ss, const uint8_t *x,
-                                       const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride, int nr) {
-    PSV_ASSERT(n % 32 == 0 && nr >= 1 && nr <= K_ROWS_MAX);
-    const size_t xs = k_w32_size(type);
-    const int64_t nb = n / 32;
-    const __m256i z = _mm256_setzero_si256();
-    __m256d accv[K_ROWS_MAX];
-    for (int r = 0; r < nr; r++) accv[r] = _mm256_setzero_pd();
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) { // four weight blocks, unpacked once for all the rows
-        const uint8_t *xb = x + (size_t)b * xs;
-        const __m256i u0 = k_gemv_u8_avx512(type, xb), u1 = k_gemv_u8_avx512(type, xb + xs);
-        const __m256i u2 = k_gemv_u8_avx512(type, xb + 2 * xs), u3 = k_gemv_u8_avx512(type, xb + 3 * xs);
-        const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xb, xb + xs, xb + 2 * xs, xb + 3 * xs));
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *yb = y + (size_t)r * ys + (size_t)b * K_Q8_0_SIZE, *sd = side + (size_t)r * side_stride;
-            __m128i is = k_hsum4_i32_avx2(_mm256_dpbusd_epi32(z, u0, k_load256(yb + 2)), _mm256_dpbusd_epi32(z, u1, k_load256(yb + 36)),
-                                          _mm256_dpbusd_epi32(z, u2, k_load256(yb + 70)), _mm256_dpbusd_epi32(z, u3, k_load256(yb + 104)));
-            is = _mm_add_epi32(is, k_load128(sd + k_act_side_o(n) + 4 * b)); // -offset * sum, k_act_side
-            __m256d dy = _mm256_loadu_pd((const double *)(const void *)(sd + k_act_side_d(n)) + b);
-            // reference: (double)dx * (double)dy * (double)isum
-            __m256d t = _mm256_mul_pd(_mm256_mul_pd(dx, dy), _mm256_cvtepi32_pd(is));
-            accv[r] = _mm256_add_pd(accv[r], k_no_fuse_pd_avx2(t));
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        const uint8_t *yr = y + (size_t)r * ys, *sd = side + (size_t)r * side_stride;
-        const double *dy = (const double *)(const void *)(sd + k_act_side_d(n));
-        double acc[K_BLOCK_LANES];
-        _mm256_storeu_pd(acc, accv[r]);
-        for (int64_t c = b; c < nb; c++) {
-            const uint8_t *xb = x + (size_t)c * xs;
-            int32_t isum = k_hsum_i32_avx2(_mm256_dpbusd_epi32(z, k_gemv_u8_avx512(type, xb), k_load256(yr + (size_t)c * K_Q8_0_SIZE + 2)));
-            int32_t o;
-            memcpy(&o, sd + k_act_side_o(n) + 4 * (size_t)c, 4);
-            isum += o;
-            acc[c % K_BLOCK_LANES] += k_no_fuse((double)k_f16_avx2(xb) * dy[c] * (double)isum);
-        }
-        s[r * ss] = k_lanes_sum(acc, K_BLOCK_LANES);
-    }
-}
-
-K_DEF_GEMV(k_gemv_q4_0_avx512, k_gemv32_avx512, T_Q4_0, K_AVX512)
-K_DEF_GEMV(k_gemv_q5_0_avx512, k_gemv32_avx512, T_Q5_0, K_AVX512)
-K_DEF_GEMV(k_gemv_q8_0_avx512, k_gemv32_avx512, T_Q8_0, K_AVX512)
 
 // 32 bytes at p, then 32 at q.
 K_AVX512 K_INLINE __m512i k_cat256(const uint8_t *p, const uint8_t *q) {
@@ -12158,8 +12094,7 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_0_avx512, k_gemvn_q5_0_avx512, k_gemv1_avx512,
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q8_0_avx512, k_gemvn_q8_0_avx512, k_gemv1_avx512, T_Q8_0)
 
 // k_wk_dot_avx2 with vpdpwssd applying the scales.
-K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, const uint8_t *sums, bool has_min,
-                                       __m256i *iv, __m256i *mv) {
+K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
     const __m256i off = _mm256_set1_epi8((char)w->off);
@@ -12178,11 +12113,10 @@ K_AVX512 K_INLINE void k_wk_dot_avx512(const k_wk_avx2 *w, const uint8_t *yb, co
         for (int c = 0; c < 8; c++) {
             __m256i av = k_load256(a + 32 * c);
             __m256i p = _mm256_maddubs_epi16(w->q[c], av);
-            if (w->off && !sums) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
+            if (w->off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(off, av));
             acc = _mm256_dpwssd_epi32(acc, p, w->sc[c]);
         }
     }
-    if (w->off && sums) acc = k_wk_off_avx2(w, acc, sums);
     *iv = acc;
     *mv = has_min ? _mm256_madd_epi16(w->mins, k_load256(yb + 260)) : _mm256_setzero_si256();
 }
@@ -16407,8 +16341,6 @@ static void k_fill_avx2(k_traits *t) {
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
-    t[T_Q3_K].gemv = k_gemv_q3_k_avx2;
-    t[T_Q6_K].gemv = k_gemv_q6_k_avx2;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
     t[T_F16].gemv1 = k_gemv1_f16_avx2;
     t[T_BF16].gemv1 = k_gemv1_bf16_avx2;
@@ -16474,11 +16406,6 @@ static void k_fill_avx512(k_traits *t) {
     k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
     t[T_F16].gemm = k_gemm_f16_avx512, t[T_F16].pack = k_pack16_f16_avx2; // wide panels (k_panel_pack_flt)
     t[T_BF16].gemm = k_gemm_bf16_avx512, t[T_BF16].pack = k_pack16_bf16_avx2;
-    t[T_Q3_K].gemv = k_gemv_q3_k_avx512;
-    t[T_Q6_K].gemv = k_gemv_q6_k_avx512;
-    t[T_Q4_0].gemv = k_gemv_q4_0_avx512;
-    t[T_Q5_0].gemv = k_gemv_q5_0_avx512;
-    t[T_Q8_0].gemv = k_gemv_q8_0_avx512;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
@@ -17367,7 +17294,7 @@ typedef struct {
 // prefetches the next panel's weights (measured on Zen 4: 4 sequences decoded together, 1.4 times
 // the tokens/s for Q4_K_M and Q8_0; at 2 and 3 rows it is a tie).
 #define MM_GEMM_MIN 4
-#define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them (measured)
+#define MM_GEMV_MAX 3 // products of at most this many rows use the set's gemv kernels where it has them and no gemvn
 #define MM_ALSO_MAX 2 // products a job does besides its first (k and v beside q)
 #ifndef MM_CHUNKS
 #define MM_CHUNKS 4 // chunks of a product per thread on average, taken as threads come free
