@@ -12581,52 +12581,66 @@ K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, const bool ma, int64_t n
 // Four weight rows at a time against one activation row (gemv1, as k_gemv1_flt_avx2), all F16 or
 // all BF16: a row's sixteen lanes in one register, so each 16 values of a row take one
 // conversion and one multiply-add (the AVX2 kernel: two of each), the instructions of a step
-// halved for the memory stream to set its speed.
-K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
-                                          int w1, const uint8_t *y) {
+// halved for the memory stream to set its speed. Several activation rows y + i*ys (gemvn): each
+// 16 values of a weight row converted once for all of them.
+K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
+                                          int w0, int w1, const uint8_t *y, size_t ys, const int nr) {
+    PSV_ASSERT(nr >= 1 && nr <= K_GEMVN_MAX);
     const int64_t nf = n / 16;
-    uint8_t ty[32];
-    if (16 * nf < n) k_halves_pad(ty, y + 32 * (size_t)nf, n - 16 * nf);
+    uint8_t ty[K_GEMVN_MAX][32];
+    if (16 * nf < n)
+        for (int i = 0; i < nr; i++) k_halves_pad(ty[i], y + (size_t)i * ys + 32 * (size_t)nf, n - 16 * nf);
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m512 a[4];
-        K_UNROLL
-        for (int r = 0; r < 4; r++) a[r] = _mm512_setzero_ps();
+        __m512 a[K_GEMVN_MAX][4]; // activation row i's sums of the four rows
+        for (int i = 0; i < nr; i++)
+            for (int r = 0; r < 4; r++) a[i][r] = _mm512_setzero_ps();
         for (int64_t j = 0; j < nf; j++) {
-            const __m512 v = k_flt16_avx512(bf, y + 32 * j);
+            __m512 v[K_GEMVN_MAX];
+            K_UNROLL
+            for (int i = 0; i < nr; i++) v[i] = k_flt16_avx512(bf, y + (size_t)i * ys + 32 * j);
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xp = xr[r] + 32 * j;
                 if ((j & 1) == 0) k_prefetch_ahead(xp, k_gemv1_pf); // a line every other step
                 const __m512 u = k_flt16_avx512(bf, xp);
-                a[r] = k_flane_add_avx512(bf, a[r], u, v);
+                K_UNROLL
+                for (int i = 0; i < nr; i++) a[i][r] = k_flane_add_avx512(bf, a[i][r], u, v[i]);
             }
         }
         if (16 * nf < n) { // zero-padded copies (k_halves_pad)
-            const __m512 v = k_flt16_avx512(bf, ty);
             for (int r = 0; r < 4; r++) {
                 uint8_t tx[32];
                 const __m512 u = k_flt16_avx512(bf, k_halves_pad(tx, xr[r] + 32 * nf, n - 16 * nf));
-                a[r] = k_flane_add_avx512(bf, a[r], u, v);
+                for (int i = 0; i < nr; i++) a[i][r] = k_flane_add_avx512(bf, a[i][r], u, k_flt16_avx512(bf, ty[i]));
             }
         }
-        float out[4];
-        K_UNROLL
-        for (int r = 0; r < 4; r++) out[r] = k_flanes_sum_avx512(a[r]);
-        k_gemv1_put(out, s, w, nw);
+        for (int i = 0; i < nr; i++) {
+            float out[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) out[r] = k_flanes_sum_avx512(a[i][r]);
+            k_gemv1_put(out, s[i], w, nw);
+        }
     }
 }
-K_AVX512 static void k_gemv1_f16_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                        const uint8_t *y, const uint8_t *side) {
-    (void)side;
-    k_gemv1_flt_avx512(false, n, s, x, x_stride, nw, w0, w1, y);
-}
-K_AVX512 static void k_gemv1_bf16_avx512(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
-                                         const uint8_t *y, const uint8_t *side) {
-    (void)side;
-    k_gemv1_flt_avx512(true, n, s, x, x_stride, nw, w0, w1, y);
-}
+// The F16 and BF16 gemv1 and gemvn kernels (side: unused, these types have none).
+#define K_DEF_GEMV1N_FLT(name1, namen, bf)                                                                               \
+    K_AVX512 static void name1(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,           \
+                               const uint8_t *y, const uint8_t *side) {                                                  \
+        (void)side;                                                                                                      \
+        float *const out[1] = {s};                                                                                       \
+        k_gemv1_flt_avx512(bf, n, out, x, x_stride, nw, w0, w1, y, 0, 1);                                               \
+    }                                                                                                                    \
+    K_AVX512 static void namen(int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,    \
+                               const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride, int nr) {           \
+        (void)side, (void)side_stride;                                                                                   \
+        if (nr == 2) k_gemv1_flt_avx512(bf, n, s, x, x_stride, nw, w0, w1, y, ys, 2);                                  \
+        else if (nr == 3) k_gemv1_flt_avx512(bf, n, s, x, x_stride, nw, w0, w1, y, ys, 3);                             \
+        else k_gemv1_flt_avx512(bf, n, s, x, x_stride, nw, w0, w1, y, ys, 4);                                          \
+    }
+K_DEF_GEMV1N_FLT(k_gemv1_f16_avx512, k_gemvn_f16_avx512, false)
+K_DEF_GEMV1N_FLT(k_gemv1_bf16_avx512, k_gemvn_bf16_avx512, true)
 K_AVX512 static void k_gemm_f16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                        size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     (void)side, (void)side_stride;
@@ -16418,14 +16432,15 @@ static void k_fill_avx512(k_traits *t) {
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx512;
     t[T_F16].gemv1 = k_gemv1_f16_avx512;
     t[T_BF16].gemv1 = k_gemv1_bf16_avx512;
-    // gemvn up to four rows for the k-quants, three for the 32-value types, whose GEMM is
-    // faster from four (measured on Zen 4, pensieve bench -s 4: phi4-mini Q4_K_M 33 against
-    // 23 t/s, qwen2-0.5b Q4_0 199 against 201-217, Q8_0 152-167 against 190; at three rows
-    // gemvn 178-195 against the GEMM's 125-129)
+    // gemvn up to four rows for the k-quants, F16 and BF16, three for the 32-value types, whose
+    // GEMM is faster from four (measured on Zen 4, pensieve bench -s 4: phi4-mini Q4_K_M 33
+    // against 23 t/s, qwen2-0.5b F16 120-130 against 69-71, Q4_0 199 against 201-217, Q8_0
+    // 152-167 against 190; at three rows Q4_0's gemvn 178-195 against the GEMM's 125-129)
     static const struct { uint32_t type; k_gemvn_fn fn; int max; } gemvns[] = {
         {T_Q2_K, k_gemvn_q2_k_avx512, 4}, {T_Q3_K, k_gemvn_q3_k_avx512, 4}, {T_Q4_K, k_gemvn_q4_k_avx512, 4},
         {T_Q5_K, k_gemvn_q5_k_avx512, 4}, {T_Q6_K, k_gemvn_q6_k_avx512, 4}, {T_Q4_0, k_gemvn_q4_0_avx512, 3},
-        {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3},
+        {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3}, {T_F16, k_gemvn_f16_avx512, 4},
+        {T_BF16, k_gemvn_bf16_avx512, 4},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = gemvns[i].max;
 }
