@@ -9926,7 +9926,6 @@ K_AVX2 K_INLINE __m256i k_wk_off_avx2(const k_wk_avx2 *w, __m256i acc, const uin
 // An unpacked block against an activation block: 8 int32 lanes summing to isum (*iv) and, for
 // the formats with a minimum, to msum through the activation's bsums (*mv).
 // Pair bounds: q*a <= 2*63*128 = 16128, off*a <= 2*32*128 = 8192, (q - off)*a <= 8192.
-
 K_AVX2 K_INLINE void k_wk_dot_avx2(const k_wk_avx2 *w, const uint8_t *yb, bool has_min, __m256i *iv, __m256i *mv) {
     const uint8_t *a = yb + 4;
     __m256i acc = _mm256_setzero_si256();
@@ -12582,10 +12581,13 @@ K_AVX512 K_INLINE void k_gemm_flt_avx512(const bool bf, const bool ma, int64_t n
 // all BF16: a row's sixteen lanes in one register, so each 16 values of a row take one
 // conversion and one multiply-add (the AVX2 kernel: two of each), the instructions of a step
 // halved for the memory stream to set its speed. Several activation rows y + i*ys (gemvn): each
-// 16 values of a weight row converted once for all of them.
-K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
-                                          int w0, int w1, const uint8_t *y, size_t ys, const int nr) {
-    PSV_ASSERT(nr >= 1 && nr <= K_GEMVN_MAX);
+// 16 values of a weight row converted once for all of them. (side: unused, these types have none.)
+K_AVX512 K_INLINE void k_gemv1_flt_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                          int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                          size_t side_stride, const int nr) {
+    PSV_ASSERT((type == T_F16 || type == T_BF16) && nr >= 1 && nr <= K_GEMVN_MAX);
+    (void)side, (void)side_stride;
+    const bool bf = type == T_BF16;
     const int64_t nf = n / 16;
     uint8_t ty[K_GEMVN_MAX][32];
     if (16 * nf < n)
@@ -12624,23 +12626,8 @@ K_AVX512 K_INLINE void k_gemv1_flt_avx512(const bool bf, int64_t n, float *const
         }
     }
 }
-// The F16 and BF16 gemv1 and gemvn kernels (side: unused, these types have none).
-#define K_DEF_GEMV1N_FLT(name1, namen, bf)                                                                               \
-    K_AVX512 static void name1(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,           \
-                               const uint8_t *y, const uint8_t *side) {                                                  \
-        (void)side;                                                                                                      \
-        float *const out[1] = {s};                                                                                       \
-        k_gemv1_flt_avx512(bf, n, out, x, x_stride, nw, w0, w1, y, 0, 1);                                               \
-    }                                                                                                                    \
-    K_AVX512 static void namen(int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,    \
-                               const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride, int nr) {           \
-        (void)side, (void)side_stride;                                                                                   \
-        if (nr == 2) k_gemv1_flt_avx512(bf, n, s, x, x_stride, nw, w0, w1, y, ys, 2);                                  \
-        else if (nr == 3) k_gemv1_flt_avx512(bf, n, s, x, x_stride, nw, w0, w1, y, ys, 3);                             \
-        else k_gemv1_flt_avx512(bf, n, s, x, x_stride, nw, w0, w1, y, ys, 4);                                          \
-    }
-K_DEF_GEMV1N_FLT(k_gemv1_f16_avx512, k_gemvn_f16_avx512, false)
-K_DEF_GEMV1N_FLT(k_gemv1_bf16_avx512, k_gemvn_bf16_avx512, true)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_f16_avx512, k_gemvn_f16_avx512, k_gemv1_flt_avx512, T_F16)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_bf16_avx512, k_gemvn_bf16_avx512, k_gemv1_flt_avx512, T_BF16)
 K_AVX512 static void k_gemm_f16_avx512(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                                        size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     (void)side, (void)side_stride;
@@ -16313,6 +16300,11 @@ static pthread_once_t k_sets_once = PTHREAD_ONCE_INIT;
 
 #if defined(PSV_X86)
 typedef struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } k_gemm_entry;
+typedef struct { uint32_t type; k_gemvn_fn gemvn; int max; } k_gemvn_entry;
+
+static void k_fill_gemvns(k_traits *t, const k_gemvn_entry *g, size_t n) {
+    for (size_t i = 0; i < n; i++) t[g[i].type].gemvn = g[i].gemvn, t[g[i].type].gemvn_max = g[i].max;
+}
 
 // Installs an x86 set's GEMM kernels and packers, with what goes with them: the rows a call
 // takes, the bytes of a packed block (k_panel_layout; the AVX2 set's Q8_0: int16) and whether
@@ -16369,13 +16361,13 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
     // gemvn up to four rows (two threads on Zen 4, -s 4: phi4-mini Q4_K_M 21.2-22.0 t/s, the GEMM
     // 20.8-21.0; qwen2-0.5b Q4_0 121.6-123.4 against 114.1-115.5, Q8_0 108.0-109.4 against 97.5-100.7)
-    static const struct { uint32_t type; k_gemvn_fn fn; int max; } gemvns[] = {
+    static const k_gemvn_entry gemvns[] = {
         {T_Q2_K, k_gemvn_q2_k_avx2, 4}, {T_Q3_K, k_gemvn_q3_k_avx2, 4}, {T_Q4_K, k_gemvn_q4_k_avx2, 4},
         {T_Q5_K, k_gemvn_q5_k_avx2, 4}, {T_Q6_K, k_gemvn_q6_k_avx2, 4}, {T_Q4_0, k_gemvn_q4_0_avx2, 4},
         {T_Q5_0, k_gemvn_q5_0_avx2, 4}, {T_Q8_0, k_gemvn_q8_0_avx2, 4},
         {T_Q4_1, k_gemvn_q4_1_avx2, 4}, {T_Q5_1, k_gemvn_q5_1_avx2, 4},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = gemvns[i].max;
+    k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
     t[T_Q8_1].from_float = k_quant_q8_1_avx2;
     t[T_Q8_K].from_float = k_quant_q8_k_avx2;
@@ -16436,13 +16428,13 @@ static void k_fill_avx512(k_traits *t) {
     // GEMM is faster from four (measured on Zen 4, pensieve bench -s 4: phi4-mini Q4_K_M 33
     // against 23 t/s, qwen2-0.5b F16 120-130 against 69-71, Q4_0 199 against 201-217, Q8_0
     // 152-167 against 190; at three rows Q4_0's gemvn 178-195 against the GEMM's 125-129)
-    static const struct { uint32_t type; k_gemvn_fn fn; int max; } gemvns[] = {
+    static const k_gemvn_entry gemvns[] = {
         {T_Q2_K, k_gemvn_q2_k_avx512, 4}, {T_Q3_K, k_gemvn_q3_k_avx512, 4}, {T_Q4_K, k_gemvn_q4_k_avx512, 4},
         {T_Q5_K, k_gemvn_q5_k_avx512, 4}, {T_Q6_K, k_gemvn_q6_k_avx512, 4}, {T_Q4_0, k_gemvn_q4_0_avx512, 3},
         {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3}, {T_F16, k_gemvn_f16_avx512, 4},
         {T_BF16, k_gemvn_bf16_avx512, 4},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemvns); i++) t[gemvns[i].type].gemvn = gemvns[i].fn, t[gemvns[i].type].gemvn_max = gemvns[i].max;
+    k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
 }
 
 #if defined(PSV_AMX)
@@ -17441,7 +17433,10 @@ typedef struct {
     size_t side_stride;
     uint8_t *panels; // GEMM: the threads' panel buffers; NULL with sides set: the gemv kernels
     size_t panel_size;
-    bool one_row; // sides of one-row kernels: gemv1 (one token) or gemvn (a few), k_act_side_one apart
+    // the one-row kernels' job: one token's products with gemv1 (many weight rows a call, in
+    // fours), or a few tokens' with gemvn (the same, each weight block against every token's
+    // row); sides holds one-row side data, k_act_side_one apart
+    bool one_row;
     uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows' groups (k_act_vnni)
     // more products of the same activations in this job, without panels (q, k and v; gate and
     // up): weights of w's type and width, also_y[i] taking also_w[i]'s results as y takes w's
@@ -17460,9 +17455,6 @@ static const k_traits *mm_traits(const k_traits *tr, int64_t n_tok) {
 // Product p of job j (0: w into y, then the also_ ones).
 static const mtensor *mm_part_w(const mm_job *j, int p) { return p ? j->also_w[p - 1] : j->w; }
 static float *mm_part_y(const mm_job *j, int p) { return p ? j->also_y[p - 1] : j->y; }
-// One token's products with the gemv1 kernels (many weight rows a call, in fours), or a few
-// tokens' with the gemvn kernels (the same, each weight block against every token's row).
-static bool mm_gemv1_job(const mm_job *j) { return j->one_row; }
 
 static void mm_quant_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
@@ -17620,7 +17612,7 @@ static void mm_dot_task(void *arg, int ith, int nth) {
         return;
     }
     int64_t lo, hi;
-    if (mm_gemv1_job(j)) { // one token: the threads' runs of groups (mm_gemv1_groups)
+    if (j->one_row) { // one token or a few: the threads' runs of groups (mm_gemv1_groups)
         const int64_t units = mm_gemv1_units(j);
         const int64_t min = PSV_MAX((int64_t)1, MM_GEMV1_MIN / (4 * (int64_t)j->w->row_size));
         int owner;
@@ -17694,7 +17686,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
         j.sides = s->sides;
         j.side_stride = k_act_side_one(j.tr->vec_dot_type, w->n_in);
         j.one_row = true;
-    } else if ((n_tok <= (j.tr->gemv_max ? j.tr->gemv_max : MM_GEMV_MAX) && j.tr->gemv)) {
+    } else if (n_tok <= (j.tr->gemv_max ? j.tr->gemv_max : MM_GEMV_MAX) && j.tr->gemv) {
         j.sides = s->sides;
         j.side_stride = k_act_side_stride(j.tr, w->n_in, false);
     } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
@@ -17724,7 +17716,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
         j.n_also = ++done;
     }
     j.pool = m->pool;
-    if (mm_gemv1_job(&j)) {
+    if (j.one_row) {
         const int64_t units = mm_gemv1_units(&j);
         for (int t = 0; t < m->pool->n_threads; t++) {
             int64_t lo, hi;
