@@ -7483,6 +7483,7 @@ typedef struct k_traits_s {
     int gemv_max; // products of at most this many rows use gemv (0: MM_GEMV_MAX)
     k_gemvn_fn gemvn; // optional (NULL in the reference set): see k_gemvn_fn
     int gemvn_max;    // products of 2 to this many rows use gemvn (set with gemvn; measured against GEMM)
+    int gemm_from;    // products of at least this many rows use gemm, fewer vec_dot_rows (0: MM_GEMM_MIN)
 } k_traits;
 
 // Block sizes in bytes (ggml-common.h static_asserts; checked against type_table by the tests).
@@ -16347,6 +16348,15 @@ static void k_fill_avx2(k_traits *t) {
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
+    // F16's GEMM (either set's) packs every weight value to a float for each product, which a few
+    // rows do not repay: vec_dot_rows, each 16 weight values converted once for up to four rows,
+    // takes products of up to 8 rows (measured on Zen 4, qwen2-0.5b F16, two threads, -s 4, 5, 6,
+    // 8: AVX2 106, 96, 110, 125 t/s in total against the GEMM's 56, 68, 79, 90; AVX-512 5, 6, 8:
+    // 96, 107, 120 against 87, 96, 110; prompts of 8 tokens 145 and 147 against 116 and 133, of
+    // 12 the GEMM's 144 and 163 against 139 and 141). BF16's AVX2 GEMM from 5 rows (-s 4: 64
+    // against 51; -s 5 a tie, 61 and 60; -s 6 the GEMM's 69 against 63).
+    t[T_F16].gemm_from = 9;
+    t[T_BF16].gemm_from = 5;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
     t[T_F16].gemv1 = k_gemv1_f16_avx2;
     t[T_BF16].gemv1 = k_gemv1_bf16_avx2;
@@ -16412,6 +16422,7 @@ static void k_fill_avx512(k_traits *t) {
     k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
     t[T_F16].gemm = k_gemm_f16_avx512, t[T_F16].pack = k_pack16_f16_avx2; // wide panels (k_panel_pack_flt)
     t[T_BF16].gemm = k_gemm_bf16_avx512, t[T_BF16].pack = k_pack16_bf16_avx2;
+    t[T_BF16].gemm_from = 0; // its gemvn takes up to 4 rows, its GEMM the rest (-s 5: 75 t/s, vec_dot_rows 61)
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
@@ -17689,7 +17700,7 @@ static void op_matmul_all(const psv_model *m, fwd_scratch *s, const mtensor *w, 
     } else if (n_tok <= (j.tr->gemv_max ? j.tr->gemv_max : MM_GEMV_MAX) && j.tr->gemv) {
         j.sides = s->sides;
         j.side_stride = k_act_side_stride(j.tr, w->n_in, false);
-    } else if (n_tok >= MM_GEMM_MIN && j.tr->gemm && s->panels) {
+    } else if (n_tok >= (j.tr->gemm_from ? j.tr->gemm_from : MM_GEMM_MIN) && j.tr->gemm && s->panels) {
         PSV_ASSERT(k_panel_bytes(j.tr, w->type, w->n_in) <= s->panel_size);
         j.sides = s->sides;
         j.side_stride = k_act_side_stride(j.tr, w->n_in, true);
