@@ -8439,21 +8439,21 @@ static void k_quant_q6_k_ref(const float *x, void *vy, int64_t n) {
 // (its bsums do), and the float types with themselves. Q8_1 and Q8_K are activation-only: they
 // have to_float and from_float but no vec_dot.
 static const k_traits k_traits_ref_table[T_COUNT] = {
-    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
-    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0},
+    [T_F32] = {k_dequant_f32_ref, k_quant_f32_ref, k_dot_f32_f32_ref, T_F32, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_F16] = {k_dequant_f16_ref, k_quant_f16_ref, k_dot_f16_f16_ref, T_F16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_BF16] = {k_dequant_bf16_ref, k_quant_bf16_ref, k_dot_bf16_bf16_ref, T_BF16, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q4_0] = {k_dequant_q4_0_ref, k_quant_q4_0_ref, k_dot_q4_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q4_1] = {k_dequant_q4_1_ref, k_quant_q4_1_ref, k_dot_q4_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q5_0] = {k_dequant_q5_0_ref, k_quant_q5_0_ref, k_dot_q5_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q5_1] = {k_dequant_q5_1_ref, k_quant_q5_1_ref, k_dot_q5_1_q8_1_ref, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q8_0] = {k_dequant_q8_0_ref, k_quant_q8_0_ref, k_dot_q8_0_q8_0_ref, T_Q8_0, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q8_1] = {k_dequant_q8_1_ref, k_quant_q8_1_ref, NULL, T_Q8_1, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q2_K] = {k_dequant_q2_k_ref, k_quant_q2_k_ref, k_dot_q2_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q3_K] = {k_dequant_q3_k_ref, k_quant_q3_k_ref, k_dot_q3_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q4_K] = {k_dequant_q4_k_ref, k_quant_q4_k_ref, k_dot_q4_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q5_K] = {k_dequant_q5_k_ref, k_quant_q5_k_ref, k_dot_q5_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q6_K] = {k_dequant_q6_k_ref, k_quant_q6_k_ref, k_dot_q6_k_q8_k_ref, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
+    [T_Q8_K] = {k_dequant_q8_k_ref, k_quant_q8_k_ref, NULL, T_Q8_K, NULL, NULL, NULL, NULL, NULL, 0, 0, false, false, NULL, 0, NULL, 0, 0, NULL, 0, 0},
 };
 
 // The reference kernels of a tensor type, or NULL when it has none (unknown id, IQ*, TQ*, ...).
@@ -11720,13 +11720,15 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
 // four and transposed to [block][row] sums (isum < 2^16). The term is the reference's
 // dx * dy * isum + mx * sy, both products exact (dx * dy and mx * sy are exact in float: two fp16
 // values each), with one rounding (one FMA), then added to lane b % 4 of each row.
-K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                        int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_1 || type == T_Q5_1));
+K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                         int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                         size_t side_stride, const int nr) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && (type == T_Q4_1 || type == T_Q5_1) && nr >= 1 && nr <= K_GEMVN_MAX);
     const bool five = type == T_Q5_1;
     const size_t xs = five ? K_Q5_1_SIZE : K_Q4_1_SIZE, qo = five ? 8 : 4;
     const int64_t nb = n / 32, ng = nb / 4;
-    const double *dys = (const double *)(const void *)(side + k_act_side_d(n)); // then the sum terms s (k_act_side)
+    const double *dys[K_GEMVN_MAX]; // activation row i's scales, then its sum terms s (k_act_side)
+    for (int i = 0; i < nr; i++) dys[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
     const __m512i m4 = _mm512_set1_epi8(0x0f), c16 = _mm512_set1_epi8(16), z = _mm512_setzero_si512();
     const __m512i shv = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0); // 128-bit lanes: low nibbles, high, low, high
     const __m512i rep4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -11751,11 +11753,14 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, con
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m512d acc01 = _mm512_setzero_pd(), acc23 = _mm512_setzero_pd(); // [lane][row]
+        __m512d acc01[K_GEMVN_MAX], acc23[K_GEMVN_MAX]; // activation row i's [lane][row]
+        for (int i = 0; i < nr; i++) acc01[i] = acc23[i] = _mm512_setzero_pd();
         for (int64_t g = 0; g < ng; g++) {
-            const uint8_t *yb = y + (size_t)g * 4 * K_Q8_1_SIZE;
-            const __m512i a01 = k_cat256(yb + 4, yb + 40), a23 = k_cat256(yb + 76, yb + 112);
-            __m512i rs[4], hw[4];
+            __m512i rs[K_GEMVN_MAX][4], hw[4], a01[K_GEMVN_MAX], a23[K_GEMVN_MAX];
+            for (int i = 0; i < nr; i++) {
+                const uint8_t *yb = y + (size_t)i * ys + (size_t)g * 4 * K_Q8_1_SIZE;
+                a01[i] = k_cat256(yb + 4, yb + 40), a23[i] = k_cat256(yb + 76, yb + 112);
+            }
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
@@ -11764,52 +11769,61 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *s, con
                 __m512i h0 = _mm512_loadu_si512(xb), h1 = _mm512_loadu_si512(xb + (five ? 32 : 16)); // (within the step's bytes)
                 k_loaded2(&h0, &h1);
                 hw[r] = _mm512_permutex2var_epi16(h0, iw, h1);
-                __m512i v[2];
+                __m512i q[2];
                 K_UNROLL
                 for (int h = 0; h < 2; h++) {
                     const uint8_t *b0 = xb + 2 * h * xs, *b1 = b0 + xs;
                     const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(k_load128(b0 + qo))),
                                                            _mm256_broadcastsi128_si256(k_load128(b1 + qo)), 1);
-                    __m512i q = _mm512_and_si512(_mm512_srlv_epi64(raw, shv), m4);
+                    q[h] = _mm512_and_si512(_mm512_srlv_epi64(raw, shv), m4);
                     if (five) {
                         const __mmask64 k = _cvtu64_mask64((uint64_t)ld_u32(b0 + 4) | (uint64_t)ld_u32(b1 + 4) << 32);
-                        q = _mm512_mask_add_epi8(q, k, q, c16);
+                        q[h] = _mm512_mask_add_epi8(q[h], k, q[h], c16);
                     }
-                    v[h] = _mm512_dpbusd_epi32(z, q, h ? a23 : a01);
                 }
-                // 256-bit halves (b0, b1), (b2, b3): their 128-bit lanes added to b0, b1, b2, b3
-                rs[r] = _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], 0x88), _mm512_shuffle_i64x2(v[0], v[1], 0xdd));
+                K_UNROLL
+                for (int i = 0; i < nr; i++) {
+                    const __m512i v0 = _mm512_dpbusd_epi32(z, q[0], a01[i]), v1 = _mm512_dpbusd_epi32(z, q[1], a23[i]);
+                    // 256-bit halves (b0, b1), (b2, b3): their 128-bit lanes added to b0, b1, b2, b3
+                    rs[i][r] = _mm512_add_epi32(_mm512_shuffle_i64x2(v0, v1, 0x88), _mm512_shuffle_i64x2(v0, v1, 0xdd));
+                }
             }
-            const __m512i is = k_sum4_lanes_avx512(rs); // [block][row]
             // d in words 0-15, m in 16-31, [block][row]
             const __m512i dm = _mm512_mask_blend_epi16(0xcccccccc, _mm512_permutex2var_epi16(hw[0], idm, hw[1]),
                                                        _mm512_permutex2var_epi16(hw[2], idm, hw[3]));
-            const __m512 dy = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm256_cvtpd_ps(_mm256_loadu_pd(dys + 4 * g))));
-            const __m512 sy = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm256_cvtpd_ps(_mm256_loadu_pd(dys + nb + 4 * g))));
-            const __m512 dxy = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), dy);
-            const __m512 msy = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), sy);
-            const __m512d t01 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dxy)), _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)),
-                                                _mm512_cvtps_pd(_mm512_castps512_ps256(msy)));
-            const __m512d t23 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1))),
-                                                _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)),
-                                                _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(msy), 1))));
-            acc01 = _mm512_add_pd(acc01, t01);
-            acc23 = _mm512_add_pd(acc23, t23);
+            const __m512 dx = _mm512_cvtph_ps(_mm512_castsi512_si256(dm)), mx = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1));
+            K_UNROLL
+            for (int i = 0; i < nr; i++) {
+                const __m512i is = k_sum4_lanes_avx512(rs[i]); // [block][row]
+                const __m512 dy = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm256_cvtpd_ps(_mm256_loadu_pd(dys[i] + 4 * g))));
+                const __m512 sy = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm256_cvtpd_ps(_mm256_loadu_pd(dys[i] + nb + 4 * g))));
+                const __m512 dxy = _mm512_mul_ps(dx, dy);
+                const __m512 msy = _mm512_mul_ps(mx, sy);
+                const __m512d t01 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(dxy)), _mm512_cvtepi32_pd(_mm512_castsi512_si256(is)),
+                                                    _mm512_cvtps_pd(_mm512_castps512_ps256(msy)));
+                const __m512d t23 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(dxy), 1))),
+                                                    _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(is, 1)),
+                                                    _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(msy), 1))));
+                acc01[i] = _mm512_add_pd(acc01[i], t01);
+                acc23[i] = _mm512_add_pd(acc23[i], t23);
+            }
         }
-        double acc[4][4]; // [lane][row]
-        _mm512_storeu_pd(acc[0], acc01);
-        _mm512_storeu_pd(acc[2], acc23);
-        for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one, as the reference
-            const uint8_t *yc = y + (size_t)c * K_Q8_1_SIZE;
-            for (int r = 0; r < 4; r++) acc[c % 4][r] += k_no_fuse(k_w1_term_scalar(type, xr[r] + (size_t)c * xs, yc));
+        for (int i = 0; i < nr; i++) {
+            double acc[4][4]; // [lane][row]
+            _mm512_storeu_pd(acc[0], acc01[i]);
+            _mm512_storeu_pd(acc[2], acc23[i]);
+            for (int64_t c = ng * 4; c < nb; c++) { // the last blocks, one by one, as the reference
+                const uint8_t *yc = y + (size_t)i * ys + (size_t)c * K_Q8_1_SIZE;
+                for (int r = 0; r < 4; r++) acc[c % 4][r] += k_no_fuse(k_w1_term_scalar(type, xr[r] + (size_t)c * xs, yc));
+            }
+            const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
+                                                  _mm256_loadu_pd(acc[3])};
+            k_gemv1_store(lanes, s[i], w, nw);
         }
-        const __m256d lanes[K_BLOCK_LANES] = {_mm256_loadu_pd(acc[0]), _mm256_loadu_pd(acc[1]), _mm256_loadu_pd(acc[2]),
-                                              _mm256_loadu_pd(acc[3])};
-        k_gemv1_store(lanes, s, w, nw);
     }
 }
-K_DEF_GEMV1(K_AVX512, k_gemv1_q4_1_avx512, k_gemv1_w1_avx512, T_Q4_1)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q5_1_avx512, k_gemv1_w1_avx512, T_Q5_1)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_1_avx512, k_gemvn_q4_1_avx512, k_gemv1_w1_avx512, T_Q4_1)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx512, T_Q5_1)
 
 // k_gemv1_fn for Q4_K: four weight rows a block (256 values), the activation's parts shared by
 // them. A row's 128 bytes of quants are two 512-bit vectors whose low and high nibbles are
@@ -16438,12 +16452,14 @@ static void k_fill_avx512(k_traits *t) {
     // gemvn up to four rows for the k-quants, F16 and BF16, three for the 32-value types, whose
     // GEMM is faster from four (measured on Zen 4, pensieve bench -s 4: phi4-mini Q4_K_M 33
     // against 23 t/s, qwen2-0.5b F16 120-130 against 69-71, Q4_0 199 against 201-217, Q8_0
-    // 152-167 against 190; at three rows Q4_0's gemvn 178-195 against the GEMM's 125-129)
+    // 152-167 against 190; at three rows Q4_0's gemvn 178-195 against the GEMM's 125-129; Q4_1
+    // -s 2, 3, 4: 126, 132, 134 against the GEMM's 98, 122, 181, and the AVX2 set's gemvn 115,
+    // 117, 123; Q5_1 117-119, 123-125, 129-130 against 83, 113, 143-162)
     static const k_gemvn_entry gemvns[] = {
         {T_Q2_K, k_gemvn_q2_k_avx512, 4}, {T_Q3_K, k_gemvn_q3_k_avx512, 4}, {T_Q4_K, k_gemvn_q4_k_avx512, 4},
         {T_Q5_K, k_gemvn_q5_k_avx512, 4}, {T_Q6_K, k_gemvn_q6_k_avx512, 4}, {T_Q4_0, k_gemvn_q4_0_avx512, 3},
         {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3}, {T_F16, k_gemvn_f16_avx512, 4},
-        {T_BF16, k_gemvn_bf16_avx512, 4},
+        {T_BF16, k_gemvn_bf16_avx512, 4}, {T_Q4_1, k_gemvn_q4_1_avx512, 3}, {T_Q5_1, k_gemvn_q5_1_avx512, 3},
     };
     k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
 }

@@ -499,9 +499,10 @@ static void test_pool_ranges(void) {
 // runs and any thread count: the threads' chunks cross from one product into the next (rows in
 // fours for the one-row kernels, one by one for the others), products of another type go on
 // their own (with two to four rows, the gemvn kernels where the set has them, in the same
-// groups of four), and from MM_GEMM_MIN rows on (the GEMM kernels) each product is done by itself.
+// groups of four), and from the rows the type's GEMM starts at (MM_GEMM_MIN, or k_traits.gemm_from:
+// F16's from 9) each product is done by itself.
 static void test_matmul_parts(void) {
-    enum { N_IN = 512, BATCH = 5 };
+    enum { N_IN = 512, BATCH = 9 };
     static const struct { uint32_t q, k, v; } mixes[] = {
         {T_Q4_0, T_Q4_0, T_Q4_0}, {T_Q8_0, T_Q8_0, T_Q8_0}, {T_Q5_0, T_Q5_0, T_Q5_0},
         {T_Q4_K, T_Q4_K, T_Q6_K}, {T_Q6_K, T_Q6_K, T_Q6_K}, {T_F16, T_F16, T_F16}, {T_Q4_0, T_Q8_0, T_Q4_0},
