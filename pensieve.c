@@ -7460,6 +7460,10 @@ typedef void (*k_gemv1_fn)(int64_t n, float *s, const uint8_t *x, size_t x_strid
 typedef void (*k_gemvn_fn)(int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
                            const uint8_t *y, size_t y_stride, const uint8_t *side, size_t side_stride, int nr);
 #define K_GEMVN_MAX 4
+// The most rows a product takes through gemvn (k_traits.gemvn_max): past K_GEMVN_MAX, in passes
+// of at most K_GEMVN_MAX rows over each piece of the weights, the later passes finding it in the
+// cache (mm_gemv1_groups).
+#define K_GEMVN_ROWS 8
 typedef struct k_traits_s {
     k_to_float_fn to_float;
     k_from_float_fn from_float;
@@ -7482,7 +7486,7 @@ typedef struct k_traits_s {
     int gemm_min;
     int gemv_max; // products of at most this many rows use gemv (0: MM_GEMV_MAX)
     k_gemvn_fn gemvn; // optional (NULL in the reference set): see k_gemvn_fn
-    int gemvn_max;    // products of 2 to this many rows use gemvn (set with gemvn; measured against GEMM)
+    int gemvn_max;    // products of 2 to this many rows (<= K_GEMVN_ROWS) use gemvn (set with gemvn; measured against GEMM)
     int gemm_from;    // products of at least this many rows use gemm, fewer vec_dot_rows (0: MM_GEMM_MIN)
 } k_traits;
 
@@ -16368,7 +16372,8 @@ static void k_fill_avx2(k_traits *t) {
     // 8: AVX2 106, 96, 110, 125 t/s in total against the GEMM's 56, 68, 79, 90; AVX-512 5, 6, 8:
     // 96, 107, 120 against 87, 96, 110; prompts of 8 tokens 145 and 147 against 116 and 133, of
     // 12 the GEMM's 144 and 163 against 139 and 141). BF16's AVX2 GEMM from 5 rows (-s 4: 64
-    // against 51; -s 5 a tie, 61 and 60; -s 6 the GEMM's 69 against 63).
+    // against 51; -s 5 a tie, 61 and 60; -s 6 the GEMM's 69 against 63). (The AVX-512 set's
+    // F16 and BF16 take up to 8 rows with their gemvn, in passes: see k_fill_avx512.)
     t[T_F16].gemm_from = 9;
     t[T_BF16].gemm_from = 5;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
@@ -16436,7 +16441,7 @@ static void k_fill_avx512(k_traits *t) {
     k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
     t[T_F16].gemm = k_gemm_f16_avx512, t[T_F16].pack = k_pack16_f16_avx2; // wide panels (k_panel_pack_flt)
     t[T_BF16].gemm = k_gemm_bf16_avx512, t[T_BF16].pack = k_pack16_bf16_avx2;
-    t[T_BF16].gemm_from = 0; // its gemvn takes up to 4 rows, its GEMM the rest (-s 5: 75 t/s, vec_dot_rows 61)
+    t[T_BF16].gemm_from = 0; // (its gemvn takes up to 8 rows, below)
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
@@ -16454,12 +16459,15 @@ static void k_fill_avx512(k_traits *t) {
     // against 23 t/s, qwen2-0.5b F16 120-130 against 69-71, Q4_0 199 against 201-217, Q8_0
     // 152-167 against 190; at three rows Q4_0's gemvn 178-195 against the GEMM's 125-129; Q4_1
     // -s 2, 3, 4: 126, 132, 134 against the GEMM's 98, 122, 181, and the AVX2 set's gemvn 115,
-    // 117, 123; Q5_1 117-119, 123-125, 129-130 against 83, 113, 143-162)
+    // 117, 123; Q5_1 117-119, 123-125, 129-130 against 83, 113, 143-162). F16 and BF16 up to
+    // eight, past four in passes (K_GEMVN_ROWS): -s 5, 6, 8, F16 124-126, 135-136, 147-151
+    // against vec_dot_rows' 97, 109-112, 128; BF16 99-101, 98-104, 114 against the GEMM's 75-77,
+    // 83-86, 98 (the quantized types' GEMM beats two passes: their gemvn is bound by arithmetic)
     static const k_gemvn_entry gemvns[] = {
         {T_Q2_K, k_gemvn_q2_k_avx512, 4}, {T_Q3_K, k_gemvn_q3_k_avx512, 4}, {T_Q4_K, k_gemvn_q4_k_avx512, 4},
         {T_Q5_K, k_gemvn_q5_k_avx512, 4}, {T_Q6_K, k_gemvn_q6_k_avx512, 4}, {T_Q4_0, k_gemvn_q4_0_avx512, 3},
-        {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3}, {T_F16, k_gemvn_f16_avx512, 4},
-        {T_BF16, k_gemvn_bf16_avx512, 4}, {T_Q4_1, k_gemvn_q4_1_avx512, 3}, {T_Q5_1, k_gemvn_q5_1_avx512, 3},
+        {T_Q5_0, k_gemvn_q5_0_avx512, 3}, {T_Q8_0, k_gemvn_q8_0_avx512, 3}, {T_F16, k_gemvn_f16_avx512, 8},
+        {T_BF16, k_gemvn_bf16_avx512, 8}, {T_Q4_1, k_gemvn_q4_1_avx512, 3}, {T_Q5_1, k_gemvn_q5_1_avx512, 3},
     };
     k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
 }
@@ -17343,6 +17351,11 @@ typedef struct {
 #ifndef MM_GEMV1_MIN
 #define MM_GEMV1_MIN ((int64_t)32 << 10)
 #endif
+// A product of more rows than a gemvn kernel takes goes over pieces of this many bytes of weights
+// in passes (K_GEMVN_ROWS), the later passes finding the piece in the level-2 cache.
+#ifndef MM_GEMVN_PASS
+#define MM_GEMVN_PASS ((int64_t)128 << 10)
+#endif
 
 // The tokens of a prompt whose query heads that share a KV head take the key and value rows
 // together (att_tile): as many as make up to ATT_TILE_Q queries, the widest the AVX-512 key
@@ -17415,7 +17428,7 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     const size_t side_row = PSV_MAX(PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), k_act_side_size(T_BF16, widest_in));
-    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_MAX) * one))); // gemv1, gemvn: one each
+    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_ROWS) * one))); // gemv1, gemvn: one each
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
         // a value of the row rounded up to 16, and their trailer)
@@ -17620,15 +17633,19 @@ static void mm_gemv1_groups(const mm_job *j, int t, int nth, int64_t units, int6
         if (s0 >= s1) continue;
         const int64_t a = ua * 4, b = PSV_MIN(ub * 4, w->n_out);
         const uint8_t *x = w->data + (size_t)a * w->row_size;
-        if (j->n_tok == 1) {
-            j->tr->gemv1(w->n_in, (j->y_rows ? j->y_rows[0] : mm_part_y(j, p)) + a, x, w->row_size, (int)(b - a), (int)s0,
-                         (int)s1, j->xq, j->sides);
-        } else {
-            float *out[K_GEMVN_MAX];
-            for (int t = 0; t < j->n_tok; t++) out[t] = (j->y_rows ? j->y_rows[t] : mm_part_y(j, p) + t * j->y_stride) + a;
-            j->tr->gemvn(w->n_in, out, x, w->row_size, (int)(b - a), (int)s0, (int)s1, j->xq, j->xq_row, j->sides,
-                         j->side_stride, (int)j->n_tok);
-        }
+        float *out[K_GEMVN_ROWS];
+        for (int t = 0; t < j->n_tok; t++) out[t] = (j->y_rows ? j->y_rows[t] : mm_part_y(j, p) + t * j->y_stride) + a;
+        // more rows than a kernel takes: passes over pieces of MM_GEMVN_PASS bytes (see K_GEMVN_ROWS)
+        const int64_t step = j->n_tok <= K_GEMVN_MAX ? s1 - s0 : PSV_MAX((int64_t)1, MM_GEMVN_PASS / (4 * (int64_t)w->row_size));
+        for (int64_t g = s0; g < s1; g += step)
+            for (int t = 0; t < j->n_tok; t += K_GEMVN_MAX) {
+                const int nr = (int)PSV_MIN((int64_t)K_GEMVN_MAX, j->n_tok - t), ge = (int)PSV_MIN(s1, g + step);
+                const uint8_t *xq = j->xq + (size_t)t * j->xq_row, *side = j->sides + (size_t)t * j->side_stride;
+                if (nr == 1) j->tr->gemv1(w->n_in, out[t], x, w->row_size, (int)(b - a), (int)g, ge, xq, side);
+                else
+                    j->tr->gemvn(w->n_in, out + t, x, w->row_size, (int)(b - a), (int)g, ge, xq, j->xq_row, side,
+                                 j->side_stride, nr);
+            }
     }
 }
 

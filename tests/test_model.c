@@ -495,7 +495,8 @@ static void test_pool_ranges(void) {
 }
 
 // op_matmul_all's one job for products of the same activations (q, k and v; gate and up) gives
-// each product's rows exactly what a product of its own does, on every kernel set this CPU
+// each product's rows exactly what a product of its own does (and that, the reference kernels'
+// results, row by row: whichever kernels a product of that many rows takes), on every kernel set this CPU
 // runs and any thread count: the threads' chunks cross from one product into the next (rows in
 // fours for the one-row kernels, one by one for the others), products of another type go on
 // their own (with two to four rows, the gemvn kernels where the set has them, in the same
@@ -504,8 +505,9 @@ static void test_pool_ranges(void) {
 static void test_matmul_parts(void) {
     enum { N_IN = 512, BATCH = 9 };
     static const struct { uint32_t q, k, v; } mixes[] = {
-        {T_Q4_0, T_Q4_0, T_Q4_0}, {T_Q8_0, T_Q8_0, T_Q8_0}, {T_Q5_0, T_Q5_0, T_Q5_0},
-        {T_Q4_K, T_Q4_K, T_Q6_K}, {T_Q6_K, T_Q6_K, T_Q6_K}, {T_F16, T_F16, T_F16}, {T_Q4_0, T_Q8_0, T_Q4_0},
+        {T_Q4_0, T_Q4_0, T_Q4_0}, {T_Q8_0, T_Q8_0, T_Q8_0}, {T_Q5_0, T_Q5_0, T_Q5_0}, {T_Q4_K, T_Q4_K, T_Q6_K},
+        {T_Q6_K, T_Q6_K, T_Q6_K}, {T_F16, T_F16, T_F16},  {T_BF16, T_BF16, T_BF16}, {T_Q4_1, T_Q5_1, T_Q4_1},
+        {T_Q4_0, T_Q8_0, T_Q4_0},
     };
     static const int64_t rows[][3] = {{37, 6, 9}, {8, 4, 4}, {130, 3, 1}};
     float *x = malloc(sizeof(float) * BATCH * N_IN), *wf = malloc(sizeof(float) * N_IN);
@@ -546,6 +548,28 @@ static void test_matmul_parts(void) {
                         for (int p = 0; p < 3; p++) {
                             op_matmul(&m, &s, &w[p], x, n_tok, want + off, width);
                             off += rows[ri][p];
+                        }
+                        if (nth == 1) { // each product against the reference kernels, row by row
+                            int64_t bad = 0, col = 0;
+                            for (int p = 0; p < 3; p++) {
+                                const k_traits *rt = k_traits_ref(types[p]);
+                                uint64_t qs = 0;
+                                CHECK(type_row_size(rt->vec_dot_type, N_IN, &qs));
+                                uint8_t *xq = malloc((size_t)qs);
+                                for (int t = 0; t < n_tok; t++) {
+                                    k_traits_ref(rt->vec_dot_type)->from_float(x + (size_t)t * N_IN, xq, N_IN);
+                                    for (int64_t r = 0; r < rows[ri][p]; r++) {
+                                        float v;
+                                        rt->vec_dot(N_IN, &v, wd[p] + (size_t)r * w[p].row_size, xq);
+                                        bad += memcmp(&v, &want[t * width + col + r], sizeof v) != 0;
+                                    }
+                                }
+                                col += rows[ri][p];
+                                free(xq);
+                            }
+                            CHECKF(bad == 0, "set %s, types %s %s %s, rows %lld %lld %lld, %d tokens: %lld results differ from the reference",
+                                   k_set_names[set], type_table[types[0]].name, type_table[types[1]].name, type_table[types[2]].name,
+                                   (long long)rows[ri][0], (long long)rows[ri][1], (long long)rows[ri][2], n_tok, (long long)bad);
                         }
                         const mtensor *also_w[2] = {&w[1], &w[2]};
                         float *also_y[2] = {got + rows[ri][0], got + rows[ri][0] + rows[ri][1]};

@@ -595,7 +595,7 @@ static void st_check_gemvn(k_set set) {
         uint32_t wt = st_weight_types[ti];
         const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
         if (!sk || !sk->gemvn) continue;
-        CHECKF(sk->gemv1 != NULL && sk->gemvn_max >= 2 && sk->gemvn_max <= K_GEMVN_MAX, "%s %s: gemvn without gemv1 or a row count (%d)",
+        CHECKF(sk->gemv1 != NULL && sk->gemvn_max >= 2 && sk->gemvn_max <= K_GEMVN_ROWS, "%s %s: gemvn without gemv1 or a row count (%d)",
                k_set_names[set], type_get(wt)->name, sk->gemvn_max);
         uint32_t at = ref->vec_dot_type;
         int64_t lens[16];
