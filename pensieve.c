@@ -16369,11 +16369,11 @@ static void k_fill_avx2(k_traits *t) {
     // F16's GEMM (either set's) packs every weight value to a float for each product, which a few
     // rows do not repay: vec_dot_rows, each 16 weight values converted once for up to four rows,
     // takes products of up to 8 rows (measured on Zen 4, qwen2-0.5b F16, two threads, -s 4, 5, 6,
-    // 8: AVX2 106, 96, 110, 125 t/s in total against the GEMM's 56, 68, 79, 90; AVX-512 5, 6, 8:
-    // 96, 107, 120 against 87, 96, 110; prompts of 8 tokens 145 and 147 against 116 and 133, of
-    // 12 the GEMM's 144 and 163 against 139 and 141). BF16's AVX2 GEMM from 5 rows (-s 4: 64
-    // against 51; -s 5 a tie, 61 and 60; -s 6 the GEMM's 69 against 63). (The AVX-512 set's
-    // F16 and BF16 take up to 8 rows with their gemvn, in passes: see k_fill_avx512.)
+    // 8: AVX2 106, 96, 110, 125 t/s in total against the GEMM's 56, 68, 79, 90; prompts of 8
+    // tokens 145 against 116, of 12 the GEMM's 144 against 139). BF16's AVX2 GEMM from 5 rows
+    // (-s 4: 64 against 51; -s 5 a tie, 61 and 60; -s 6 the GEMM's 69 against 63). The AVX-512
+    // set keeps these values, which its F16 and BF16 gemvn make moot: it takes up to 8 rows, in
+    // passes (k_fill_avx512), and its GEMM the rest.
     t[T_F16].gemm_from = 9;
     t[T_BF16].gemm_from = 5;
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx2;
@@ -16441,7 +16441,6 @@ static void k_fill_avx512(k_traits *t) {
     k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
     t[T_F16].gemm = k_gemm_f16_avx512, t[T_F16].pack = k_pack16_f16_avx2; // wide panels (k_panel_pack_flt)
     t[T_BF16].gemm = k_gemm_bf16_avx512, t[T_BF16].pack = k_pack16_bf16_avx2;
-    t[T_BF16].gemm_from = 0; // (its gemvn takes up to 8 rows, below)
     t[T_Q4_0].gemv1 = k_gemv1_q4_0_avx512;
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_avx512;
     t[T_Q8_0].gemv1 = k_gemv1_q8_0_avx512;
