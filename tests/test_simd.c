@@ -520,15 +520,11 @@ static void st_check_gemv(k_set set) {
 // kernels' group of rows, on the same adversarial rows as the dot products, the weight rows
 // a stride apart that is more than their length (only s[0..nw) may be written), each time in two
 // calls that split the groups of rows between them.
-static void st_check_gemv1(k_set set) {
-    bool any = false;
-    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemv1;
-    if (!any) SKIP("kernel set %s: has no gemv1 kernels", k_set_names[set]);
+// (name: the set's, or the kernel's where it is one of a type's forms.)
+static void st_check_gemv1_fn(const char *name, uint32_t wt, k_gemv1_fn gemv1) {
     enum { MAXW = 17 };
-    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
-        uint32_t wt = st_weight_types[ti];
-        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
-        if (!sk || !sk->gemv1) continue;
+    {
+        const k_traits *ref = k_traits_ref(wt);
         uint32_t at = ref->vec_dot_type;
         int64_t lens[16];
         int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
@@ -550,25 +546,25 @@ static void st_check_gemv1(k_set set) {
                 // in two calls, groups [0, cut) and [cut, G) (one of them empty at times), each
                 // writing only its groups' rows (row i is in group i % G)
                 const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
-                sk->gemv1(n, got, x, xstride, nw, 0, cut, y, side);
+                gemv1(n, got, x, xstride, nw, 0, cut, y, side);
                 float first[MAXW];
                 bool untouched = true;
                 for (int i = 0; i < nw; i++) {
                     untouched = untouched && (i % G < cut || got[i] == -1.0f);
                     first[i] = got[i], got[i] = i % G < cut ? -2.0f : got[i];
                 }
-                sk->gemv1(n, got, x, xstride, nw, cut, G, y, side);
+                gemv1(n, got, x, xstride, nw, cut, G, y, side);
                 for (int i = 0; i < nw; i++)
                     if (i % G < cut) untouched = untouched && got[i] == -2.0f, got[i] = first[i];
                 CHECKF(untouched, "%s gemv1 %s n=%lld nw=%d: groups [0, %d) and [%d, %d) wrote each other's rows",
-                       k_set_names[set], type_get(wt)->name, (long long)n, nw, cut, cut, G);
+                       name, type_get(wt)->name, (long long)n, nw, cut, cut, G);
                 for (int i = 0; i < nw; i++) {
                     float want;
                     ref->vec_dot(n, &want, x + (size_t)i * xstride, y);
                     checked++;
                     if (!st_same(want, got[i]) && mismatches++ < 5)
                         fprintf(stderr, "%s gemv1 %s n=%lld rep %d nw=%d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
-                                k_set_names[set], type_get(wt)->name, (long long)n, rep, nw, i, want, f32_bits(want),
+                                name, type_get(wt)->name, (long long)n, rep, nw, i, want, f32_bits(want),
                                 got[i], f32_bits(got[i]));
                 }
                 CHECK(got[nw] == -1.0f);
@@ -577,9 +573,36 @@ static void st_check_gemv1(k_set set) {
             free(y);
             free(side);
         }
-        CHECKF(mismatches == 0, "%s gemv1 %s: %d of %d products differ from the reference", k_set_names[set],
+        CHECKF(mismatches == 0, "%s gemv1 %s: %d of %d products differ from the reference", name,
                type_get(wt)->name, mismatches, checked);
     }
+}
+
+static void st_check_gemv1(k_set set) {
+    bool any = false;
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemv1;
+    if (!any) SKIP("kernel set %s: has no gemv1 kernels", k_set_names[set]);
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        const k_traits *sk = k_traits_of_set(set, st_weight_types[ti]);
+        if (sk && sk->gemv1) st_check_gemv1_fn(k_set_names[set], st_weight_types[ti], sk->gemv1);
+    }
+#if defined(PSV_X86)
+    // the AVX-512 set's one-row Q4_K and Q5_K kernels have forms for some CPUs (k_gemv1_q45_k_for):
+    // each one this CPU can run, whichever the set took
+    if (set != K_SET_AVX512) return;
+    const struct { const char *name; uint32_t type; k_gemv1_fn fn; bool vbmi; } forms[] = {
+        {"avx512 (no VBMI)", T_Q4_K, k_gemv1_q4_k_avx512, false},  {"avx512 (no VBMI)", T_Q5_K, k_gemv1_q5_k_avx512, false},
+        {"avx512 (VBMI)", T_Q4_K, k_gemv1_q4_k_vbmi, true},         {"avx512 (VBMI)", T_Q5_K, k_gemv1_q5_k_vbmi, true},
+        {"avx512 (VBMI, Zen 4)", T_Q4_K, k_gemv1_q4_k_vbmi_zen4, true}, {"avx512 (VBMI, Zen 4)", T_Q5_K, k_gemv1_q5_k_vbmi_zen4, true},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++) {
+        if (forms[i].vbmi && !plat_cpu_get()->avx512vbmi) {
+            SKIP("%s gemv1 %s: this CPU has no AVX512_VBMI", forms[i].name, type_get(forms[i].type)->name);
+            continue;
+        }
+        if (forms[i].fn != k_traits_of_set(set, forms[i].type)->gemv1) st_check_gemv1_fn(forms[i].name, forms[i].type, forms[i].fn);
+    }
+#endif
 }
 
 // The set's gemvn kernels (a few activation rows against many weight rows) against the
@@ -1157,6 +1180,28 @@ static void test_choose(void) {
     intel.family = 25;
     CHECK(k_gemv1_pf_l1_for(&intel) == 0);
     CHECK(k_gemv1_pf_l1 == k_gemv1_pf_l1_for(plat_cpu_get()));
+    // the one-row Q4_K and Q5_K kernels: VBMI's scale picks where the CPU has them, with Zen 4's
+    // prefetches as constants there (the other CPUs' distance stays k_gemv1_pf's)
+    plat_cpu zen4_vbmi = zen4, intel_vbmi = intel;
+    zen4_vbmi.avx512vbmi = intel_vbmi.avx512vbmi = true;
+    intel.family = intel_vbmi.family = 6;
+    CHECK(k_gemv1_q45_k_for(T_Q4_K, &v4) == k_gemv1_q4_k_avx512 && k_gemv1_q45_k_for(T_Q5_K, &v4) == k_gemv1_q5_k_avx512);
+    CHECK(k_gemv1_q45_k_for(T_Q4_K, &zen4) == k_gemv1_q4_k_avx512 && k_gemv1_q45_k_for(T_Q4_K, &intel) == k_gemv1_q4_k_avx512);
+    CHECK(k_gemv1_q45_k_for(T_Q4_K, &zen4_vbmi) == k_gemv1_q4_k_vbmi_zen4 && k_gemv1_q45_k_for(T_Q5_K, &zen4_vbmi) == k_gemv1_q5_k_vbmi_zen4);
+    CHECK(k_gemv1_q45_k_for(T_Q4_K, &intel_vbmi) == k_gemv1_q4_k_vbmi && k_gemv1_q45_k_for(T_Q5_K, &intel_vbmi) == k_gemv1_q5_k_vbmi);
+    CHECK(k_traits_of_set(K_SET_AVX512, T_Q4_K)->gemv1 == k_gemv1_q45_k_for(T_Q4_K, plat_cpu_get()) &&
+          k_traits_of_set(K_SET_AVX512, T_Q5_K)->gemv1 == k_gemv1_q45_k_for(T_Q5_K, plat_cpu_get()));
+    // AVX512_VBMI as cpuid leaf 7 says it (ECX bit 1), and only with AVX-512's state saved
+    {
+        unsigned a = 0, b = 0, cx = 0, d = 0;
+        bool vbmi = false;
+        if (__get_cpuid_max(0, NULL) >= 7) {
+            __cpuid_count(7, 0, a, b, cx, d);
+            vbmi = (cx >> 1) & 1;
+        }
+        CHECK(plat_cpu_get()->avx512vbmi == (vbmi && plat_cpu_get()->avx512f));
+        PSV_UNUSED(a), PSV_UNUSED(b), PSV_UNUSED(d);
+    }
     // the vendor and family detected, against what Linux reports
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f) {
