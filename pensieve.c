@@ -11858,8 +11858,9 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
 // vbmi (CPUs with AVX512_VBMI): each row's two scale vectors are one zero-masked vpermb each from
 // the four rows' scales, where a vpermd and two vpshufb made them; zen4: the prefetches are Zen
-// 4's (k_gemv1_pf_for, k_gemv1_pf_l1_for) as constants, a line's two requests two instructions,
-// where the loop over k_gemv1_prefetch took seven (k_gemv1_q4_k_for: measured there).
+// 4's (k_gemv1_pf_for, k_gemv1_pf_l1_for) as constants, a line's two requests two instructions
+// where the loop over k_gemv1_prefetch took seven, and Q5_K's without the level-1 request, which
+// slowed it there (k_gemv1_q45_k_for: measured on Zen 4).
 K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi, const bool zen4, int64_t n, float *const *s,
                                                 const uint8_t *x, size_t x_stride, int nw, int w0, int w1, const uint8_t *y,
                                                 size_t ys, const uint8_t *side, size_t side_stride, const int nr) {
@@ -12004,8 +12005,8 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *con
     k_gemv1_q45_k_core_avx512(type, false, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
 }
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_avx512, k_gemvn_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
-// The one-row Q4_K kernel's other forms (k_gemv1_q4_k_for chooses): with VBMI's scale picks, and
-// with those and Zen 4's prefetches.
+// The one-row Q4_K and Q5_K kernels' other forms (k_gemv1_q45_k_for chooses): with VBMI's scale
+// picks, and with those and Zen 4's prefetches.
 #define K_DEF_GEMV1_Q45K(name, type, vbmi, zen4)                                                                       \
     K_AVX512 static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,           \
                               const uint8_t *y, const uint8_t *side) {                                                 \
@@ -12018,11 +12019,13 @@ K_DEF_GEMV1_Q45K(k_gemv1_q5_k_vbmi, T_Q5_K, true, false)
 K_DEF_GEMV1_Q45K(k_gemv1_q5_k_vbmi_zen4, T_Q5_K, true, true)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_avx512, k_gemvn_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 
-// The AVX-512 set's one-row Q4_K or Q5_K kernel for CPU c. Measured on Zen 4, phi4-mini Q4_K_M
-// (Q4_K 58 % of its bytes, 54 % of a token's time), one thread, alternated: tg32 10.62 -> 10.82
-// t/s; the Q4_K kernel alone (rows of 3072 values, 2 MiB pages, cycles a row and block) 17.0 ->
-// 16.0 in the level-1 cache, 18.1 -> 17.1 from memory (the scale picks alone 17.4, the
-// prefetches alone 17.7).
+// The AVX-512 set's one-row Q4_K or Q5_K kernel for CPU c. Measured on Zen 4, one thread,
+// alternated: phi4-mini Q4_K_M (Q4_K 58 % of its bytes, 54 % of a token's time) tg32 10.62 ->
+// 10.82 t/s, llama-1b Q5_K_M 25.8 -> 26.9; the Q4_K kernel alone (rows of 3072 values, 2 MiB
+// pages, cycles a row and block) 17.0 -> 16.0 in the level-1 cache, 18.1 -> 17.1 from memory (the
+// scale picks alone 17.4, the prefetches alone 17.7); Q5_K's 22.1 -> 21.5 in the cache, 28.5-30.3
+// -> 25.5-26.4 from memory (the level-1 request alone cost it 8 %). Other CPUs with VBMI take the
+// picks with the run-time prefetches (not measured there).
 PSV_MAYBE_UNUSED static k_gemv1_fn k_gemv1_q45_k_for(uint32_t type, const plat_cpu *c) {
     const bool five = type == T_Q5_K;
     if (!c->avx512vbmi) return five ? k_gemv1_q5_k_avx512 : k_gemv1_q4_k_avx512;
