@@ -12004,20 +12004,24 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *con
                                            size_t side_stride, const int nr) {
     k_gemv1_q45_k_core_avx512(type, false, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
 }
+// The Q4_K and Q5_K kernels' other forms (k_gemv1_q45_k_for chooses): with VBMI's scale picks,
+// and with those and Zen 4's prefetches.
+K_AVX512 K_INLINE void k_gemv1_q45_k_vbmi_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x,
+                                                size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
+                                                const uint8_t *side, size_t side_stride, const int nr) {
+    k_gemv1_q45_k_core_avx512(type, true, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
+K_AVX512 K_INLINE void k_gemv1_q45_k_zen4_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x,
+                                                size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
+                                                const uint8_t *side, size_t side_stride, const int nr) {
+    k_gemv1_q45_k_core_avx512(type, true, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_avx512, k_gemvn_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
-// The one-row Q4_K and Q5_K kernels' other forms (k_gemv1_q45_k_for chooses): with VBMI's scale
-// picks, and with those and Zen 4's prefetches.
-#define K_DEF_GEMV1_Q45K(name, type, vbmi, zen4)                                                                       \
-    K_AVX512 static void name(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,           \
-                              const uint8_t *y, const uint8_t *side) {                                                 \
-        float *const out[1] = {s};                                                                                     \
-        k_gemv1_q45_k_core_avx512(type, vbmi, zen4, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);                \
-    }
-K_DEF_GEMV1_Q45K(k_gemv1_q4_k_vbmi, T_Q4_K, true, false)
-K_DEF_GEMV1_Q45K(k_gemv1_q4_k_vbmi_zen4, T_Q4_K, true, true)
-K_DEF_GEMV1_Q45K(k_gemv1_q5_k_vbmi, T_Q5_K, true, false)
-K_DEF_GEMV1_Q45K(k_gemv1_q5_k_vbmi_zen4, T_Q5_K, true, true)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_avx512, k_gemvn_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_vbmi, k_gemvn_q4_k_vbmi, k_gemv1_q45_k_vbmi_avx512, T_Q4_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_vbmi, k_gemvn_q5_k_vbmi, k_gemv1_q45_k_vbmi_avx512, T_Q5_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_vbmi_zen4, k_gemvn_q4_k_vbmi_zen4, k_gemv1_q45_k_zen4_avx512, T_Q4_K)
+K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_vbmi_zen4, k_gemvn_q5_k_vbmi_zen4, k_gemv1_q45_k_zen4_avx512, T_Q5_K)
 
 // The AVX-512 set's one-row Q4_K or Q5_K kernel for CPU c. Measured on Zen 4, one thread,
 // alternated: phi4-mini Q4_K_M (Q4_K 58 % of its bytes, 54 % of a token's time) tg32 10.62 ->
@@ -12025,12 +12029,20 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_avx512, k_gemvn_q5_k_avx512, k_gemv1_q45_k_a
 // pages, cycles a row and block) 17.0 -> 16.0 in the level-1 cache, 18.1 -> 17.1 from memory (the
 // scale picks alone 17.4, the prefetches alone 17.7); Q5_K's 22.1 -> 21.5 in the cache, 28.5-30.3
 // -> 25.5-26.4 from memory (the level-1 request alone cost it 8 %). Other CPUs with VBMI take the
-// picks with the run-time prefetches (not measured there).
+// picks with the run-time prefetches (not measured there). k_gemvn_q45_k_for: the same forms of
+// the gemvn kernels (Q4_K, cycles a row and block from memory, two, three and four activation
+// rows: 30.2-31.4, 39.3-41.9, 52.2-55.4 -> 29.0-29.7, 37.6-40.3, 49.1-52.4).
 PSV_MAYBE_UNUSED static k_gemv1_fn k_gemv1_q45_k_for(uint32_t type, const plat_cpu *c) {
     const bool five = type == T_Q5_K;
     if (!c->avx512vbmi) return five ? k_gemv1_q5_k_avx512 : k_gemv1_q4_k_avx512;
     if (k_cpu_amd_f25(c)) return five ? k_gemv1_q5_k_vbmi_zen4 : k_gemv1_q4_k_vbmi_zen4;
     return five ? k_gemv1_q5_k_vbmi : k_gemv1_q4_k_vbmi;
+}
+PSV_MAYBE_UNUSED static k_gemvn_fn k_gemvn_q45_k_for(uint32_t type, const plat_cpu *c) {
+    const bool five = type == T_Q5_K;
+    if (!c->avx512vbmi) return five ? k_gemvn_q5_k_avx512 : k_gemvn_q4_k_avx512;
+    if (k_cpu_amd_f25(c)) return five ? k_gemvn_q5_k_vbmi_zen4 : k_gemvn_q4_k_vbmi_zen4;
+    return five ? k_gemvn_q5_k_vbmi : k_gemvn_q4_k_vbmi;
 }
 
 // k_gemv1_fn for Q6_K, as the Q4_K one: four weight rows a block. Each half block h (128 values)
@@ -16537,6 +16549,8 @@ static void k_fill_avx512(k_traits *t) {
         {T_BF16, k_gemvn_bf16_avx512, 8}, {T_Q4_1, k_gemvn_q4_1_avx512, 3}, {T_Q5_1, k_gemvn_q5_1_avx512, 3},
     };
     k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
+    t[T_Q4_K].gemvn = k_gemvn_q45_k_for(T_Q4_K, plat_cpu_get());
+    t[T_Q5_K].gemvn = k_gemvn_q45_k_for(T_Q5_K, plat_cpu_get());
 }
 
 #if defined(PSV_AMX)

@@ -609,17 +609,11 @@ static void st_check_gemv1(k_set set) {
 // reference vec_dot, bit for bit, as st_check_gemv1 does gemv1: every count of activation rows
 // (2..K_GEMVN_MAX), each row its own activation and side data, results to separate rows of s
 // (only s[r][0..nw) may be written), the groups in two calls.
-static void st_check_gemvn(k_set set) {
-    bool any = false;
-    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemvn;
-    if (!any) SKIP("kernel set %s: has no gemvn kernels", k_set_names[set]);
+// (name: the set's, or the kernel's where it is one of a type's forms.)
+static void st_check_gemvn_fn(const char *name, uint32_t wt, k_gemvn_fn gemvn) {
     enum { MAXW = 13 };
-    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
-        uint32_t wt = st_weight_types[ti];
-        const k_traits *ref = k_traits_ref(wt), *sk = k_traits_of_set(set, wt);
-        if (!sk || !sk->gemvn) continue;
-        CHECKF(sk->gemv1 != NULL && sk->gemvn_max >= 2 && sk->gemvn_max <= K_GEMVN_ROWS, "%s %s: gemvn without gemv1 or a row count (%d)",
-               k_set_names[set], type_get(wt)->name, sk->gemvn_max);
+    {
+        const k_traits *ref = k_traits_ref(wt);
         uint32_t at = ref->vec_dot_type;
         int64_t lens[16];
         int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
@@ -642,12 +636,12 @@ static void st_check_gemvn(k_set set) {
                     for (int i = 0; i <= MAXW; i++) got[r][i] = -1.0f;
                 }
                 const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
-                sk->gemvn(n, out, x, xstride, nw, 0, cut, y, ys, side, ss, nr);
+                gemvn(n, out, x, xstride, nw, 0, cut, y, ys, side, ss, nr);
                 bool untouched = true;
                 for (int r = 0; r < nr; r++)
                     for (int i = 0; i < nw; i++) untouched = untouched && (i % G < cut || got[r][i] == -1.0f);
-                sk->gemvn(n, out, x, xstride, nw, cut, G, y, ys, side, ss, nr);
-                CHECKF(untouched, "%s gemvn %s n=%lld nw=%d: groups [0, %d) wrote rows of [%d, %d)", k_set_names[set],
+                gemvn(n, out, x, xstride, nw, cut, G, y, ys, side, ss, nr);
+                CHECKF(untouched, "%s gemvn %s n=%lld nw=%d: groups [0, %d) wrote rows of [%d, %d)", name,
                        type_get(wt)->name, (long long)n, nw, cut, cut, G);
                 for (int r = 0; r < K_GEMVN_MAX; r++) {
                     for (int i = 0; i < nw && r < nr; i++) {
@@ -656,7 +650,7 @@ static void st_check_gemvn(k_set set) {
                         checked++;
                         if (!st_same(want, got[r][i]) && mismatches++ < 5)
                             fprintf(stderr, "%s gemvn %s n=%lld rep %d nr=%d nw=%d act %d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
-                                    k_set_names[set], type_get(wt)->name, (long long)n, rep, nr, nw, r, i, want,
+                                    name, type_get(wt)->name, (long long)n, rep, nr, nw, r, i, want,
                                     f32_bits(want), got[r][i], f32_bits(got[r][i]));
                     }
                     CHECK(got[r][r < nr ? nw : 0] == -1.0f); // past the rows, and rows past nr, untouched
@@ -666,9 +660,39 @@ static void st_check_gemvn(k_set set) {
             free(y);
             free(side);
         }
-        CHECKF(mismatches == 0, "%s gemvn %s: %d of %d products differ from the reference", k_set_names[set],
+        CHECKF(mismatches == 0, "%s gemvn %s: %d of %d products differ from the reference", name,
                type_get(wt)->name, mismatches, checked);
     }
+}
+
+static void st_check_gemvn(k_set set) {
+    bool any = false;
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) any = any || k_traits_of_set(set, st_weight_types[ti])->gemvn;
+    if (!any) SKIP("kernel set %s: has no gemvn kernels", k_set_names[set]);
+    for (size_t ti = 0; ti < PSV_ARRAY_LEN(st_weight_types); ti++) {
+        uint32_t wt = st_weight_types[ti];
+        const k_traits *sk = k_traits_of_set(set, wt);
+        if (!sk || !sk->gemvn) continue;
+        CHECKF(sk->gemv1 != NULL && sk->gemvn_max >= 2 && sk->gemvn_max <= K_GEMVN_ROWS, "%s %s: gemvn without gemv1 or a row count (%d)",
+               k_set_names[set], type_get(wt)->name, sk->gemvn_max);
+        st_check_gemvn_fn(k_set_names[set], wt, sk->gemvn);
+    }
+#if defined(PSV_X86)
+    // the forms of the AVX-512 set's Q4_K and Q5_K gemvn kernels (k_gemvn_q45_k_for) this CPU can run
+    if (set != K_SET_AVX512) return;
+    const struct { const char *name; uint32_t type; k_gemvn_fn fn; bool vbmi; } forms[] = {
+        {"avx512 (no VBMI)", T_Q4_K, k_gemvn_q4_k_avx512, false},  {"avx512 (no VBMI)", T_Q5_K, k_gemvn_q5_k_avx512, false},
+        {"avx512 (VBMI)", T_Q4_K, k_gemvn_q4_k_vbmi, true},         {"avx512 (VBMI)", T_Q5_K, k_gemvn_q5_k_vbmi, true},
+        {"avx512 (VBMI, Zen 4)", T_Q4_K, k_gemvn_q4_k_vbmi_zen4, true}, {"avx512 (VBMI, Zen 4)", T_Q5_K, k_gemvn_q5_k_vbmi_zen4, true},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++) {
+        if (forms[i].vbmi && !plat_cpu_get()->avx512vbmi) {
+            SKIP("%s gemvn %s: this CPU has no AVX512_VBMI", forms[i].name, type_get(forms[i].type)->name);
+            continue;
+        }
+        if (forms[i].fn != k_traits_of_set(set, forms[i].type)->gemvn) st_check_gemvn_fn(forms[i].name, forms[i].type, forms[i].fn);
+    }
+#endif
 }
 
 // ---- quantizers ------------------------------------------------------------------------------
@@ -1191,6 +1215,12 @@ static void test_choose(void) {
     CHECK(k_gemv1_q45_k_for(T_Q4_K, &intel_vbmi) == k_gemv1_q4_k_vbmi && k_gemv1_q45_k_for(T_Q5_K, &intel_vbmi) == k_gemv1_q5_k_vbmi);
     CHECK(k_traits_of_set(K_SET_AVX512, T_Q4_K)->gemv1 == k_gemv1_q45_k_for(T_Q4_K, plat_cpu_get()) &&
           k_traits_of_set(K_SET_AVX512, T_Q5_K)->gemv1 == k_gemv1_q45_k_for(T_Q5_K, plat_cpu_get()));
+    // and their gemvn kernels the same way
+    CHECK(k_gemvn_q45_k_for(T_Q4_K, &v4) == k_gemvn_q4_k_avx512 && k_gemvn_q45_k_for(T_Q5_K, &zen4) == k_gemvn_q5_k_avx512);
+    CHECK(k_gemvn_q45_k_for(T_Q4_K, &zen4_vbmi) == k_gemvn_q4_k_vbmi_zen4 && k_gemvn_q45_k_for(T_Q5_K, &zen4_vbmi) == k_gemvn_q5_k_vbmi_zen4);
+    CHECK(k_gemvn_q45_k_for(T_Q4_K, &intel_vbmi) == k_gemvn_q4_k_vbmi && k_gemvn_q45_k_for(T_Q5_K, &intel_vbmi) == k_gemvn_q5_k_vbmi);
+    CHECK(k_traits_of_set(K_SET_AVX512, T_Q4_K)->gemvn == k_gemvn_q45_k_for(T_Q4_K, plat_cpu_get()) &&
+          k_traits_of_set(K_SET_AVX512, T_Q5_K)->gemvn == k_gemvn_q45_k_for(T_Q5_K, plat_cpu_get()));
     // AVX512_VBMI as cpuid leaf 7 says it (ECX bit 1), and only with AVX-512's state saved
     {
         unsigned a = 0, b = 0, cx = 0, d = 0;
