@@ -12016,12 +12016,23 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_zen4_avx512(uint32_t type, int64_t n, float
                                                 const uint8_t *side, size_t side_stride, const int nr) {
     k_gemv1_q45_k_core_avx512(type, true, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
 }
+// (the one-row forms alone: Q5_K's, whose gemvn keeps the first form)
+K_AVX512 K_INLINE void k_gemv1_q45_k_vbmi1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
+                                                 int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    float *const out[1] = {s};
+    k_gemv1_q45_k_core_avx512(type, true, false, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);
+}
+K_AVX512 K_INLINE void k_gemv1_q45_k_zen41_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
+                                                 int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
+    float *const out[1] = {s};
+    k_gemv1_q45_k_core_avx512(type, true, true, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);
+}
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_avx512, k_gemvn_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_avx512, k_gemvn_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_vbmi, k_gemvn_q4_k_vbmi, k_gemv1_q45_k_vbmi_avx512, T_Q4_K)
-K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_vbmi, k_gemvn_q5_k_vbmi, k_gemv1_q45_k_vbmi_avx512, T_Q5_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_vbmi_zen4, k_gemvn_q4_k_vbmi_zen4, k_gemv1_q45_k_zen4_avx512, T_Q4_K)
-K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_vbmi_zen4, k_gemvn_q5_k_vbmi_zen4, k_gemv1_q45_k_zen4_avx512, T_Q5_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_vbmi, k_gemv1_q45_k_vbmi1_avx512, T_Q5_K)
+K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_vbmi_zen4, k_gemv1_q45_k_zen41_avx512, T_Q5_K)
 
 // The AVX-512 set's one-row Q4_K or Q5_K kernel for CPU c. Measured on Zen 4, one thread,
 // alternated: phi4-mini Q4_K_M (Q4_K 58 % of its bytes, 54 % of a token's time) tg32 10.62 ->
@@ -12030,8 +12041,11 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_vbmi_zen4, k_gemvn_q5_k_vbmi_zen4, k_gemv1_q
 // scale picks alone 17.4, the prefetches alone 17.7); Q5_K's 22.1 -> 21.5 in the cache, 28.5-30.3
 // -> 25.5-26.4 from memory (the level-1 request alone cost it 8 %). Other CPUs with VBMI take the
 // picks with the run-time prefetches (not measured there). k_gemvn_q45_k_for: the same forms of
-// the gemvn kernels (Q4_K, cycles a row and block from memory, two, three and four activation
-// rows: 30.2-31.4, 39.3-41.9, 52.2-55.4 -> 29.0-29.7, 37.6-40.3, 49.1-52.4).
+// the Q4_K gemvn kernel (cycles a row and block from memory, two, three and four activation rows:
+// 30.2-31.4, 39.3-41.9, 52.2-55.4 -> 29.0-29.7, 37.6-40.3, 49.1-52.4; llama-1b Q4_K_M, two
+// threads, -s 2, 3, 4: 79.2-81.6, 92.5-93.1, 94.2-94.6 -> 83.4-83.9, 94.5-96.3, 96.2-98.7 t/s).
+// Q5_K's gemvn keeps the first form: with the picks and either prefetch its kernel read faster
+// alone, but llama-1b Q5_K_M -s 2 read 2-5 % less (-s 4 2-4 % more), within this machine's noise.
 PSV_MAYBE_UNUSED static k_gemv1_fn k_gemv1_q45_k_for(uint32_t type, const plat_cpu *c) {
     const bool five = type == T_Q5_K;
     if (!c->avx512vbmi) return five ? k_gemv1_q5_k_avx512 : k_gemv1_q4_k_avx512;
@@ -12039,10 +12053,8 @@ PSV_MAYBE_UNUSED static k_gemv1_fn k_gemv1_q45_k_for(uint32_t type, const plat_c
     return five ? k_gemv1_q5_k_vbmi : k_gemv1_q4_k_vbmi;
 }
 PSV_MAYBE_UNUSED static k_gemvn_fn k_gemvn_q45_k_for(uint32_t type, const plat_cpu *c) {
-    const bool five = type == T_Q5_K;
-    if (!c->avx512vbmi) return five ? k_gemvn_q5_k_avx512 : k_gemvn_q4_k_avx512;
-    if (k_cpu_amd_f25(c)) return five ? k_gemvn_q5_k_vbmi_zen4 : k_gemvn_q4_k_vbmi_zen4;
-    return five ? k_gemvn_q5_k_vbmi : k_gemvn_q4_k_vbmi;
+    if (type == T_Q5_K || !c->avx512vbmi) return type == T_Q5_K ? k_gemvn_q5_k_avx512 : k_gemvn_q4_k_avx512;
+    return k_cpu_amd_f25(c) ? k_gemvn_q4_k_vbmi_zen4 : k_gemvn_q4_k_vbmi;
 }
 
 // k_gemv1_fn for Q6_K, as the Q4_K one: four weight rows a block. Each half block h (128 values)

@@ -678,12 +678,11 @@ static void st_check_gemvn(k_set set) {
         st_check_gemvn_fn(k_set_names[set], wt, sk->gemvn);
     }
 #if defined(PSV_X86)
-    // the forms of the AVX-512 set's Q4_K and Q5_K gemvn kernels (k_gemvn_q45_k_for) this CPU can run
+    // the forms of the AVX-512 set's Q4_K gemvn kernel (k_gemvn_q45_k_for) this CPU can run
     if (set != K_SET_AVX512) return;
     const struct { const char *name; uint32_t type; k_gemvn_fn fn; bool vbmi; } forms[] = {
-        {"avx512 (no VBMI)", T_Q4_K, k_gemvn_q4_k_avx512, false},  {"avx512 (no VBMI)", T_Q5_K, k_gemvn_q5_k_avx512, false},
-        {"avx512 (VBMI)", T_Q4_K, k_gemvn_q4_k_vbmi, true},         {"avx512 (VBMI)", T_Q5_K, k_gemvn_q5_k_vbmi, true},
-        {"avx512 (VBMI, Zen 4)", T_Q4_K, k_gemvn_q4_k_vbmi_zen4, true}, {"avx512 (VBMI, Zen 4)", T_Q5_K, k_gemvn_q5_k_vbmi_zen4, true},
+        {"avx512 (no VBMI)", T_Q4_K, k_gemvn_q4_k_avx512, false}, {"avx512 (VBMI)", T_Q4_K, k_gemvn_q4_k_vbmi, true},
+        {"avx512 (VBMI, Zen 4)", T_Q4_K, k_gemvn_q4_k_vbmi_zen4, true},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++) {
         if (forms[i].vbmi && !plat_cpu_get()->avx512vbmi) {
@@ -1215,10 +1214,10 @@ static void test_choose(void) {
     CHECK(k_gemv1_q45_k_for(T_Q4_K, &intel_vbmi) == k_gemv1_q4_k_vbmi && k_gemv1_q45_k_for(T_Q5_K, &intel_vbmi) == k_gemv1_q5_k_vbmi);
     CHECK(k_traits_of_set(K_SET_AVX512, T_Q4_K)->gemv1 == k_gemv1_q45_k_for(T_Q4_K, plat_cpu_get()) &&
           k_traits_of_set(K_SET_AVX512, T_Q5_K)->gemv1 == k_gemv1_q45_k_for(T_Q5_K, plat_cpu_get()));
-    // and their gemvn kernels the same way
+    // and their gemvn kernels: Q4_K's the same way, Q5_K's the first form everywhere
     CHECK(k_gemvn_q45_k_for(T_Q4_K, &v4) == k_gemvn_q4_k_avx512 && k_gemvn_q45_k_for(T_Q5_K, &zen4) == k_gemvn_q5_k_avx512);
-    CHECK(k_gemvn_q45_k_for(T_Q4_K, &zen4_vbmi) == k_gemvn_q4_k_vbmi_zen4 && k_gemvn_q45_k_for(T_Q5_K, &zen4_vbmi) == k_gemvn_q5_k_vbmi_zen4);
-    CHECK(k_gemvn_q45_k_for(T_Q4_K, &intel_vbmi) == k_gemvn_q4_k_vbmi && k_gemvn_q45_k_for(T_Q5_K, &intel_vbmi) == k_gemvn_q5_k_vbmi);
+    CHECK(k_gemvn_q45_k_for(T_Q4_K, &zen4_vbmi) == k_gemvn_q4_k_vbmi_zen4 && k_gemvn_q45_k_for(T_Q5_K, &zen4_vbmi) == k_gemvn_q5_k_avx512);
+    CHECK(k_gemvn_q45_k_for(T_Q4_K, &intel_vbmi) == k_gemvn_q4_k_vbmi && k_gemvn_q45_k_for(T_Q5_K, &intel_vbmi) == k_gemvn_q5_k_avx512);
     CHECK(k_traits_of_set(K_SET_AVX512, T_Q4_K)->gemvn == k_gemvn_q45_k_for(T_Q4_K, plat_cpu_get()) &&
           k_traits_of_set(K_SET_AVX512, T_Q5_K)->gemvn == k_gemvn_q45_k_for(T_Q5_K, plat_cpu_get()));
     // AVX512_VBMI as cpuid leaf 7 says it (ECX bit 1), and only with AVX-512's state saved
