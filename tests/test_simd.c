@@ -520,6 +520,15 @@ static void st_check_gemv(k_set set) {
 // kernels' group of rows, on the same adversarial rows as the dot products, the weight rows
 // a stride apart that is more than their length (only s[0..nw) may be written), each time in two
 // calls that split the groups of rows between them.
+#if defined(PSV_X86)
+// Whether this CPU can run a kernel form that needs AVX512_VBMI (vbmi) or none; says what is skipped.
+static bool st_form_runs(const char *name, const char *kind, uint32_t type, bool vbmi) {
+    if (!vbmi || plat_cpu_get()->avx512vbmi) return true;
+    SKIP("%s %s %s: this CPU has no AVX512_VBMI", name, kind, type_get(type)->name);
+    return false;
+}
+#endif
+
 // (name: the set's, or the kernel's where it is one of a type's forms.)
 static void st_check_gemv1_fn(const char *name, uint32_t wt, k_gemv1_fn gemv1) {
     enum { MAXW = 17 };
@@ -595,13 +604,9 @@ static void st_check_gemv1(k_set set) {
         {"avx512 (VBMI)", T_Q4_K, k_gemv1_q4_k_vbmi, true},         {"avx512 (VBMI)", T_Q5_K, k_gemv1_q5_k_vbmi, true},
         {"avx512 (VBMI, Zen 4)", T_Q4_K, k_gemv1_q4_k_vbmi_zen4, true}, {"avx512 (VBMI, Zen 4)", T_Q5_K, k_gemv1_q5_k_vbmi_zen4, true},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++) {
-        if (forms[i].vbmi && !plat_cpu_get()->avx512vbmi) {
-            SKIP("%s gemv1 %s: this CPU has no AVX512_VBMI", forms[i].name, type_get(forms[i].type)->name);
-            continue;
-        }
-        if (forms[i].fn != k_traits_of_set(set, forms[i].type)->gemv1) st_check_gemv1_fn(forms[i].name, forms[i].type, forms[i].fn);
-    }
+    for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++)
+        if (st_form_runs(forms[i].name, "gemv1", forms[i].type, forms[i].vbmi) && forms[i].fn != k_traits_of_set(set, forms[i].type)->gemv1)
+            st_check_gemv1_fn(forms[i].name, forms[i].type, forms[i].fn);
 #endif
 }
 
@@ -684,13 +689,9 @@ static void st_check_gemvn(k_set set) {
         {"avx512 (no VBMI)", T_Q4_K, k_gemvn_q4_k_avx512, false}, {"avx512 (VBMI)", T_Q4_K, k_gemvn_q4_k_vbmi, true},
         {"avx512 (VBMI, Zen 4)", T_Q4_K, k_gemvn_q4_k_vbmi_zen4, true},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++) {
-        if (forms[i].vbmi && !plat_cpu_get()->avx512vbmi) {
-            SKIP("%s gemvn %s: this CPU has no AVX512_VBMI", forms[i].name, type_get(forms[i].type)->name);
-            continue;
-        }
-        if (forms[i].fn != k_traits_of_set(set, forms[i].type)->gemvn) st_check_gemvn_fn(forms[i].name, forms[i].type, forms[i].fn);
-    }
+    for (size_t i = 0; i < PSV_ARRAY_LEN(forms); i++)
+        if (st_form_runs(forms[i].name, "gemvn", forms[i].type, forms[i].vbmi) && forms[i].fn != k_traits_of_set(set, forms[i].type)->gemvn)
+            st_check_gemvn_fn(forms[i].name, forms[i].type, forms[i].fn);
 #endif
 }
 
