@@ -9200,14 +9200,19 @@ K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, con
         core(type, n, s, x, x_stride, nw, w0, w1, y, side);                                                            \
     }
 
-// A k_gemv1_fn and a k_gemvn_fn of one weight type from a kernel core that takes the type first
-// and the activation rows (nr) last, each count of rows its own copy.
-#define K_DEF_GEMV1N(attr, name1, namen, core, type)                                                                   \
+// A k_gemv1_fn of one weight type from a kernel core that takes the type first and the
+// activation rows (nr) last (K_DEF_GEMV1N's one-row half).
+#define K_DEF_GEMV1R(attr, name1, core, type)                                                                          \
     attr static void name1(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,             \
                            const uint8_t *y, const uint8_t *side) {                                                    \
         float *const out[1] = {s};                                                                                     \
         core(type, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);                                                 \
-    }                                                                                                                  \
+    }
+
+// A k_gemv1_fn and a k_gemvn_fn of one weight type from a kernel core that takes the type first
+// and the activation rows (nr) last, each count of rows its own copy.
+#define K_DEF_GEMV1N(attr, name1, namen, core, type)                                                                   \
+    K_DEF_GEMV1R(attr, name1, core, type)                                                                              \
     attr static void namen(int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,      \
                            const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride, int nr) {             \
         if (nr == 2) core(type, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, 2);                           \
@@ -11904,14 +11909,11 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     const __m512i first4 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0); // lane r's first int32
     __m512i lane[4]; // row r's 128-bit lane to all four
     for (int r = 0; r < 4; r++) lane[r] = _mm512_set4_epi32(4 * r + 3, 4 * r + 2, 4 * r + 1, 4 * r);
-    // vbmi: row r's scale vector v straight from sm (the even bytes; the odd ones zeroed)
+    // vbmi: row r's scale vector v straight from sm, pick[v]'s bytes in row r's 128-bit lane (the
+    // odd ones, pick's zeros, masked off)
     __m512i pickb[4][2];
     for (int r = 0; r < 4 && vbmi; r++)
-        for (int v = 0; v < 2; v++) {
-            uint8_t b[64];
-            for (int i = 0; i < 64; i++) b[i] = (uint8_t)(16 * r + 4 * v + 2 * (i / 32) + (i % 16) / 8);
-            pickb[r][v] = _mm512_loadu_si512(b);
-        }
+        for (int v = 0; v < 2; v++) pickb[r][v] = _mm512_add_epi8(pick[v], _mm512_set1_epi8((char)(16 * r)));
     const __mmask64 even = 0x5555555555555555ull;
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
@@ -11999,40 +12001,24 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
         for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_AVX512 K_INLINE void k_gemv1_q45_k_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                           int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                           size_t side_stride, const int nr) {
-    k_gemv1_q45_k_core_avx512(type, false, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
-// The Q4_K and Q5_K kernels' other forms (k_gemv1_q45_k_for chooses): with VBMI's scale picks,
-// and with those and Zen 4's prefetches.
-K_AVX512 K_INLINE void k_gemv1_q45_k_vbmi_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x,
-                                                size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
-                                                const uint8_t *side, size_t side_stride, const int nr) {
-    k_gemv1_q45_k_core_avx512(type, true, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
-K_AVX512 K_INLINE void k_gemv1_q45_k_zen4_avx512(uint32_t type, int64_t n, float *const *s, const uint8_t *x,
-                                                size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
-                                                const uint8_t *side, size_t side_stride, const int nr) {
-    k_gemv1_q45_k_core_avx512(type, true, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
-// (the one-row forms alone: Q5_K's, whose gemvn keeps the first form)
-K_AVX512 K_INLINE void k_gemv1_q45_k_vbmi1_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
-                                                 int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    float *const out[1] = {s};
-    k_gemv1_q45_k_core_avx512(type, true, false, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);
-}
-K_AVX512 K_INLINE void k_gemv1_q45_k_zen41_avx512(uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride,
-                                                 int nw, int w0, int w1, const uint8_t *y, const uint8_t *side) {
-    float *const out[1] = {s};
-    k_gemv1_q45_k_core_avx512(type, true, true, n, out, x, x_stride, nw, w0, w1, y, 0, side, 0, 1);
-}
+// The core in each form (k_gemv1_q45_k_for chooses): the first, with VBMI's scale picks, and with
+// those and Zen 4's prefetches.
+#define K_DEF_Q45K(name, vbmi, zen4)                                                                                   \
+    K_AVX512 K_INLINE void name(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,   \
+                                int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,  \
+                                const int nr) {                                                                        \
+        k_gemv1_q45_k_core_avx512(type, vbmi, zen4, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);      \
+    }
+K_DEF_Q45K(k_gemv1_q45_k_avx512, false, false)
+K_DEF_Q45K(k_gemv1_q45_k_vbmi_avx512, true, false)
+K_DEF_Q45K(k_gemv1_q45_k_zen4_avx512, true, true)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_avx512, k_gemvn_q4_k_avx512, k_gemv1_q45_k_avx512, T_Q4_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_k_avx512, k_gemvn_q5_k_avx512, k_gemv1_q45_k_avx512, T_Q5_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_vbmi, k_gemvn_q4_k_vbmi, k_gemv1_q45_k_vbmi_avx512, T_Q4_K)
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q4_k_vbmi_zen4, k_gemvn_q4_k_vbmi_zen4, k_gemv1_q45_k_zen4_avx512, T_Q4_K)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_vbmi, k_gemv1_q45_k_vbmi1_avx512, T_Q5_K)
-K_DEF_GEMV1(K_AVX512, k_gemv1_q5_k_vbmi_zen4, k_gemv1_q45_k_zen41_avx512, T_Q5_K)
+// (Q5_K's gemvn keeps the first form: its other forms are one-row kernels only)
+K_DEF_GEMV1R(K_AVX512, k_gemv1_q5_k_vbmi, k_gemv1_q45_k_vbmi_avx512, T_Q5_K)
+K_DEF_GEMV1R(K_AVX512, k_gemv1_q5_k_vbmi_zen4, k_gemv1_q45_k_zen4_avx512, T_Q5_K)
 
 // The AVX-512 set's one-row Q4_K or Q5_K kernel for CPU c. Measured on Zen 4, one thread,
 // alternated: phi4-mini Q4_K_M (Q4_K 58 % of its bytes, 54 % of a token's time) tg32 10.62 ->
@@ -12053,7 +12039,8 @@ PSV_MAYBE_UNUSED static k_gemv1_fn k_gemv1_q45_k_for(uint32_t type, const plat_c
     return five ? k_gemv1_q5_k_vbmi : k_gemv1_q4_k_vbmi;
 }
 PSV_MAYBE_UNUSED static k_gemvn_fn k_gemvn_q45_k_for(uint32_t type, const plat_cpu *c) {
-    if (type == T_Q5_K || !c->avx512vbmi) return type == T_Q5_K ? k_gemvn_q5_k_avx512 : k_gemvn_q4_k_avx512;
+    if (type == T_Q5_K) return k_gemvn_q5_k_avx512;
+    if (!c->avx512vbmi) return k_gemvn_q4_k_avx512;
     return k_cpu_amd_f25(c) ? k_gemvn_q4_k_vbmi_zen4 : k_gemvn_q4_k_vbmi;
 }
 

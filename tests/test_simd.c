@@ -532,59 +532,57 @@ static bool st_form_runs(const char *name, const char *kind, uint32_t type, bool
 // (name: the set's, or the kernel's where it is one of a type's forms.)
 static void st_check_gemv1_fn(const char *name, uint32_t wt, k_gemv1_fn gemv1) {
     enum { MAXW = 17 };
-    {
-        const k_traits *ref = k_traits_ref(wt);
-        uint32_t at = ref->vec_dot_type;
-        int64_t lens[16];
-        int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
-        for (int li = 0; li < nl; li++) {
-            int64_t n = lens[li];
-            size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size, ys = st_row_bytes(at, n);
-            size_t ss = k_act_side_one(at, n);
-            uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * 2), *side = malloc(ss);
-            PSV_ASSERT(x && y && side);
-            for (int rep = 0; rep < (n >= 4096 ? 6 : 24); rep++) {
-                bool wild = rep % 5 == 4;
-                int nw = 1 + rep % MAXW;
-                for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
-                st_random_row(at, n, y, wild);
-                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, 1, ys);
-                k_act_side(at, k_panel_off(wt), y, n, side, true);
-                float got[MAXW + 1];
-                for (int i = 0; i <= MAXW; i++) got[i] = -1.0f;
-                // in two calls, groups [0, cut) and [cut, G) (one of them empty at times), each
-                // writing only its groups' rows (row i is in group i % G)
-                const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
-                gemv1(n, got, x, xstride, nw, 0, cut, y, side);
-                float first[MAXW];
-                bool untouched = true;
-                for (int i = 0; i < nw; i++) {
-                    untouched = untouched && (i % G < cut || got[i] == -1.0f);
-                    first[i] = got[i], got[i] = i % G < cut ? -2.0f : got[i];
-                }
-                gemv1(n, got, x, xstride, nw, cut, G, y, side);
-                for (int i = 0; i < nw; i++)
-                    if (i % G < cut) untouched = untouched && got[i] == -2.0f, got[i] = first[i];
-                CHECKF(untouched, "%s gemv1 %s n=%lld nw=%d: groups [0, %d) and [%d, %d) wrote each other's rows",
-                       name, type_get(wt)->name, (long long)n, nw, cut, cut, G);
-                for (int i = 0; i < nw; i++) {
-                    float want;
-                    ref->vec_dot(n, &want, x + (size_t)i * xstride, y);
-                    checked++;
-                    if (!st_same(want, got[i]) && mismatches++ < 5)
-                        fprintf(stderr, "%s gemv1 %s n=%lld rep %d nw=%d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
-                                name, type_get(wt)->name, (long long)n, rep, nw, i, want, f32_bits(want),
-                                got[i], f32_bits(got[i]));
-                }
-                CHECK(got[nw] == -1.0f);
+    const k_traits *ref = k_traits_ref(wt);
+    uint32_t at = ref->vec_dot_type;
+    int64_t lens[16];
+    int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+    for (int li = 0; li < nl; li++) {
+        int64_t n = lens[li];
+        size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size, ys = st_row_bytes(at, n);
+        size_t ss = k_act_side_one(at, n);
+        uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * 2), *side = malloc(ss);
+        PSV_ASSERT(x && y && side);
+        for (int rep = 0; rep < (n >= 4096 ? 6 : 24); rep++) {
+            bool wild = rep % 5 == 4;
+            int nw = 1 + rep % MAXW;
+            for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
+            st_random_row(at, n, y, wild);
+            if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, 1, ys);
+            k_act_side(at, k_panel_off(wt), y, n, side, true);
+            float got[MAXW + 1];
+            for (int i = 0; i <= MAXW; i++) got[i] = -1.0f;
+            // in two calls, groups [0, cut) and [cut, G) (one of them empty at times), each
+            // writing only its groups' rows (row i is in group i % G)
+            const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
+            gemv1(n, got, x, xstride, nw, 0, cut, y, side);
+            float first[MAXW];
+            bool untouched = true;
+            for (int i = 0; i < nw; i++) {
+                untouched = untouched && (i % G < cut || got[i] == -1.0f);
+                first[i] = got[i], got[i] = i % G < cut ? -2.0f : got[i];
             }
-            free(x);
-            free(y);
-            free(side);
+            gemv1(n, got, x, xstride, nw, cut, G, y, side);
+            for (int i = 0; i < nw; i++)
+                if (i % G < cut) untouched = untouched && got[i] == -2.0f, got[i] = first[i];
+            CHECKF(untouched, "%s gemv1 %s n=%lld nw=%d: groups [0, %d) and [%d, %d) wrote each other's rows",
+                   name, type_get(wt)->name, (long long)n, nw, cut, cut, G);
+            for (int i = 0; i < nw; i++) {
+                float want;
+                ref->vec_dot(n, &want, x + (size_t)i * xstride, y);
+                checked++;
+                if (!st_same(want, got[i]) && mismatches++ < 5)
+                    fprintf(stderr, "%s gemv1 %s n=%lld rep %d nw=%d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                            name, type_get(wt)->name, (long long)n, rep, nw, i, want, f32_bits(want),
+                            got[i], f32_bits(got[i]));
+            }
+            CHECK(got[nw] == -1.0f);
         }
-        CHECKF(mismatches == 0, "%s gemv1 %s: %d of %d products differ from the reference", name,
-               type_get(wt)->name, mismatches, checked);
+        free(x);
+        free(y);
+        free(side);
     }
+    CHECKF(mismatches == 0, "%s gemv1 %s: %d of %d products differ from the reference", name,
+           type_get(wt)->name, mismatches, checked);
 }
 
 static void st_check_gemv1(k_set set) {
@@ -617,57 +615,55 @@ static void st_check_gemv1(k_set set) {
 // (name: the set's, or the kernel's where it is one of a type's forms.)
 static void st_check_gemvn_fn(const char *name, uint32_t wt, k_gemvn_fn gemvn) {
     enum { MAXW = 13 };
-    {
-        const k_traits *ref = k_traits_ref(wt);
-        uint32_t at = ref->vec_dot_type;
-        int64_t lens[16];
-        int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
-        for (int li = 0; li < nl; li++) {
-            int64_t n = lens[li];
-            size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size;
-            size_t ys = st_row_bytes(at, n) + 8, ss = k_act_side_one(at, n) + 24; // rows further apart than they are long
-            uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * K_GEMVN_MAX), *side = malloc(ss * K_GEMVN_MAX);
-            PSV_ASSERT(x && y && side);
-            for (int rep = 0; rep < (n >= 4096 ? 6 : 18); rep++) {
-                bool wild = rep % 5 == 4;
-                int nw = 1 + (rep * 5) % MAXW, nr = 2 + rep % (K_GEMVN_MAX - 1);
-                for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
-                for (int r = 0; r < nr; r++) st_random_row(at, n, y + (size_t)r * ys, wild && r == 1);
-                if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nr, ys);
-                for (int r = 0; r < nr; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, side + (size_t)r * ss, true);
-                float got[K_GEMVN_MAX][MAXW + 1], *out[K_GEMVN_MAX];
-                for (int r = 0; r < K_GEMVN_MAX; r++) {
-                    out[r] = got[r];
-                    for (int i = 0; i <= MAXW; i++) got[r][i] = -1.0f;
-                }
-                const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
-                gemvn(n, out, x, xstride, nw, 0, cut, y, ys, side, ss, nr);
-                bool untouched = true;
-                for (int r = 0; r < nr; r++)
-                    for (int i = 0; i < nw; i++) untouched = untouched && (i % G < cut || got[r][i] == -1.0f);
-                gemvn(n, out, x, xstride, nw, cut, G, y, ys, side, ss, nr);
-                CHECKF(untouched, "%s gemvn %s n=%lld nw=%d: groups [0, %d) wrote rows of [%d, %d)", name,
-                       type_get(wt)->name, (long long)n, nw, cut, cut, G);
-                for (int r = 0; r < K_GEMVN_MAX; r++) {
-                    for (int i = 0; i < nw && r < nr; i++) {
-                        float want;
-                        ref->vec_dot(n, &want, x + (size_t)i * xstride, y + (size_t)r * ys);
-                        checked++;
-                        if (!st_same(want, got[r][i]) && mismatches++ < 5)
-                            fprintf(stderr, "%s gemvn %s n=%lld rep %d nr=%d nw=%d act %d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
-                                    name, type_get(wt)->name, (long long)n, rep, nr, nw, r, i, want,
-                                    f32_bits(want), got[r][i], f32_bits(got[r][i]));
-                    }
-                    CHECK(got[r][r < nr ? nw : 0] == -1.0f); // past the rows, and rows past nr, untouched
-                }
+    const k_traits *ref = k_traits_ref(wt);
+    uint32_t at = ref->vec_dot_type;
+    int64_t lens[16];
+    int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+    for (int li = 0; li < nl; li++) {
+        int64_t n = lens[li];
+        size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size;
+        size_t ys = st_row_bytes(at, n) + 8, ss = k_act_side_one(at, n) + 24; // rows further apart than they are long
+        uint8_t *x = malloc(xstride * MAXW), *y = malloc(ys * K_GEMVN_MAX), *side = malloc(ss * K_GEMVN_MAX);
+        PSV_ASSERT(x && y && side);
+        for (int rep = 0; rep < (n >= 4096 ? 6 : 18); rep++) {
+            bool wild = rep % 5 == 4;
+            int nw = 1 + (rep * 5) % MAXW, nr = 2 + rep % (K_GEMVN_MAX - 1);
+            for (int i = 0; i < nw; i++) st_random_row(wt, n, x + (size_t)i * xstride, wild);
+            for (int r = 0; r < nr; r++) st_random_row(at, n, y + (size_t)r * ys, wild && r == 1);
+            if (rep % 3 == 1) st_cancel_rows(wt, at, n, x, y, nr, ys);
+            for (int r = 0; r < nr; r++) k_act_side(at, k_panel_off(wt), y + (size_t)r * ys, n, side + (size_t)r * ss, true);
+            float got[K_GEMVN_MAX][MAXW + 1], *out[K_GEMVN_MAX];
+            for (int r = 0; r < K_GEMVN_MAX; r++) {
+                out[r] = got[r];
+                for (int i = 0; i <= MAXW; i++) got[r][i] = -1.0f;
             }
-            free(x);
-            free(y);
-            free(side);
+            const int G = k_gemv1_groups(nw), cut = rep % (G + 1);
+            gemvn(n, out, x, xstride, nw, 0, cut, y, ys, side, ss, nr);
+            bool untouched = true;
+            for (int r = 0; r < nr; r++)
+                for (int i = 0; i < nw; i++) untouched = untouched && (i % G < cut || got[r][i] == -1.0f);
+            gemvn(n, out, x, xstride, nw, cut, G, y, ys, side, ss, nr);
+            CHECKF(untouched, "%s gemvn %s n=%lld nw=%d: groups [0, %d) wrote rows of [%d, %d)", name,
+                   type_get(wt)->name, (long long)n, nw, cut, cut, G);
+            for (int r = 0; r < K_GEMVN_MAX; r++) {
+                for (int i = 0; i < nw && r < nr; i++) {
+                    float want;
+                    ref->vec_dot(n, &want, x + (size_t)i * xstride, y + (size_t)r * ys);
+                    checked++;
+                    if (!st_same(want, got[r][i]) && mismatches++ < 5)
+                        fprintf(stderr, "%s gemvn %s n=%lld rep %d nr=%d nw=%d act %d row %d: ref %.9g (%08x) vs %.9g (%08x)\n",
+                                name, type_get(wt)->name, (long long)n, rep, nr, nw, r, i, want,
+                                f32_bits(want), got[r][i], f32_bits(got[r][i]));
+                }
+                CHECK(got[r][r < nr ? nw : 0] == -1.0f); // past the rows, and rows past nr, untouched
+            }
         }
-        CHECKF(mismatches == 0, "%s gemvn %s: %d of %d products differ from the reference", name,
-               type_get(wt)->name, mismatches, checked);
+        free(x);
+        free(y);
+        free(side);
     }
+    CHECKF(mismatches == 0, "%s gemvn %s: %d of %d products differ from the reference", name,
+           type_get(wt)->name, mismatches, checked);
 }
 
 static void st_check_gemvn(k_set set) {
