@@ -9279,6 +9279,31 @@ static size_t k_gemv1_pf = K_GEMV1_PF; // set once with the kernel sets (k_sets_
 PSV_MAYBE_UNUSED static bool k_cpu_amd_f25(const plat_cpu *c) { return c->amd && c->family == 25; }
 PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return k_cpu_amd_f25(c) ? K_GEMV1_PF_ZEN4 : K_GEMV1_PF; }
 
+// Long rows on Zen 4: where a step of the four streams (each a whole row) and the activation
+// rows it reads again at every step hold more than K_GEMV1_L1_FIT bytes (k_gemv1_step), the 32
+// KiB level-1 cache keeps the activation no longer from one step to the next, and the rows
+// arrived late with 1024 bytes ahead; the AVX-512 kernels then ask K_GEMV1_PF_ZEN4_LONG ahead
+// (k_gemv1_pf_step). Measured (one thread, rows from memory in 2 MiB pages, cycles a row and
+// block; the step's bytes counted as k_gemv1_step counts them): rows of 8192 values (phi4-mini's
+// and llama-1b's feed-forward output) 1024 -> 3072 bytes ahead: Q4_K 20.4-21.1 -> 16.6-17.2
+// (2048 17.4, 4096 17.3), Q5_K 28.2-29.0 -> 22.6, Q6_K 27.2 -> 23.1 (rows 4 KiB-aligned apart,
+// as a model's are: 30.1 -> 23.4), Q8_0 38.4 -> 25.5, Q4_0 21.5 -> 19.2; rows of 16384 Q4_K 21.6
+// -> 17.0; rows of 6144: Q6_K 25.2 -> 22.8, Q8_0 37.4 -> 26.0, Q4_K 17.0 either way, Q4_0 19.5
+// -> 20.0 and Q5_K 22.7 -> 23.1 (within noise). Below the line 1024 stays (rows of 3072: Q4_K
+// 17.1 against 17.4-17.8, Q6_K 22.6 against 23.1, Q4_0 17.5 against 20.5; Q8_0's 27.4 would be
+// 25.9). Other CPUs keep k_gemv1_pf for every row (not measured there).
+#define K_GEMV1_PF_ZEN4_LONG 3072
+#define K_GEMV1_L1_FIT (26 << 10)
+static size_t k_gemv1_pf_long = K_GEMV1_PF; // set once with the kernel sets (k_sets_init)
+PSV_MAYBE_UNUSED static size_t k_gemv1_pf_long_for(const plat_cpu *c) { return k_cpu_amd_f25(c) ? K_GEMV1_PF_ZEN4_LONG : K_GEMV1_PF; }
+// A step's bytes: four weight rows of x_stride bytes and nr activation rows of which the kernel
+// reads `act` bytes each (its quantized row or side data, or both).
+K_INLINE size_t k_gemv1_step(size_t x_stride, int nr, size_t act) { return 4 * x_stride + (size_t)nr * act; }
+// How far ahead a kernel with steps of `step` bytes prefetches (k_gemv1_pf or k_gemv1_pf_long).
+K_INLINE size_t k_gemv1_pf_step(size_t step) { return step > K_GEMV1_L1_FIT ? k_gemv1_pf_long : k_gemv1_pf; }
+// The same with Zen 4's distances as constants (the Q4_K and Q5_K kernels' Zen 4 form).
+K_INLINE size_t k_gemv1_pf_zen4(size_t step) { return step > K_GEMV1_L1_FIT ? K_GEMV1_PF_ZEN4_LONG : K_GEMV1_PF_ZEN4; }
+
 // On Zen 4 the AVX-512 kernels of the quantized types (not F16/BF16's) also ask for the line
 // K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch), where
 // its own prefetchers left them waiting: measured alternating token by token in one process (so
@@ -9304,9 +9329,9 @@ K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
 // A gemv1 kernel's prefetch for the line at p of one of its streams (the AVX-512 quantized
 // kernels'): k_gemv1_pf ahead into the level-2 cache and, where k_gemv1_pf_l1 says so, nearer
 // into the level-1 cache.
-K_INLINE void k_gemv1_prefetch(const uint8_t *p) {
+K_INLINE void k_gemv1_prefetch(const uint8_t *p, size_t ahead) {
     if (k_gemv1_pf_l1) __builtin_prefetch((const void *)((uintptr_t)p + k_gemv1_pf_l1), 0, 3);
-    k_prefetch_ahead(p, k_gemv1_pf);
+    k_prefetch_ahead(p, ahead);
 }
 
 // Attention's kernels (k_dot_keys_*, k_axpy_rows_*) ask for the KV cache's keys K_KEYS_PF blocks
@@ -11634,6 +11659,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
     const __m512i phi = _mm512_add_epi8(plo, _mm512_set1_epi8(2));
     const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
     const __m512i flip = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, eight ? (size_t)nb * (K_Q8_0_SIZE + 16) : 2 * (size_t)n)); // (k_gemv1_pf_step)
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -11655,7 +11681,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_gemv1_prefetch(xb + o); // 136 bytes: 3 lines
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_gemv1_prefetch(xb + o, pf); // 136 bytes: 3 lines
                     const __m512i q01 = _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip);
                     const __m512i q23 = _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip);
                     K_UNROLL
@@ -11673,7 +11699,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_gemv1_prefetch(xb); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
+                    k_gemv1_prefetch(xb, pf); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
                     __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
                     k_loaded2(&x0, &x1);
                     const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
@@ -11769,6 +11795,7 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *const 
         iw = _mm512_loadu_si512(a);
         idm = _mm512_loadu_si512(b);
     }
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)(n / 32) * K_Q8_1_SIZE)); // (k_gemv1_pf_step)
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -11783,8 +11810,8 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *const 
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                k_gemv1_prefetch(xb); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
-                k_gemv1_prefetch(xb + 64);
+                k_gemv1_prefetch(xb, pf); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
+                k_gemv1_prefetch(xb + 64, pf);
                 __m512i h0 = _mm512_loadu_si512(xb), h1 = _mm512_loadu_si512(xb + (five ? 32 : 16)); // (within the step's bytes)
                 k_loaded2(&h0, &h1);
                 hw[r] = _mm512_permutex2var_epi16(h0, iw, h1);
@@ -11915,6 +11942,8 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     for (int r = 0; r < 4 && vbmi; r++)
         for (int v = 0; v < 2; v++) pickb[r][v] = _mm512_add_epi8(pick[v], _mm512_set1_epi8((char)(16 * r)));
     const __mmask64 even = 0x5555555555555555ull;
+    // how far ahead the streams are prefetched (zen4: the same distances as constants)
+    const size_t step = k_gemv1_step(x_stride, nr, 384 * (size_t)nb), pf = zen4 ? k_gemv1_pf_zen4(step) : k_gemv1_pf_step(step);
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -11927,13 +11956,13 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
             for (int r = 0; r < 4; r++) {
                 xb[r] = xr[r] + (size_t)b * bsize;
                 if (!zen4) {
-                    for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb[r] + o); // 144 or 176 bytes: 3 lines
+                    for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb[r] + o, pf); // 144 or 176 bytes: 3 lines
                     continue;
                 }
                 K_UNROLL
                 for (size_t o = 0; o < bsize; o += 64) {
                     if (!five) __builtin_prefetch((const void *)((uintptr_t)xb[r] + o + K_GEMV1_PF_L1), 0, 3);
-                    k_prefetch_ahead(xb[r] + o, K_GEMV1_PF_ZEN4);
+                    k_prefetch_ahead(xb[r] + o, pf);
                 }
             }
             __m512i h = _mm512_castsi128_si512(k_load128(xb[0]));
@@ -12092,6 +12121,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
         for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * (2 * h + (i % 8) / 4) + i / 8);
         pick[h] = _mm512_loadu_si512(w);
     }
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32))); // (k_gemv1_pf_step)
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -12109,7 +12139,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb + o); // 210, 110 or 84 bytes
+                for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb + o, pf); // 210, 110 or 84 bytes
                 __m256i sc16, mn16 = _mm256_setzero_si256();
                 if (six) {
                     sc16 = _mm256_cvtepi8_epi16(k_load128(xb + 192));
@@ -16624,6 +16654,7 @@ static void k_sets_init(void) {
 #endif
 #if defined(PSV_X86)
     k_gemv1_pf = k_gemv1_pf_for(plat_cpu_get());
+    k_gemv1_pf_long = k_gemv1_pf_long_for(plat_cpu_get());
     k_gemv1_pf_l1 = k_gemv1_pf_l1_for(plat_cpu_get());
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
@@ -16713,6 +16744,7 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
     // (after k_kernel_set_name, which sets the kernels up)
     printf("cpu: %s family %d; generation prefetches %zu bytes ahead", c->amd ? "AMD" : "x86", c->family, k_gemv1_pf);
     if (k_gemv1_pf_l1) printf(" (and %zu into the level-1 cache with the AVX-512 kernels)", k_gemv1_pf_l1);
+    if (k_gemv1_pf_long != k_gemv1_pf) printf(", %zu in rows too long for the level-1 cache", k_gemv1_pf_long);
     printf("\n");
 #endif
     printf("build: %s\n", PSV_BUILD_OPTIMISED ? "optimised" : "not optimised");

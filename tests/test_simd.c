@@ -536,6 +536,7 @@ static void st_check_gemv1_fn(const char *name, uint32_t wt, k_gemv1_fn gemv1) {
     uint32_t at = ref->vec_dot_type;
     int64_t lens[16];
     int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+    lens[nl++] = 12288; // rows long enough for the prefetch distance of long rows (k_gemv1_pf_step)
     for (int li = 0; li < nl; li++) {
         int64_t n = lens[li];
         size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size, ys = st_row_bytes(at, n);
@@ -619,6 +620,7 @@ static void st_check_gemvn_fn(const char *name, uint32_t wt, k_gemvn_fn gemvn) {
     uint32_t at = ref->vec_dot_type;
     int64_t lens[16];
     int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
+    lens[nl++] = 12288; // (as st_check_gemv1_fn)
     for (int li = 0; li < nl; li++) {
         int64_t n = lens[li];
         size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size;
@@ -1200,6 +1202,19 @@ static void test_choose(void) {
     intel.family = 25;
     CHECK(k_gemv1_pf_l1_for(&intel) == 0);
     CHECK(k_gemv1_pf_l1 == k_gemv1_pf_l1_for(plat_cpu_get()));
+    // and the distance in rows too long for the level-1 cache (k_gemv1_pf_long): 3072 bytes on
+    // Zen 4, elsewhere the same as every row's; a step of more than K_GEMV1_L1_FIT bytes takes it
+    intel.family = 6;
+    CHECK(k_gemv1_pf_long_for(&zen4) == 3072 && k_gemv1_pf_long_for(&zen5) == 2048 && k_gemv1_pf_long_for(&intel) == 2048 &&
+          k_gemv1_pf_long_for(&amd_old) == 2048);
+    intel.family = 25;
+    CHECK(k_gemv1_pf_long_for(&intel) == 2048);
+    CHECK(k_gemv1_pf_long == k_gemv1_pf_long_for(plat_cpu_get()));
+    CHECK(k_gemv1_step(1000, 3, 200) == 4600 && K_GEMV1_L1_FIT == 26624);
+    CHECK(k_gemv1_pf_step(K_GEMV1_L1_FIT) == k_gemv1_pf && k_gemv1_pf_step(K_GEMV1_L1_FIT + 1) == k_gemv1_pf_long);
+    CHECK(k_gemv1_pf_zen4(K_GEMV1_L1_FIT) == 1024 && k_gemv1_pf_zen4(K_GEMV1_L1_FIT + 1) == 3072);
+    // phi4-mini's Q4_K rows of 3072 values stay under the line, its feed-forward output's of 8192 go over
+    CHECK(k_gemv1_step(1728, 1, 384 * 12) <= K_GEMV1_L1_FIT && k_gemv1_step(4608, 1, 384 * 32) > K_GEMV1_L1_FIT);
     // the one-row Q4_K and Q5_K kernels: VBMI's scale picks where the CPU has them, with Zen 4's
     // prefetches as constants there (the other CPUs' distance stays k_gemv1_pf's)
     plat_cpu zen4_vbmi = zen4, intel_vbmi = intel;
