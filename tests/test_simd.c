@@ -1185,31 +1185,26 @@ static void test_choose(void) {
     CHECK(k_traits_of_set(K_SET_REF, T_Q4_0)->vec_dot == k_dot_q4_0_q8_0_ref);
     CHECK(k_traits_of_set(K_SET_COUNT, T_Q4_0) == NULL && k_traits_get(T_COUNT) == NULL && k_traits_get(T_IQ2_XXS) == NULL);
 #if defined(PSV_X86)
-    // generation's prefetch distance (k_gemv1_pf): 1024 bytes on Zen 3 and 4 (AMD family 25), 2048
-    // elsewhere; this CPU's as k_gemv1_pf_for says once the sets are set up
+    // generation's prefetch distances on Zen 3 and 4 (AMD family 25) and elsewhere, each this
+    // CPU's as its function says once the sets are set up: every row's (k_gemv1_pf), the AVX-512
+    // kernels' into the level-1 cache (k_gemv1_pf_l1: none elsewhere), and in rows too long for
+    // that cache (k_gemv1_pf_long: elsewhere the same as every row's); a step of more than
+    // K_GEMV1_L1_FIT bytes takes the last
     plat_cpu zen4 = v4, zen5 = v4, intel = v4, amd_old = v4;
     zen4.amd = zen5.amd = amd_old.amd = true;
-    zen4.family = 25, zen5.family = 26, intel.family = 6, amd_old.family = 23;
-    CHECK(k_gemv1_pf_for(&zen4) == 1024 && k_gemv1_pf_for(&zen5) == 2048 && k_gemv1_pf_for(&intel) == 2048 &&
-          k_gemv1_pf_for(&amd_old) == 2048);
-    intel.family = 25; // an Intel CPU of that family number would not be a Zen
-    CHECK(k_gemv1_pf_for(&intel) == 2048);
-    CHECK(k_gemv1_pf == k_gemv1_pf_for(plat_cpu_get()));
-    // and the level-1 distance of the AVX-512 kernels (k_gemv1_pf_l1): 384 bytes on Zen 4, none elsewhere
-    intel.family = 6;
-    CHECK(k_gemv1_pf_l1_for(&zen4) == 384 && k_gemv1_pf_l1_for(&zen5) == 0 && k_gemv1_pf_l1_for(&intel) == 0 &&
-          k_gemv1_pf_l1_for(&amd_old) == 0);
-    intel.family = 25;
-    CHECK(k_gemv1_pf_l1_for(&intel) == 0);
-    CHECK(k_gemv1_pf_l1 == k_gemv1_pf_l1_for(plat_cpu_get()));
-    // and the distance in rows too long for the level-1 cache (k_gemv1_pf_long): 3072 bytes on
-    // Zen 4, elsewhere the same as every row's; a step of more than K_GEMV1_L1_FIT bytes takes it
-    intel.family = 6;
-    CHECK(k_gemv1_pf_long_for(&zen4) == 3072 && k_gemv1_pf_long_for(&zen5) == 2048 && k_gemv1_pf_long_for(&intel) == 2048 &&
-          k_gemv1_pf_long_for(&amd_old) == 2048);
-    intel.family = 25;
-    CHECK(k_gemv1_pf_long_for(&intel) == 2048);
-    CHECK(k_gemv1_pf_long == k_gemv1_pf_long_for(plat_cpu_get()));
+    zen4.family = 25, zen5.family = 26, amd_old.family = 23;
+    const struct { size_t (*fn)(const plat_cpu *); size_t zen4, other, now; } dists[] = {
+        {k_gemv1_pf_for, 1024, 2048, k_gemv1_pf}, {k_gemv1_pf_l1_for, 384, 0, k_gemv1_pf_l1},
+        {k_gemv1_pf_long_for, 3072, 2048, k_gemv1_pf_long}};
+    for (size_t i = 0; i < PSV_ARRAY_LEN(dists); i++) {
+        intel.family = 6;
+        CHECKF(dists[i].fn(&zen4) == dists[i].zen4 && dists[i].fn(&zen5) == dists[i].other &&
+                   dists[i].fn(&intel) == dists[i].other && dists[i].fn(&amd_old) == dists[i].other,
+               "prefetch distance %zu", i);
+        intel.family = 25; // an Intel CPU of that family number would not be a Zen
+        CHECK(dists[i].fn(&intel) == dists[i].other);
+        CHECK(dists[i].now == dists[i].fn(plat_cpu_get()));
+    }
     CHECK(k_gemv1_step(1000, 3, 200) == 4600 && K_GEMV1_L1_FIT == 26624);
     CHECK(k_gemv1_pf_step(K_GEMV1_L1_FIT) == k_gemv1_pf && k_gemv1_pf_step(K_GEMV1_L1_FIT + 1) == k_gemv1_pf_long);
     CHECK(k_gemv1_pf_zen4(K_GEMV1_L1_FIT) == 1024 && k_gemv1_pf_zen4(K_GEMV1_L1_FIT + 1) == 3072);
