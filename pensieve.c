@@ -9327,8 +9327,8 @@ K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
 }
 
 // A gemv1 kernel's prefetch for the line at p of one of its streams (the AVX-512 quantized
-// kernels'): k_gemv1_pf ahead into the level-2 cache and, where k_gemv1_pf_l1 says so, nearer
-// into the level-1 cache.
+// kernels'): `ahead` bytes ahead (k_gemv1_pf_step: k_gemv1_pf, or k_gemv1_pf_long in long rows)
+// into the level-2 cache and, where k_gemv1_pf_l1 says so, nearer into the level-1 cache.
 K_INLINE void k_gemv1_prefetch(const uint8_t *p, size_t ahead) {
     if (k_gemv1_pf_l1) __builtin_prefetch((const void *)((uintptr_t)p + k_gemv1_pf_l1), 0, 3);
     k_prefetch_ahead(p, ahead);
@@ -11890,9 +11890,9 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
 // vbmi (CPUs with AVX512_VBMI): each row's two scale vectors are one zero-masked vpermb each from
 // the four rows' scales, where a vpermd and two vpshufb made them; zen4: the prefetches are Zen
-// 4's (k_gemv1_pf_for, k_gemv1_pf_l1_for) as constants, a line's two requests two instructions
-// where the loop over k_gemv1_prefetch took seven, and Q5_K's without the level-1 request, which
-// slowed it there (k_gemv1_q45_k_for: measured on Zen 4).
+// 4's (k_gemv1_pf_for, k_gemv1_pf_l1_for; in long rows k_gemv1_pf_zen4's) as constants, a
+// line's two requests two instructions where the loop over k_gemv1_prefetch took seven, and
+// Q5_K's without the level-1 request, which slowed it there (k_gemv1_q45_k_for: measured on Zen 4).
 K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi, const bool zen4, int64_t n, float *const *s,
                                                 const uint8_t *x, size_t x_stride, int nw, int w0, int w1, const uint8_t *y,
                                                 size_t ys, const uint8_t *side, size_t side_stride, const int nr) {
