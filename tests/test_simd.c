@@ -515,11 +515,6 @@ static void st_check_gemv(k_set set) {
     }
 }
 
-// The set's one-activation gemv kernels (gemv1: many weight rows against one activation row)
-// against the reference vec_dot, bit for bit: every row count up to a few groups past the
-// kernels' group of rows, on the same adversarial rows as the dot products, the weight rows
-// a stride apart that is more than their length (only s[0..nw) may be written), each time in two
-// calls that split the groups of rows between them.
 #if defined(PSV_X86)
 // Whether this CPU can run a kernel form that needs AVX512_VBMI (vbmi) or none; says what is skipped.
 static bool st_form_runs(const char *name, const char *kind, uint32_t type, bool vbmi) {
@@ -529,14 +524,27 @@ static bool st_form_runs(const char *name, const char *kind, uint32_t type, bool
 }
 #endif
 
+// The row lengths the gemv1 and gemvn kernels are checked on: st_lengths's, and rows long enough
+// for the prefetch distance of long rows (k_gemv1_pf_step).
+static int st_gemv1_lengths(uint32_t type, int64_t out[16]) {
+    int k = st_lengths(type, out);
+    PSV_ASSERT(k < 16);
+    out[k++] = 12288;
+    return k;
+}
+
+// The set's one-activation gemv kernels (gemv1: many weight rows against one activation row)
+// against the reference vec_dot, bit for bit: every row count up to a few groups past the
+// kernels' group of rows, on the same adversarial rows as the dot products, the weight rows
+// a stride apart that is more than their length (only s[0..nw) may be written), each time in two
+// calls that split the groups of rows between them.
 // (name: the set's, or the kernel's where it is one of a type's forms.)
 static void st_check_gemv1_fn(const char *name, uint32_t wt, k_gemv1_fn gemv1) {
     enum { MAXW = 17 };
     const k_traits *ref = k_traits_ref(wt);
     uint32_t at = ref->vec_dot_type;
     int64_t lens[16];
-    int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
-    lens[nl++] = 12288; // rows long enough for the prefetch distance of long rows (k_gemv1_pf_step)
+    int nl = st_gemv1_lengths(wt, lens), mismatches = 0, checked = 0;
     for (int li = 0; li < nl; li++) {
         int64_t n = lens[li];
         size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size, ys = st_row_bytes(at, n);
@@ -619,8 +627,7 @@ static void st_check_gemvn_fn(const char *name, uint32_t wt, k_gemvn_fn gemvn) {
     const k_traits *ref = k_traits_ref(wt);
     uint32_t at = ref->vec_dot_type;
     int64_t lens[16];
-    int nl = st_lengths(wt, lens), mismatches = 0, checked = 0;
-    lens[nl++] = 12288; // (as st_check_gemv1_fn)
+    int nl = st_gemv1_lengths(wt, lens), mismatches = 0, checked = 0;
     for (int li = 0; li < nl; li++) {
         int64_t n = lens[li];
         size_t xs = st_row_bytes(wt, n), xstride = xs + 3 * type_get(wt)->type_size;
