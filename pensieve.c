@@ -9301,8 +9301,6 @@ PSV_MAYBE_UNUSED static size_t k_gemv1_pf_long_for(const plat_cpu *c) { return k
 K_INLINE size_t k_gemv1_step(size_t x_stride, int nr, size_t act) { return 4 * x_stride + (size_t)nr * act; }
 // How far ahead a kernel with steps of `step` bytes prefetches (k_gemv1_pf or k_gemv1_pf_long).
 K_INLINE size_t k_gemv1_pf_step(size_t step) { return step > K_GEMV1_L1_FIT ? k_gemv1_pf_long : k_gemv1_pf; }
-// The same with Zen 4's distances as constants (the Q4_K and Q5_K kernels' Zen 4 form).
-K_INLINE size_t k_gemv1_pf_zen4(size_t step) { return step > K_GEMV1_L1_FIT ? K_GEMV1_PF_ZEN4_LONG : K_GEMV1_PF_ZEN4; }
 
 // On Zen 4 the AVX-512 kernels of the quantized types (not F16/BF16's) also ask for the line
 // K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch), where
@@ -11659,7 +11657,9 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
     const __m512i phi = _mm512_add_epi8(plo, _mm512_set1_epi8(2));
     const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
     const __m512i flip = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
-    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, eight ? (size_t)nb * (K_Q8_0_SIZE + 16) : 2 * (size_t)n)); // (k_gemv1_pf_step)
+    // prefetch distance (k_gemv1_pf_step): Q8_0 reads the activation row and 64 bytes of side data a
+    // group of four blocks, Q4_0 and Q5_0 the side data's int16 quants
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, eight ? (size_t)nb * (K_Q8_0_SIZE + 16) : 2 * (size_t)n));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -11795,7 +11795,8 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *const 
         iw = _mm512_loadu_si512(a);
         idm = _mm512_loadu_si512(b);
     }
-    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)(n / 32) * K_Q8_1_SIZE)); // (k_gemv1_pf_step)
+    // prefetch distance (k_gemv1_pf_step): the kernel reads the activation row
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)(n / 32) * K_Q8_1_SIZE));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -11889,10 +11890,11 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // both halves of a vector: bit k of byte l is value 32k + l's) moved to bit 4 by a 16-bit shift
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
 // vbmi (CPUs with AVX512_VBMI): each row's two scale vectors are one zero-masked vpermb each from
-// the four rows' scales, where a vpermd and two vpshufb made them; zen4: the prefetches are Zen
-// 4's (k_gemv1_pf_for, k_gemv1_pf_l1_for; in long rows k_gemv1_pf_zen4's) as constants, a
-// line's two requests two instructions where the loop over k_gemv1_prefetch took seven, and
-// Q5_K's without the level-1 request, which slowed it there (k_gemv1_q45_k_for: measured on Zen 4).
+// the four rows' scales, where a vpermd and two vpshufb made them; zen4: the level-1 request is
+// Zen 4's (k_gemv1_pf_l1_for) as a constant, a line's two requests two instructions where the
+// loop over k_gemv1_prefetch took seven, and Q5_K's without the level-1 request, which slowed it
+// there (k_gemv1_q45_k_for: measured on Zen 4). Every form asks k_gemv1_pf_step's distance ahead
+// into the level-2 cache.
 K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi, const bool zen4, int64_t n, float *const *s,
                                                 const uint8_t *x, size_t x_stride, int nw, int w0, int w1, const uint8_t *y,
                                                 size_t ys, const uint8_t *side, size_t side_stride, const int nr) {
@@ -11942,8 +11944,8 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     for (int r = 0; r < 4 && vbmi; r++)
         for (int v = 0; v < 2; v++) pickb[r][v] = _mm512_add_epi8(pick[v], _mm512_set1_epi8((char)(16 * r)));
     const __mmask64 even = 0x5555555555555555ull;
-    // how far ahead the streams are prefetched (zen4: the same distances as constants)
-    const size_t step = k_gemv1_step(x_stride, nr, 384 * (size_t)nb), pf = zen4 ? k_gemv1_pf_zen4(step) : k_gemv1_pf_step(step);
+    // prefetch distance (k_gemv1_pf_step): the kernel reads the side data's 384 bytes a block
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, 384 * (size_t)nb));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -12121,7 +12123,9 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
         for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * (2 * h + (i % 8) / 4) + i / 8);
         pick[h] = _mm512_loadu_si512(w);
     }
-    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32))); // (k_gemv1_pf_step)
+    // prefetch distance (k_gemv1_pf_step): the kernel reads the activation row and 32 bytes of side
+    // data (sums) a block
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32)));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);

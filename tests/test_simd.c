@@ -1214,7 +1214,6 @@ static void test_choose(void) {
     }
     CHECK(k_gemv1_step(1000, 3, 200) == 4600 && K_GEMV1_L1_FIT == 26624);
     CHECK(k_gemv1_pf_step(K_GEMV1_L1_FIT) == k_gemv1_pf && k_gemv1_pf_step(K_GEMV1_L1_FIT + 1) == k_gemv1_pf_long);
-    CHECK(k_gemv1_pf_zen4(K_GEMV1_L1_FIT) == 1024 && k_gemv1_pf_zen4(K_GEMV1_L1_FIT + 1) == 3072);
     // phi4-mini's Q4_K rows of 3072 values stay under the line, its feed-forward output's of 8192 go over
     CHECK(k_gemv1_step(1728, 1, 384 * 12) <= K_GEMV1_L1_FIT && k_gemv1_step(4608, 1, 384 * 32) > K_GEMV1_L1_FIT);
     // the one-row Q4_K and Q5_K kernels: VBMI's scale picks where the CPU has them, with Zen 4's
