@@ -12647,6 +12647,15 @@ K_AVX512 K_INLINE __m512i k_load4x128_avx512(const uint8_t *a, const uint8_t *b,
     v = _mm512_inserti32x4(v, k_load128(c), 2);
     return _mm512_inserti32x4(v, k_load128(d), 3);
 }
+// The AVX-512 packers' rows: row r's first block at xr[r], block b at xr[r] + b * step[r] (x[r],
+// k_pack_blocks8); rows nw and up read the block of zeros `zero` for every block.
+K_INLINE void k_pack_rows8(const uint8_t *w, size_t ws, int nw, const uint8_t *zero, size_t bsize, const uint8_t **xr, size_t *step) {
+    for (int r = 0; r < K_PANEL; r++) xr[r] = r < nw ? w + (size_t)r * ws : zero, step[r] = r < nw ? bsize : 0;
+}
+K_INLINE void k_pack_blocks8(const uint8_t *const *xr, const size_t *step, int64_t b, const uint8_t **x) {
+    K_UNROLL
+    for (int r = 0; r < K_PANEL; r++) x[r] = xr[r] + (size_t)b * step[r];
+}
 K_AVX512 static void k_pack8_q4_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && nw <= K_PANEL);
     static const uint8_t zero[K_Q4_K_SIZE]; // the blocks of rows nw and up
@@ -12654,7 +12663,7 @@ K_AVX512 static void k_pack8_q4_k_avx512(int64_t n, const uint8_t *w, size_t ws,
     const size_t bb = k_panel_blk(T_Q4_K), sco = k_panel_sc(T_Q4_K), mco = k_panel_mco(T_Q4_K), dxo = k_panel_dx(T_Q4_K);
     const uint8_t *xr[K_PANEL];
     size_t step[K_PANEL];
-    for (int r = 0; r < K_PANEL; r++) xr[r] = r < nw ? w + (size_t)r * ws : zero, step[r] = r < nw ? K_Q4_K_SIZE : 0;
+    k_pack_rows8(w, ws, nw, zero, K_Q4_K_SIZE, xr, step);
     // as in k_gemv1_q45_k_core_avx512: a row's header [d dmin, u0, u1, u2] in its 128-bit lane to
     // its scales in bytes 0-7 and minimums in bytes 8-15
     const __m512i shv = _mm512_set4_epi32(4, 0, 0, 0), ma = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
@@ -12678,8 +12687,7 @@ K_AVX512 static void k_pack8_q4_k_avx512(int64_t n, const uint8_t *w, size_t ws,
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *x[K_PANEL];
-        K_UNROLL
-        for (int r = 0; r < K_PANEL; r++) x[r] = xr[r] + (size_t)b * step[r];
+        k_pack_blocks8(xr, step, b, x);
         K_UNROLL
         for (int l = 0; l < 8; l++) { // quant vectors 2l and 2l + 1: 16 bytes of each row, at 16 + 16l
             const size_t o16 = 16 + 16 * (size_t)l;
@@ -12743,7 +12751,7 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
     const size_t bb = k_panel_blk(T_Q6_K), sco = k_panel_sc(T_Q6_K), coro = k_panel_cor(T_Q6_K), dxo = k_panel_dx(T_Q6_K);
     const uint8_t *xr[K_PANEL];
     size_t step[K_PANEL];
-    for (int r = 0; r < K_PANEL; r++) xr[r] = r < nw ? w + (size_t)r * ws : zero, step[r] = r < nw ? K_Q6_K_SIZE : 0;
+    k_pack_rows8(w, ws, nw, zero, K_Q6_K_SIZE, xr, step);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xcc);
     // the scales widened (rows 0-1 | 2-3 of a vector: row 2i + h's sub-block k at word 16h + k) ->
     // [k: rows 0-3] for k = 0-7 (g[0]) and 8-15 (g[1]); then those of rows 0-3 and 4-7 -> [k: rows
@@ -12767,8 +12775,7 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *x[K_PANEL];
-        K_UNROLL
-        for (int r = 0; r < K_PANEL; r++) x[r] = xr[r] + (size_t)b * step[r];
+        k_pack_blocks8(xr, step, b, x);
         K_UNROLL
         for (int h = 0; h < 2; h++) { // values 128h .. 128h + 127: ql bytes 64h .., qh bytes 32h ..
             __m512i tq[8], ta[4], tb[4]; // ql's qwords 8h ..; qh's 4h .., masked with 0x33 and 0xcc
