@@ -10432,11 +10432,10 @@ K_DEF_PACKV(q6_k, T_Q6_K)
     K_AVX2 static void k_pack8_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
         k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX512);                                         \
     }
-K_DEF_PACK8(q4_0, T_Q4_0)
 K_DEF_PACK8(q4_1, T_Q4_1) // in Q5_1's layout (k_panel_bytes4)
 K_DEF_PACK8(q5_0, T_Q5_0)
-K_DEF_PACK8(q5_1, T_Q5_1)
 K_DEF_PACK8(q8_0, T_Q8_0)
+K_DEF_PACK8(q5_1, T_Q5_1)
 K_DEF_PACK8(q2_k, T_Q2_K)
 K_DEF_PACK8(q3_k, T_Q3_K)
 K_DEF_PACK8(q5_k, T_Q5_K)
@@ -12824,6 +12823,39 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
         const __m128 d1 = k_f16x4_avx2(x[4] + 208, x[5] + 208, x[6] + 208, x[7] + 208);
         _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(d0));
         _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(d1));
+    }
+}
+
+// The AVX-512 set's Q4_0 packer, the same way: a block's quant vector g (values 8g .. 8g + 7 of
+// each row) is qs's qword g % 2, low nibbles for g < 2 and high ones after; the rows' qwords come
+// from their 16 bytes loaded into the 128-bit lanes of two registers (rows 0, 2, 4, 6 and 1, 3,
+// 5, 7) and interleaved. About 65 instructions a block of eight rows (gcc), where the AVX2
+// packer's unpacking of each row and 256-bit transposes took about 120; a panel of rows of 3072
+// values in the cache 0.0267 -> 0.0221 ns a value (the Xeon of k_pack8_q4_k_avx512). Q8_0 the
+// same way (two pieces a row, the sign bits flipped) read slower than the AVX2 packer (0.048
+// against 0.043) and keeps it.
+K_AVX512 static void k_pack8_q4_0_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && nw <= K_PANEL);
+    static const uint8_t zero[K_Q4_0_SIZE]; // the blocks of rows nw and up
+    const int64_t nb = n / 32;
+    const size_t bb = k_panel_blk(T_Q4_0), dxo = k_panel_dx(T_Q4_0);
+    const uint8_t *xr[K_PANEL];
+    size_t step[K_PANEL];
+    k_pack_rows8(w, ws, nw, zero, K_Q4_0_SIZE, xr, step);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        const uint8_t *x[K_PANEL];
+        k_pack_blocks8(xr, step, b, x);
+        const __m512i e = k_load4x128_avx512(x[0] + 2, x[2] + 2, x[4] + 2, x[6] + 2);
+        const __m512i d = k_load4x128_avx512(x[1] + 2, x[3] + 2, x[5] + 2, x[7] + 2);
+        const __m512i lo = _mm512_unpacklo_epi64(e, d), hi = _mm512_unpackhi_epi64(e, d); // qs qword 0, 1 of every row
+        _mm512_storeu_si512(pb, _mm512_and_si512(lo, m4));
+        _mm512_storeu_si512(pb + 64, _mm512_and_si512(hi, m4));
+        _mm512_storeu_si512(pb + 128, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
+        _mm512_storeu_si512(pb + 192, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
+        _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
+        _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
     }
 }
 
@@ -16738,7 +16770,7 @@ static void k_fill_avx512(k_traits *t) {
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
     static const k_gemm_entry gemms[] = {
-        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx2}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx2},
+        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx512}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
         {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
         {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx512},
