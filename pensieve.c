@@ -10434,7 +10434,6 @@ K_DEF_PACKV(q6_k, T_Q6_K)
     }
 K_DEF_PACK8(q4_1, T_Q4_1) // in Q5_1's layout (k_panel_bytes4)
 K_DEF_PACK8(q5_0, T_Q5_0)
-K_DEF_PACK8(q8_0, T_Q8_0)
 K_DEF_PACK8(q5_1, T_Q5_1)
 K_DEF_PACK8(q2_k, T_Q2_K)
 K_DEF_PACK8(q3_k, T_Q3_K)
@@ -12876,9 +12875,7 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
 // from their 16 bytes loaded into the 128-bit lanes of two registers (rows 0, 2, 4, 6 and 1, 3,
 // 5, 7) and interleaved. About 65 instructions a block of eight rows (gcc), where the AVX2
 // packer's unpacking of each row and 256-bit transposes took about 120; a panel of rows of 3072
-// values in the cache 0.0267 -> 0.0221 ns a value (the Xeon of k_pack8_q4_k_avx512). Q8_0 the
-// same way (two pieces a row, the sign bits flipped) read slower than the AVX2 packer (0.048
-// against 0.043) and keeps it.
+// values in the cache 0.0267 -> 0.0221 ns a value (the Xeon of k_pack8_q4_k_avx512).
 K_AVX512 static void k_pack8_q4_0_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && nw <= K_PANEL);
     static const uint8_t zero[K_Q4_0_SIZE]; // the blocks of rows nw and up
@@ -12899,6 +12896,41 @@ K_AVX512 static void k_pack8_q4_0_avx512(int64_t n, const uint8_t *w, size_t ws,
         _mm512_storeu_si512(pb + 64, _mm512_and_si512(hi, m4));
         _mm512_storeu_si512(pb + 128, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
         _mm512_storeu_si512(pb + 192, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
+        _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
+        _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
+    }
+}
+
+// The AVX-512 set's Q8_0 packer: rows r and r + 4's 32 quant bytes in one register, the rows'
+// qwords interleaved in pairs and the pairs' lanes picked with vpermt2q into the vectors of
+// quant qword g of every row, the sign bits flipped (q + 128) in the rows below nw only (rows
+// past nw stay zero, as k_panel_pack leaves them). A panel in the cache 0.045-0.053 -> 0.031-0.039
+// ns a value against the AVX2 packer; Q4_0's way (16-byte pieces into lanes, two a row) read
+// slower than either (0.048).
+K_AVX512 static void k_pack8_q8_0_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    PSV_ASSERT(n % 32 == 0 && nw >= 1 && nw <= K_PANEL);
+    static const uint8_t zero[K_Q8_0_SIZE]; // the blocks of rows nw and up
+    const int64_t nb = n / 32;
+    const size_t bb = k_panel_blk(T_Q8_0), dxo = k_panel_dx(T_Q8_0);
+    const uint8_t *xr[K_PANEL];
+    size_t step[K_PANEL];
+    k_pack_rows8(w, ws, nw, zero, K_Q8_0_SIZE, xr, step);
+    const __m512i flip = _mm512_maskz_mov_epi64((__mmask8)((1u << nw) - 1), _mm512_set1_epi8((char)0x80));
+    const __m512i p0 = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), p1 = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        const uint8_t *x[K_PANEL];
+        k_pack_blocks8(xr, step, b, x);
+        __m512i z[4]; // rows r, r + 4
+        K_UNROLL
+        for (int r = 0; r < 4; r++) z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(k_load256(x[r] + 2)), k_load256(x[r + 4] + 2), 1);
+        // [r0 q0, r1 q0 | r0 q2, r1 q2 | r4 q0, r5 q0 | r4 q2, r5 q2] and rows 2, 3, 6, 7 alike
+        const __m512i a0 = _mm512_unpacklo_epi64(z[0], z[1]), a1 = _mm512_unpackhi_epi64(z[0], z[1]);
+        const __m512i b0 = _mm512_unpacklo_epi64(z[2], z[3]), b1 = _mm512_unpackhi_epi64(z[2], z[3]);
+        _mm512_storeu_si512(pb, _mm512_xor_si512(_mm512_permutex2var_epi64(a0, p0, b0), flip));
+        _mm512_storeu_si512(pb + 64, _mm512_xor_si512(_mm512_permutex2var_epi64(a1, p0, b1), flip));
+        _mm512_storeu_si512(pb + 128, _mm512_xor_si512(_mm512_permutex2var_epi64(a0, p1, b0), flip));
+        _mm512_storeu_si512(pb + 192, _mm512_xor_si512(_mm512_permutex2var_epi64(a1, p1, b1), flip));
         _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
         _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
     }
@@ -16817,7 +16849,7 @@ static void k_fill_avx512(k_traits *t) {
     static const k_gemm_entry gemms[] = {
         {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx512}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx2},
         {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
-        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx2}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
+        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx512}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
         {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx512},
         {T_Q5_K, k_gemm_q5_k_avx512, k_pack8_q5_k_avx512}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack8_q6_k_avx512},
     };
