@@ -12622,24 +12622,6 @@ K_DEF_GEMM(q4_k, T_Q4_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q5_k, T_Q5_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
 
-// The AVX-512 set's Q4_K packer (k_panel_pack's layout in groups of eight, k_panel_g8). Quant
-// vector v (0..15) is qword 2 + v of each row's block, rows in order: vectors 2l and 2l + 1 are
-// the 16 bytes at 16 + 16l of rows 0, 2, 4, 6 and of rows 1, 3, 5, 7, each four loaded into the
-// 128-bit lanes of one register, and their qwords interleaved (vpunpck[lh]qdq), so the loads do
-// most of the transpose. The block headers of rows 0-3 and 4-7 are two vectors, each row's
-// scales and minimums unpacked in its 128-bit lane as the one-row kernel unpacks them
-// (k_gemv1_q45_k_core_avx512), gathered across the rows as int16 (vpermt2w) and widened; d and
-// dmin gathered the same way. About 200 instructions a block of eight rows (gcc), where the AVX2
-// packer (k_pack_core_avx2, which still packs Q4_K for the AVX2 sets) unpacked each row's scales
-// on its own (45 instructions a row) and stored the quants and the 32-bit scales through 8 x 8
-// transposes of 256-bit shuffles: about 560. Measured on an Intel Xeon (family 6 model 207, 2 vCPUs): a panel of rows of 3072 values
-// in the cache 0.0268 -> 0.0151 ns a value (gcc; clang the same), phi4-mini Q4_K_M prompts of 16
-// tokens, where packing was a fifth of the time (Q4_K 13 %), one thread, alternated, best of
-// four: 25.5 -> 27.0 t/s. Rows nw and up read a block of zeros, which packs to zeros as
-// k_panel_pack's rows past nw do. Q5_K (type) has the same header; its quant vector 8c + 4e + j
-// is qs's qword 4c + j (nibble e) with bit 2c + e of qh's qword j moved to bit 4 (a 16-bit shift
-// by at most four keeps each byte's bit 4 its own) and or-ed in by a bit select: a panel in the
-// cache 0.064-0.077 -> 0.031-0.033 ns a value against the AVX2 packer.
 // 16 bytes from each of a, b, c, d, in 128-bit lanes 0-3 (inserts from memory: the loads do the work).
 K_AVX512 K_INLINE __m512i k_load4x128_avx512(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d) {
     __m512i v = _mm512_castsi128_si512(k_load128(a));
@@ -12656,6 +12638,25 @@ K_INLINE void k_pack_blocks8(const uint8_t *const *xr, const size_t *step, int64
     K_UNROLL
     for (int r = 0; r < K_PANEL; r++) x[r] = xr[r] + (size_t)b * step[r];
 }
+
+// The AVX-512 set's Q4_K packer (k_panel_pack's layout in groups of eight, k_panel_g8). Quant
+// vector v (0..15) is qword 2 + v of each row's block, rows in order: vectors 2l and 2l + 1 are
+// the 16 bytes at 16 + 16l of rows 0, 2, 4, 6 and of rows 1, 3, 5, 7, each four loaded into the
+// 128-bit lanes of one register, and their qwords interleaved (vpunpck[lh]qdq), so the loads do
+// most of the transpose. The block headers of rows 0-3 and 4-7 are two vectors, each row's
+// scales and minimums unpacked in its 128-bit lane as the one-row kernel unpacks them
+// (k_gemv1_q45_k_core_avx512), gathered across the rows as int16 (vpermt2w) and widened; d and
+// dmin gathered the same way. About 200 instructions a block of eight rows (gcc), where the AVX2
+// packer (k_pack_core_avx2, which still packs Q4_K for the AVX2 sets) unpacked each row's scales
+// on its own (45 instructions a row) and stored the quants and the 32-bit scales through 8 x 8
+// transposes of 256-bit shuffles: about 560. Measured on an Intel Xeon (family 6 model 207, 2
+// vCPUs): a panel of rows of 3072 values in the cache 0.0268 -> 0.0151 ns a value (gcc; clang the same), phi4-mini Q4_K_M prompts of 16
+// tokens, where packing was a fifth of the time (Q4_K 13 %), one thread, alternated, best of
+// four: 25.5 -> 27.0 t/s. Rows nw and up read a block of zeros, which packs to zeros as
+// k_panel_pack's rows past nw do. Q5_K (type) has the same header; its quant vector 8c + 4e + j
+// is qs's qword 4c + j (nibble e) with bit 2c + e of qh's qword j moved to bit 4 (a 16-bit shift
+// by at most four keeps each byte's bit 4 its own) and or-ed in by a bit select: a panel in the
+// cache 0.064-0.077 -> 0.031-0.033 ns a value against the AVX2 packer.
 K_AVX512 K_INLINE void k_pack8_q45_k_avx512(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     PSV_ASSERT((type == T_Q4_K || type == T_Q5_K) && n % QK_K == 0 && nw >= 1 && nw <= K_PANEL);
     static const uint8_t zero[K_Q5_K_SIZE]; // the blocks of rows nw and up (Q4_K's are shorter)
