@@ -9380,6 +9380,11 @@ static inline uint64_t k_f16x4_bits(const uint8_t *p0, const uint8_t *p1, const 
 K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
     return _mm_cvtph_ps(_mm_set_epi64x(0, (long long)k_f16x4_bits(p0, p1, p2, p3)));
 }
+// The f16 at o of rows x[0..7] as eight doubles (exact) at p.
+K_AVX2 K_INLINE void k_pack_d8_avx2(const uint8_t *const *x, size_t o, uint8_t *p) {
+    _mm256_storeu_pd((double *)(void *)p, _mm256_cvtps_pd(k_f16x4_avx2(x[0] + o, x[1] + o, x[2] + o, x[3] + o)));
+    _mm256_storeu_pd((double *)(void *)(p + 32), _mm256_cvtps_pd(k_f16x4_avx2(x[4] + o, x[5] + o, x[6] + o, x[7] + o)));
+}
 
 K_AVX2 K_INLINE __m256i k_load256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 K_AVX2 K_INLINE __m128i k_load128(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)(const void *)p); }
@@ -10336,13 +10341,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
             }
             // the scales straight into the panel as doubles (floats through memory would stall
             // on store forwarding)
-            for (int k = 0; k < (min ? 2 : 1); k++) {
-                const size_t o = 2 * (size_t)k;
-                __m128 lo = k_f16x4_avx2(x[0] + o, x[1] + o, x[2] + o, x[3] + o);
-                __m128 hi = k_f16x4_avx2(x[4] + o, x[5] + o, x[6] + o, x[7] + o);
-                _mm256_storeu_pd((double *)(void *)(pb + dxo + 64 * k), _mm256_cvtps_pd(lo));
-                _mm256_storeu_pd((double *)(void *)(pb + dxo + 64 * k + 32), _mm256_cvtps_pd(hi));
-            }
+            for (int k = 0; k < (min ? 2 : 1); k++) k_pack_d8_avx2(x, 2 * (size_t)k, pb + dxo + 64 * (size_t)k);
             if (k_panel_nibbles(lt)) { // rows r and r + 4 in one vector, then a 4 x 4 transpose per half
                 const size_t qo = type == T_Q4_0 ? 2 : 4;
                 __m256i a[4], t[4];
@@ -10816,8 +10815,7 @@ K_AVX2 static void k_pack_q8_0_avx2(int64_t n, const uint8_t *w, size_t ws, int 
         }
         k_transpose8_store_avx2(lo, pb);
         k_transpose8_store_avx2(hi, pb + 256);
-        _mm256_storeu_pd((double *)(void *)(pb + 512), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
-        _mm256_storeu_pd((double *)(void *)(pb + 544), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
+        k_pack_d8_avx2(x, 0, pb + 512);
     }
 }
 
@@ -12638,6 +12636,32 @@ K_INLINE void k_pack_blocks8(const uint8_t *const *xr, const size_t *step, int64
     K_UNROLL
     for (int r = 0; r < K_PANEL; r++) x[r] = xr[r] + (size_t)b * step[r];
 }
+// The qwords at o and o + 8 of rows x[0..7], transposed: *lo holds qword o of rows 0-7 in order,
+// *hi qword o + 8 (rows 0, 2, 4, 6 and 1, 3, 5, 7 loaded into the 128-bit lanes of two registers
+// and interleaved: the loads do most of the transpose).
+K_AVX512 K_INLINE void k_qwords8_avx512(const uint8_t *const *x, size_t o, __m512i *lo, __m512i *hi) {
+    const __m512i e = k_load4x128_avx512(x[0] + o, x[2] + o, x[4] + o, x[6] + o);
+    const __m512i d = k_load4x128_avx512(x[1] + o, x[3] + o, x[5] + o, x[7] + o);
+    *lo = _mm512_unpacklo_epi64(e, d), *hi = _mm512_unpackhi_epi64(e, d);
+}
+// vpermt2w indices of the AVX-512 K-quant packers, as constants (K_SEQ32(F, a): F(a, 0) .. F(a,
+// 31)). Headers widened from bytes, rows 0-1 | 2-3 of a vector: row 2i + h's byte k at word 16h +
+// k. k_pk_quad[a]: word i = item 8a + i / 4 of row i % 4 ([item: rows 0-3] for items 8a .. 8a +
+// 7); k_pk_oct[a]: the [item: rows 0-3] of two such vectors (rows 0-3 and 4-7) -> [item: rows
+// 0-7] for items 4a .. 4a + 3 (word i: item i / 8 of row i % 8); k_pk_d: the f16 words d (0-3)
+// and dmin (4-7) of rows 0-3 | 4-7 as loaded by k_load4x128_avx512 -> d of rows 0-7, then dmin;
+// k_pk_co[a]: Q6_K's offset pairs [j: row r: sub-blocks 2j, 2j + 1] for j = 2a, 2a + 1 from two
+// k_pk_quad vectors of rows 0-3 and 4-7.
+#define K_SEQ8(F, a, i) F(a, i), F(a, i + 1), F(a, i + 2), F(a, i + 3), F(a, i + 4), F(a, i + 5), F(a, i + 6), F(a, i + 7)
+#define K_SEQ32(F, a) K_SEQ8(F, a, 0), K_SEQ8(F, a, 8), K_SEQ8(F, a, 16), K_SEQ8(F, a, 24)
+#define K_PK_QUAD(a, i) (32 * ((i) % 4 / 2) + 16 * ((i) % 2) + 8 * (a) + (i) / 4)
+#define K_PK_OCT(a, i) (32 * ((i) % 8 / 4) + 4 * ((i) / 8) + 16 * (a) + (i) % 4)
+#define K_PK_D(a, i) ((i) < 16 ? 32 * ((i) % 8 / 4) + 8 * ((i) % 4) + (i) / 8 : 0 * (a))
+#define K_PK_CO(a, i) (32 * ((i) % 16 / 8) + 4 * ((4 * (a) + 2 * ((i) / 16) + (i) % 2) % 8) + (i) % 16 / 2 % 4)
+static _Alignas(64) const uint16_t k_pk_quad[2][32] = {{K_SEQ32(K_PK_QUAD, 0)}, {K_SEQ32(K_PK_QUAD, 1)}};
+static _Alignas(64) const uint16_t k_pk_oct[2][32] = {{K_SEQ32(K_PK_OCT, 0)}, {K_SEQ32(K_PK_OCT, 1)}};
+static _Alignas(64) const uint16_t k_pk_d[32] = {K_SEQ32(K_PK_D, 0)};
+static _Alignas(64) const uint16_t k_pk_co[2][32] = {{K_SEQ32(K_PK_CO, 0)}, {K_SEQ32(K_PK_CO, 1)}};
 
 // The AVX-512 set's Q4_K packer (k_panel_pack's layout in groups of eight, k_panel_g8). Quant
 // vector v (0..15) is qword 2 + v of each row's block, rows in order: vectors 2l and 2l + 1 are
@@ -12671,21 +12695,11 @@ K_AVX512 K_INLINE void k_pack8_q45_k_avx512(uint32_t type, int64_t n, const uint
     // its scales in bytes 0-7 and minimums in bytes 8-15
     const __m512i shv = _mm512_set4_epi32(4, 0, 0, 0), ma = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
     const __m512i mb = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
-    // words of the headers widened (rows 0-1 | 2-3 of a header vector: row 2i + h's word k at 16h
-    // + k, k < 8 a scale, k >= 8 a minimum) -> [sub-block j: rows 0-3] (scales, then minimums),
-    // then those of rows 0-3 and 4-7 -> [j: rows 0-7] for j = 0-3 (lo) and 4-7 (hi)
-    uint16_t i_sc[32], i_mn[32], i_lo[32], i_hi[32], i_d[32];
-    for (int i = 0; i < 32; i++) {
-        const int j = i / 4, r = i % 4; // word i of a four-row gather: sub-block j, row r
-        i_sc[i] = (uint16_t)(32 * (r / 2) + 16 * (r % 2) + j);
-        i_mn[i] = (uint16_t)(i_sc[i] + 8);
-        const int jj = i / 8, rr = i % 8; // word i of the eight-row gather: sub-block jj (+ 4), row rr
-        i_lo[i] = (uint16_t)(32 * (rr / 4) + 4 * jj + rr % 4);
-        i_hi[i] = (uint16_t)(i_lo[i] + 16);
-        i_d[i] = (uint16_t)(i < 16 ? 32 * (i % 8 / 4) + 8 * (i % 4) + i / 8 : 0); // d of rows 0-7, then dmin
-    }
-    const __m512i psc = _mm512_loadu_si512(i_sc), pmn = _mm512_loadu_si512(i_mn), plo = _mm512_loadu_si512(i_lo),
-                  phi = _mm512_loadu_si512(i_hi), pd = _mm512_loadu_si512(i_d);
+    // the header's words (k < 8 a scale, k >= 8 a minimum) -> [sub-block j: rows 0-3] (scales:
+    // k_pk_quad[0], minimums: [1]), then those of rows 0-3 and 4-7 -> [j: rows 0-7] for j = 0-3
+    // (k_pk_oct[0]) and 4-7 ([1])
+    const __m512i psc = _mm512_load_si512(k_pk_quad[0]), pmn = _mm512_load_si512(k_pk_quad[1]);
+    const __m512i plo = _mm512_load_si512(k_pk_oct[0]), phi = _mm512_load_si512(k_pk_oct[1]), pd = _mm512_load_si512(k_pk_d);
     const __m512i pair = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4), pair0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
@@ -12694,29 +12708,21 @@ K_AVX512 K_INLINE void k_pack8_q45_k_avx512(uint32_t type, int64_t n, const uint
         if (!five) {
             K_UNROLL
             for (int l = 0; l < 8; l++) { // quant vectors 2l and 2l + 1: 16 bytes of each row, at 16 + 16l
-                const size_t o16 = 16 + 16 * (size_t)l;
-                const __m512i e = k_load4x128_avx512(x[0] + o16, x[2] + o16, x[4] + o16, x[6] + o16);
-                const __m512i o = k_load4x128_avx512(x[1] + o16, x[3] + o16, x[5] + o16, x[7] + o16);
-                _mm512_storeu_si512(pb + 128 * l, _mm512_unpacklo_epi64(e, o));
-                _mm512_storeu_si512(pb + 128 * l + 64, _mm512_unpackhi_epi64(e, o));
+                __m512i lo, hi;
+                k_qwords8_avx512(x, 16 + 16 * (size_t)l, &lo, &hi);
+                _mm512_storeu_si512(pb + 128 * l, lo);
+                _mm512_storeu_si512(pb + 128 * l + 64, hi);
             }
         } else { // vector 8c + 4e + j: qs qword 4c + j's nibble e, with bit 2c + e of qh qword j above it
             __m512i th[4];
             K_UNROLL
-            for (int l = 0; l < 2; l++) { // qh's qwords 2l, 2l + 1
-                const size_t o16 = 16 + 16 * (size_t)l;
-                const __m512i e = k_load4x128_avx512(x[0] + o16, x[2] + o16, x[4] + o16, x[6] + o16);
-                const __m512i o = k_load4x128_avx512(x[1] + o16, x[3] + o16, x[5] + o16, x[7] + o16);
-                th[2 * l] = _mm512_unpacklo_epi64(e, o), th[2 * l + 1] = _mm512_unpackhi_epi64(e, o);
-            }
+            for (int l = 0; l < 2; l++) k_qwords8_avx512(x, 16 + 16 * (size_t)l, &th[2 * l], &th[2 * l + 1]); // qh's qwords 2l, 2l + 1
             K_UNROLL
             for (int c = 0; c < 4; c++) {
                 K_UNROLL
                 for (int l = 0; l < 2; l++) { // qs's qwords 4c + 2l, 4c + 2l + 1
-                    const size_t o16 = 48 + 32 * (size_t)c + 16 * (size_t)l;
-                    const __m512i e = k_load4x128_avx512(x[0] + o16, x[2] + o16, x[4] + o16, x[6] + o16);
-                    const __m512i o = k_load4x128_avx512(x[1] + o16, x[3] + o16, x[5] + o16, x[7] + o16);
-                    const __m512i q[2] = {_mm512_unpacklo_epi64(e, o), _mm512_unpackhi_epi64(e, o)};
+                    __m512i q[2];
+                    k_qwords8_avx512(x, 48 + 32 * (size_t)c + 16 * (size_t)l, &q[0], &q[1]);
                     K_UNROLL
                     for (int i = 0; i < 2; i++) {
                         const int j = 2 * l + i;
@@ -12797,24 +12803,13 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
     size_t step[K_PANEL];
     k_pack_rows8(w, ws, nw, zero, K_Q6_K_SIZE, xr, step);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xcc);
-    // the scales widened (rows 0-1 | 2-3 of a vector: row 2i + h's sub-block k at word 16h + k) ->
-    // [k: rows 0-3] for k = 0-7 (g[0]) and 8-15 (g[1]); then those of rows 0-3 and 4-7 -> [k: rows
-    // 0-7] (sub-blocks 4q .. 4q + 3: from g[q / 2], words 4 * (k % 8) + r % 4) and the offset
-    // pairs [j: row r: sub-blocks 2j, 2j + 1] (j = 2p, 2p + 1: word 2r + e of pair j at 16(j % 2))
-    uint16_t i_g[2][32], i_sc[2][32], i_co[2][32];
-    for (int i = 0; i < 32; i++) {
-        for (int q = 0; q < 2; q++) {
-            const int k = 8 * q + i / 4, r = i % 4;
-            i_g[q][i] = (uint16_t)(32 * (r / 2) + 16 * (r % 2) + k);
-            const int kk = 4 * q + i / 8, rr = i % 8; // (4q + i / 8) % 8: g[q'] for kk in 0..7 of one half
-            i_sc[q][i] = (uint16_t)(32 * (rr / 4) + 4 * kk + rr % 4);
-            const int j = 2 * q + i / 16, r2 = (i % 16) / 2, k2 = (2 * j + i % 2) % 8;
-            i_co[q][i] = (uint16_t)(32 * (r2 / 4) + 4 * k2 + r2 % 4);
-        }
-    }
-    const __m512i pg0 = _mm512_loadu_si512(i_g[0]), pg1 = _mm512_loadu_si512(i_g[1]);
-    const __m512i psc0 = _mm512_loadu_si512(i_sc[0]), psc1 = _mm512_loadu_si512(i_sc[1]);
-    const __m512i pco0 = _mm512_loadu_si512(i_co[0]), pco1 = _mm512_loadu_si512(i_co[1]);
+    // the scales widened -> [k: rows 0-3] for k = 0-7 (g[0]: k_pk_quad[0]) and 8-15 (g[1]: [1]);
+    // then those of rows 0-3 and 4-7 -> [k: rows 0-7] (sub-blocks 4q .. 4q + 3: from g[q / 2] by
+    // k_pk_oct[q % 2]) and the offset pairs [j: row r: sub-blocks 2j, 2j + 1] (j = 2q, 2q + 1:
+    // k_pk_co[q % 2])
+    const __m512i pg0 = _mm512_load_si512(k_pk_quad[0]), pg1 = _mm512_load_si512(k_pk_quad[1]);
+    const __m512i psc0 = _mm512_load_si512(k_pk_oct[0]), psc1 = _mm512_load_si512(k_pk_oct[1]);
+    const __m512i pco0 = _mm512_load_si512(k_pk_co[0]), pco1 = _mm512_load_si512(k_pk_co[1]);
     const __m512i m32 = _mm512_set1_epi16(-32);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
@@ -12825,10 +12820,8 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
             __m512i tq[8], ta[4], tb[4]; // ql's qwords 8h ..; qh's 4h .., masked with 0x33 and 0xcc
             K_UNROLL
             for (int m = 0; m < 6; m++) { // 16 bytes of every row: ql's at 64h + 16m (m < 4), else qh's
-                const size_t o = m < 4 ? 64 * (size_t)h + 16 * (size_t)m : 128 + 32 * (size_t)h + 16 * (size_t)(m - 4);
-                const __m512i e = k_load4x128_avx512(x[0] + o, x[2] + o, x[4] + o, x[6] + o);
-                const __m512i d = k_load4x128_avx512(x[1] + o, x[3] + o, x[5] + o, x[7] + o);
-                const __m512i lo = _mm512_unpacklo_epi64(e, d), hi = _mm512_unpackhi_epi64(e, d);
+                __m512i lo, hi;
+                k_qwords8_avx512(x, m < 4 ? 64 * (size_t)h + 16 * (size_t)m : 128 + 32 * (size_t)h + 16 * (size_t)(m - 4), &lo, &hi);
                 if (m < 4) {
                     tq[2 * m] = lo, tq[2 * m + 1] = hi;
                 } else {
@@ -12864,10 +12857,7 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
             const __m512i c = _mm512_permutex2var_epi16(g[0][q / 2], q % 2 ? pco1 : pco0, g[1][q / 2]);
             _mm512_storeu_si512(pb + coro + 64 * q, _mm512_mullo_epi16(c, m32));
         }
-        const __m128 d0 = k_f16x4_avx2(x[0] + 208, x[1] + 208, x[2] + 208, x[3] + 208);
-        const __m128 d1 = k_f16x4_avx2(x[4] + 208, x[5] + 208, x[6] + 208, x[7] + 208);
-        _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(d0));
-        _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(d1));
+        k_pack_d8_avx2(x, 208, pb + dxo);
     }
 }
 
@@ -12890,15 +12880,13 @@ K_AVX512 static void k_pack8_q4_0_avx512(int64_t n, const uint8_t *w, size_t ws,
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *x[K_PANEL];
         k_pack_blocks8(xr, step, b, x);
-        const __m512i e = k_load4x128_avx512(x[0] + 2, x[2] + 2, x[4] + 2, x[6] + 2);
-        const __m512i d = k_load4x128_avx512(x[1] + 2, x[3] + 2, x[5] + 2, x[7] + 2);
-        const __m512i lo = _mm512_unpacklo_epi64(e, d), hi = _mm512_unpackhi_epi64(e, d); // qs qword 0, 1 of every row
+        __m512i lo, hi; // qs qword 0, 1 of every row
+        k_qwords8_avx512(x, 2, &lo, &hi);
         _mm512_storeu_si512(pb, _mm512_and_si512(lo, m4));
         _mm512_storeu_si512(pb + 64, _mm512_and_si512(hi, m4));
         _mm512_storeu_si512(pb + 128, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
         _mm512_storeu_si512(pb + 192, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
-        _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
-        _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
+        k_pack_d8_avx2(x, 0, pb + dxo);
     }
 }
 
@@ -12932,8 +12920,7 @@ K_AVX512 static void k_pack8_q8_0_avx512(int64_t n, const uint8_t *w, size_t ws,
         _mm512_storeu_si512(pb + 64, _mm512_xor_si512(_mm512_permutex2var_epi64(a1, p0, b1), flip));
         _mm512_storeu_si512(pb + 128, _mm512_xor_si512(_mm512_permutex2var_epi64(a0, p1, b0), flip));
         _mm512_storeu_si512(pb + 192, _mm512_xor_si512(_mm512_permutex2var_epi64(a1, p1, b1), flip));
-        _mm256_storeu_pd((double *)(void *)(pb + dxo), _mm256_cvtps_pd(k_f16x4_avx2(x[0], x[1], x[2], x[3])));
-        _mm256_storeu_pd((double *)(void *)(pb + dxo + 32), _mm256_cvtps_pd(k_f16x4_avx2(x[4], x[5], x[6], x[7])));
+        k_pack_d8_avx2(x, 0, pb + dxo);
     }
 }
 
