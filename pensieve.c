@@ -10431,9 +10431,6 @@ K_DEF_PACKV(q6_k, T_Q6_K)
     K_AVX2 static void k_pack8_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
         k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX512);                                         \
     }
-K_DEF_PACK8(q4_1, T_Q4_1) // in Q5_1's layout (k_panel_bytes4)
-K_DEF_PACK8(q5_0, T_Q5_0)
-K_DEF_PACK8(q5_1, T_Q5_1)
 K_DEF_PACK8(q2_k, T_Q2_K)
 K_DEF_PACK8(q3_k, T_Q3_K)
 
@@ -12888,6 +12885,60 @@ K_AVX512 static void k_pack8_q4_0_avx512(int64_t n, const uint8_t *w, size_t ws,
         _mm512_storeu_si512(pb + 192, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
         k_pack_d8_avx2(x, 0, pb + dxo);
     }
+}
+
+// The AVX-512 set's Q5_0, Q5_1 and Q4_1 (type; Q4_1 in Q5_1's layout, k_panel_bytes4) packer,
+// Q4_0's way: quant vector j (values 8j .. 8j + 7 of each row) is the low nibbles of qs's qword j
+// (j < 2) or the high ones of qword j - 2, with bits 8j .. 8j + 7 of the row's qh as the fifth
+// bits. qh's dwords of rows 2k and 2k + 1 are the first two of 128-bit lane k after the loads
+// into lanes and one interleave; byte j of each is spread over its row's qword (vpshufb), and
+// the bytes whose own bit is set (vptestmb against 1, 2, 4 .. 128) get 16 added. Rows nw and up
+// read a block of zeros.
+K_AVX512 K_INLINE void k_pack8_q5x_avx512(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    PSV_ASSERT((type == T_Q5_0 || type == T_Q5_1 || type == T_Q4_1) && n % 32 == 0 && nw >= 1 && nw <= K_PANEL);
+    static const uint8_t zero[K_Q5_1_SIZE]; // the blocks of rows nw and up (the longest of the three)
+    const bool min = type != T_Q5_0, five = type != T_Q4_1;
+    const size_t qho = min ? 4 : 2, qso = five ? qho + 4 : qho; // qh's and qs's offsets in a block
+    const int64_t nb = n / 32;
+    const size_t bb = k_panel_blk(five ? type : T_Q5_1), dxo = k_panel_dx(five ? type : T_Q5_1);
+    const uint8_t *xr[K_PANEL];
+    size_t step[K_PANEL];
+    k_pack_rows8(w, ws, nw, zero, type_table[type].type_size, xr, step);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
+    const __m512i bit = _mm512_set1_epi64((long long)0x8040201008040201ull);
+    const __m512i spread = _mm512_set4_epi32(0x04040404, 0x04040404, 0, 0); // byte 0 (4) of dword 0 (1) over qword 0 (1)
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        const uint8_t *x[K_PANEL];
+        k_pack_blocks8(xr, step, b, x);
+        __m512i lo, hi; // qs qword 0, 1 of every row
+        k_qwords8_avx512(x, qso, &lo, &hi);
+        __m512i v[4] = {_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
+                        _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4)};
+        if (five) {
+            const __m512i e = k_load4x128_avx512(x[0] + qho, x[2] + qho, x[4] + qho, x[6] + qho);
+            const __m512i d = k_load4x128_avx512(x[1] + qho, x[3] + qho, x[5] + qho, x[7] + qho);
+            const __m512i qh = _mm512_unpacklo_epi32(e, d); // lane k: qh of rows 2k, 2k + 1
+            K_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const __m512i hb = _mm512_shuffle_epi8(qh, _mm512_add_epi8(spread, _mm512_set1_epi8((char)j)));
+                v[j] = _mm512_mask_add_epi8(v[j], _mm512_test_epi8_mask(hb, bit), v[j], m16);
+            }
+        }
+        K_UNROLL
+        for (int j = 0; j < 4; j++) _mm512_storeu_si512(pb + 64 * j, v[j]);
+        k_pack_d8_avx2(x, 0, pb + dxo);
+        if (min) k_pack_d8_avx2(x, 2, pb + dxo + 64);
+    }
+}
+K_AVX512 static void k_pack8_q4_1_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    k_pack8_q5x_avx512(T_Q4_1, n, w, ws, nw, panel);
+}
+K_AVX512 static void k_pack8_q5_0_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    k_pack8_q5x_avx512(T_Q5_0, n, w, ws, nw, panel);
+}
+K_AVX512 static void k_pack8_q5_1_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    k_pack8_q5x_avx512(T_Q5_1, n, w, ws, nw, panel);
 }
 
 // The AVX-512 set's Q8_0 packer: rows r and r + 4's 32 quant bytes in one register, the rows'
@@ -16835,8 +16886,8 @@ static void k_fill_avx512(k_traits *t) {
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
     static const k_gemm_entry gemms[] = {
-        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx512}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx2},
-        {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx2},
+        {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx512}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx512},
+        {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx512}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx512},
         {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx512}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
         {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx512},
         {T_Q5_K, k_gemm_q5_k_avx512, k_pack8_q5_k_avx512}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack8_q6_k_avx512},
