@@ -10285,40 +10285,18 @@ K_AVX2 K_INLINE void k_transpose8_store_avx2(__m256i v[8], uint8_t *dst) {
     for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * s), v[s]);
 }
 
-// Rows 4h..4h+3 of the unpacked vectors v (four groups of eight quants each) into the halves h
-// of the 64-byte vectors of eight-quant groups (k_panel_g8): a 4 x 4 transpose of 64-bit
-// elements per half.
-K_AVX2 K_INLINE void k_group8_store_avx2(const __m256i v[8], uint8_t *dst) {
-    K_UNROLL
-    for (int h = 0; h < 2; h++) {
-        const __m256i *a = v + 4 * h;
-        __m256i t0 = _mm256_unpacklo_epi64(a[0], a[1]), t1 = _mm256_unpackhi_epi64(a[0], a[1]);
-        __m256i t2 = _mm256_unpacklo_epi64(a[2], a[3]), t3 = _mm256_unpackhi_epi64(a[2], a[3]);
-        _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * h), _mm256_permute2x128_si256(t0, t2, 0x20));
-        _mm256_storeu_si256((__m256i *)(void *)(dst + 64 + 32 * h), _mm256_permute2x128_si256(t1, t3, 0x20));
-        _mm256_storeu_si256((__m256i *)(void *)(dst + 128 + 32 * h), _mm256_permute2x128_si256(t0, t2, 0x31));
-        _mm256_storeu_si256((__m256i *)(void *)(dst + 192 + 32 * h), _mm256_permute2x128_si256(t1, t3, 0x31));
-    }
-}
-
-// Eight rows' 32 bytes of quants (v[r]: row r) into a panel's quant vectors: in groups of eight
-// quants (k_panel_g8) or of four.
-K_AVX2 K_INLINE void k_quants_store_avx2(__m256i v[8], uint8_t *dst, bool g8) {
-    if (g8) k_group8_store_avx2(v, dst);
-    else k_transpose8_store_avx2(v, dst);
-}
-
 // int32 lanes holding int16 values -> each value in both halves of its lane (a vpmaddwd factor:
 // k_panel_sc16).
 K_AVX2 K_INLINE __m256i k_dup16_avx2(__m256i v) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
 }
 
-// In the layout of set `set`'s panels: groups of eight quants (k_panel_g8) or of four; Q4_K's
-// quants as bytes (k_panel_bytes4: the AVX2 sets; the AVX-512 set packs Q4_K with k_pack8_q4_k_avx512).
+// The AVX2 sets' packer (set: avx2 or avxvnni), in their layout: groups of four quants; Q4_K's
+// quants as bytes (k_panel_bytes4). (The AVX-512 set's packers, k_pack8_*_avx512, take groups of
+// eight.)
 K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel,
                                       k_set set) {
-    const bool g8 = k_panel_g8(set, type);
+    PSV_ASSERT(!k_panel_g8(set, type));
     const uint32_t lt = k_panel_layout(set, type);
     const int64_t qb = type_table[type].blck_size, nb = n / qb;
     const size_t bb = k_panel_blk(lt), xs = type_table[type].type_size, dxo = k_panel_dx(lt);
@@ -10360,7 +10338,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 64), _mm256_unpacklo_epi64(t[1], t[3]));
                 _mm256_storeu_si256((__m256i *)(void *)(pb + 96), _mm256_unpackhi_epi64(t[1], t[3]));
             } else {
-                k_quants_store_avx2(v, pb, g8);
+                k_transpose8_store_avx2(v, pb);
             }
         } else {
             __m256i s16[8], mn[8];
@@ -10385,7 +10363,7 @@ K_AVX2 K_INLINE void k_pack_core_avx2(uint32_t type, int64_t n, const uint8_t *w
                 __m256i v[8];
                 K_UNROLL
                 for (int r = 0; r < 8; r++) v[r] = u[r].q[c];
-                k_quants_store_avx2(v, pb + 256 * c, g8);
+                k_transpose8_store_avx2(v, pb + 256 * c);
             }
             __m256i lo[8], hi[8], co[8];
             const __m256i noff = _mm256_set1_epi16((short)-k_panel_off(type));
@@ -10427,12 +10405,6 @@ K_DEF_PACKV(q3_k, T_Q3_K)
 K_DEF_PACKV(q4_k, T_Q4_K)
 K_DEF_PACKV(q5_k, T_Q5_K)
 K_DEF_PACKV(q6_k, T_Q6_K)
-#define K_DEF_PACK8(name, type)                                                                            \
-    K_AVX2 static void k_pack8_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
-        k_pack_core_avx2(type, n, w, ws, nw, panel, K_SET_AVX512);                                         \
-    }
-K_DEF_PACK8(q2_k, T_Q2_K)
-K_DEF_PACK8(q3_k, T_Q3_K)
 
 // ---- AVX2: GEMM on panels ----------------------------------------------------------------------
 // The AVX-512 kernel's scheme with AVX2's instructions: vpmaddubsw multiplies the unsigned panel
@@ -12660,6 +12632,39 @@ static _Alignas(64) const uint16_t k_pk_oct[2][32] = {{K_SEQ32(K_PK_OCT, 0)}, {K
 static _Alignas(64) const uint16_t k_pk_d[32] = {K_SEQ32(K_PK_D, 0)};
 static _Alignas(64) const uint16_t k_pk_co[2][32] = {{K_SEQ32(K_PK_CO, 0)}, {K_SEQ32(K_PK_CO, 1)}};
 
+// A k-quant's sixteen int8 sub-block values of eight rows (v[0]: rows 0-3 in its 128-bit lanes,
+// v[1]: rows 4-7) widened to int16 and gathered (vpermt2w) as [sub-block k: rows 4h .. 4h + 3]:
+// g[h][0] k = 0-7, g[h][1] k = 8-15.
+K_AVX512 K_INLINE void k_pk_gather16_avx512(const __m512i v[2], __m512i g[2][2]) {
+    const __m512i p0 = _mm512_load_si512(k_pk_quad[0]), p1 = _mm512_load_si512(k_pk_quad[1]);
+    K_UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m512i w01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v[h])), w23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(v[h], 1));
+        g[h][0] = _mm512_permutex2var_epi16(w01, p0, w23);
+        g[h][1] = _mm512_permutex2var_epi16(w01, p1, w23);
+    }
+}
+// Those as the panel's sc (the sixteen vectors of int32: [k: rows 0-7], k_pk_oct), at dst.
+K_AVX512 K_INLINE void k_pk_sc16_store_avx512(__m512i g[2][2], uint8_t *dst) {
+    const __m512i p0 = _mm512_load_si512(k_pk_oct[0]), p1 = _mm512_load_si512(k_pk_oct[1]);
+    K_UNROLL
+    for (int q = 0; q < 4; q++) { // sub-blocks 4q .. 4q + 3, two vectors a store
+        const __m512i s = _mm512_permutex2var_epi16(g[0][q / 2], q % 2 ? p1 : p0, g[1][q / 2]);
+        _mm512_storeu_si512(dst + 128 * q, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(s)));
+        _mm512_storeu_si512(dst + 128 * q + 64, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(s, 1)));
+    }
+}
+// Those times f as the panel's cor or mco (int16 pairs [j: row r: sub-blocks 2j, 2j + 1],
+// k_pk_co), at dst.
+K_AVX512 K_INLINE void k_pk_co16_store_avx512(__m512i g[2][2], const int f, uint8_t *dst) {
+    const __m512i p0 = _mm512_load_si512(k_pk_co[0]), p1 = _mm512_load_si512(k_pk_co[1]);
+    K_UNROLL
+    for (int q = 0; q < 4; q++) { // pairs 2q, 2q + 1
+        const __m512i c = _mm512_permutex2var_epi16(g[0][q / 2], q % 2 ? p1 : p0, g[1][q / 2]);
+        _mm512_storeu_si512(dst + 64 * q, f == 1 ? c : _mm512_mullo_epi16(c, _mm512_set1_epi16((short)f)));
+    }
+}
+
 // The AVX-512 set's Q4_K packer (k_panel_pack's layout in groups of eight, k_panel_g8). Quant
 // vector v (0..15) is qword 2 + v of each row's block, rows in order: vectors 2l and 2l + 1 are
 // the 16 bytes at 16 + 16l of rows 0, 2, 4, 6 and of rows 1, 3, 5, 7, each four loaded into the
@@ -12800,14 +12805,6 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
     size_t step[K_PANEL];
     k_pack_rows8(w, ws, nw, zero, K_Q6_K_SIZE, xr, step);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xcc);
-    // the scales widened -> [k: rows 0-3] for k = 0-7 (g[0]: k_pk_quad[0]) and 8-15 (g[1]: [1]);
-    // then those of rows 0-3 and 4-7 -> [k: rows 0-7] (sub-blocks 4q .. 4q + 3: from g[q / 2] by
-    // k_pk_oct[q % 2]) and the offset pairs [j: row r: sub-blocks 2j, 2j + 1] (j = 2q, 2q + 1:
-    // k_pk_co[q % 2])
-    const __m512i pg0 = _mm512_load_si512(k_pk_quad[0]), pg1 = _mm512_load_si512(k_pk_quad[1]);
-    const __m512i psc0 = _mm512_load_si512(k_pk_oct[0]), psc1 = _mm512_load_si512(k_pk_oct[1]);
-    const __m512i pco0 = _mm512_load_si512(k_pk_co[0]), pco1 = _mm512_load_si512(k_pk_co[1]);
-    const __m512i m32 = _mm512_set1_epi16(-32);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = panel + (size_t)b * bb;
         const uint8_t *x[K_PANEL];
@@ -12838,24 +12835,105 @@ K_AVX512 static void k_pack8_q6_k_avx512(int64_t n, const uint8_t *w, size_t ws,
                 _mm512_storeu_si512(ps + 768, _mm512_ternarylogic_epi32(_mm512_srli_epi16(q1, 4), _mm512_srli_epi16(c, 2), m4, 0xE4));
             }
         }
-        __m512i g[2][2]; // g[half of the rows][sub-blocks 0-7 or 8-15]
-        K_UNROLL
-        for (int k = 0; k < 2; k++) {
-            const __m512i s = k_load4x128_avx512(x[4 * k] + 192, x[4 * k + 1] + 192, x[4 * k + 2] + 192, x[4 * k + 3] + 192);
-            const __m512i w01 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(s)), w23 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(s, 1));
-            g[k][0] = _mm512_permutex2var_epi16(w01, pg0, w23);
-            g[k][1] = _mm512_permutex2var_epi16(w01, pg1, w23);
-        }
-        K_UNROLL
-        for (int q = 0; q < 4; q++) { // sub-blocks 4q .. 4q + 3 (two sc vectors a store), pairs 2q, 2q + 1
-            const __m512i s = _mm512_permutex2var_epi16(g[0][q / 2], q % 2 ? psc1 : psc0, g[1][q / 2]);
-            _mm512_storeu_si512(pb + sco + 128 * q, _mm512_cvtepi16_epi32(_mm512_castsi512_si256(s)));
-            _mm512_storeu_si512(pb + sco + 128 * q + 64, _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(s, 1)));
-            const __m512i c = _mm512_permutex2var_epi16(g[0][q / 2], q % 2 ? pco1 : pco0, g[1][q / 2]);
-            _mm512_storeu_si512(pb + coro + 64 * q, _mm512_mullo_epi16(c, m32));
-        }
+        __m512i g[2][2];
+        const __m512i sv[2] = {k_load4x128_avx512(x[0] + 192, x[1] + 192, x[2] + 192, x[3] + 192),
+                               k_load4x128_avx512(x[4] + 192, x[5] + 192, x[6] + 192, x[7] + 192)};
+        k_pk_gather16_avx512(sv, g);
+        k_pk_sc16_store_avx512(g, pb + sco);
+        k_pk_co16_store_avx512(g, -32, pb + coro);
         k_pack_d8_avx2(x, 208, pb + dxo);
     }
+}
+
+// The AVX-512 set's Q2_K and Q3_K (type) packer, the same way: quant vector j = 16h + 4s + c
+// (values 8j .. 8j + 7 of each row; value 128h + 32s + l is k_unpack_q2_k's) is bits 2s, 2s + 1
+// of qs's qword 4h + c, transposed to qwords of all eight rows first (k_qwords8_avx512); Q3_K's
+// third bit (its offset 4 added: set where hmask's bit is) is bit 4h + s of hmask's qword c moved
+// to bit 2 (16-bit shifts by at most five keep each byte's bit 2 its own). The scales: Q2_K's
+// sixteen bytes of a row are its scales (low nibbles) and minimums (high), Q3_K's twelve are
+// unpacked in each row's 128-bit lane (vpshufb to each scale's bytes, shifts by qword and dword
+// as k_unpack_q3_k's nibble and pair picks), then both gathered across the rows as Q6_K's.
+K_AVX512 K_INLINE void k_pack8_q23_k_avx512(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    PSV_ASSERT((type == T_Q2_K || type == T_Q3_K) && n % QK_K == 0 && nw >= 1 && nw <= K_PANEL);
+    // the blocks of rows nw and up, which pack to zeros: Q3_K's scales are stored + 32 (its top
+    // pairs all 2); Q2_K's blocks are the first 84 bytes
+    static const uint8_t zero[K_Q3_K_SIZE] = {[104] = 0xaa, [105] = 0xaa, [106] = 0xaa, [107] = 0xaa};
+    const bool three = type == T_Q3_K;
+    const int64_t nb = n / QK_K;
+    const size_t bb = k_panel_blk(type), sco = k_panel_sc(type), dxo = k_panel_dx(type);
+    const size_t qso = three ? 32 : 16, dpos = three ? 108 : 80;
+    const uint8_t *xr[K_PANEL];
+    size_t step[K_PANEL];
+    k_pack_rows8(w, ws, nw, zero, three ? K_Q3_K_SIZE : K_Q2_K_SIZE, xr, step);
+    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4), m15 = _mm512_set1_epi8(0x0f);
+    // Q3_K, a row's 16 bytes from 94 (the scales at 2 .. 13): byte k to scale k's nibble byte (2 +
+    // k % 8; the high nibble for k >= 8) and to its pair byte (10 + k % 4, the pair at bit 2(k / 4))
+    const __m512i inib = _mm512_set4_epi32(0x09080706, 0x05040302, 0x09080706, 0x05040302);
+    const __m512i ipair = _mm512_set1_epi32(0x0d0c0b0a);
+    const __m512i snib = _mm512_set_epi64(4, 0, 4, 0, 4, 0, 4, 0), spair = _mm512_set4_epi32(6, 4, 2, 0);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = panel + (size_t)b * bb;
+        const uint8_t *x[K_PANEL];
+        k_pack_blocks8(xr, step, b, x);
+        __m512i hm[4]; // Q3_K: hmask's qwords
+        if (three)
+            for (int p = 0; p < 2; p++) k_qwords8_avx512(x, 16 * (size_t)p, &hm[2 * p], &hm[2 * p + 1]);
+        K_UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m512i t[4]; // qs's qwords 4h .. 4h + 3
+            K_UNROLL
+            for (int p = 0; p < 2; p++) k_qwords8_avx512(x, qso + 32 * (size_t)h + 16 * (size_t)p, &t[2 * p], &t[2 * p + 1]);
+            K_UNROLL
+            for (int sh = 0; sh < 4; sh++) {
+                K_UNROLL
+                for (int c = 0; c < 4; c++) {
+                    const __m512i lo = sh ? _mm512_srli_epi16(t[c], 2 * sh) : t[c];
+                    __m512i v;
+                    if (three) {
+                        const int bit = 4 * h + sh; // to bit 2
+                        const __m512i hb = bit > 2 ? _mm512_srli_epi16(hm[c], bit - 2) : bit < 2 ? _mm512_slli_epi16(hm[c], 2 - bit) : hm[c];
+                        v = _mm512_ternarylogic_epi32(lo, _mm512_and_si512(hb, m4), m3, 0xEC); // (lo & 3) | hb
+                    } else {
+                        v = _mm512_and_si512(lo, m3);
+                    }
+                    _mm512_storeu_si512(pb + 64 * (16 * h + 4 * sh + c), v);
+                }
+            }
+        }
+        __m512i sv[2], g[2][2];
+        if (three) {
+            K_UNROLL
+            for (int k = 0; k < 2; k++) {
+                const __m512i a = k_load4x128_avx512(x[4 * k] + 94, x[4 * k + 1] + 94, x[4 * k + 2] + 94, x[4 * k + 3] + 94);
+                const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(_mm512_shuffle_epi8(a, inib), snib), m15);
+                const __m512i pr = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_shuffle_epi8(a, ipair), spair), 4);
+                // (nib | (pr & 0x30)) - 32
+                sv[k] = _mm512_sub_epi8(_mm512_ternarylogic_epi32(nib, pr, _mm512_set1_epi8(0x30), 0xF8), _mm512_set1_epi8(32));
+            }
+            k_pk_gather16_avx512(sv, g);
+            k_pk_sc16_store_avx512(g, pb + sco);
+            k_pk_co16_store_avx512(g, -4, pb + k_panel_cor(type));
+        } else {
+            __m512i mv[2], gm[2][2];
+            K_UNROLL
+            for (int k = 0; k < 2; k++) {
+                const __m512i a = k_load4x128_avx512(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]);
+                sv[k] = _mm512_and_si512(a, m15), mv[k] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m15);
+            }
+            k_pk_gather16_avx512(sv, g);
+            k_pk_gather16_avx512(mv, gm);
+            k_pk_sc16_store_avx512(g, pb + sco);
+            k_pk_co16_store_avx512(gm, 1, pb + k_panel_mco(type));
+            k_pack_d8_avx2(x, dpos + 2, pb + dxo + 64);
+        }
+        k_pack_d8_avx2(x, dpos, pb + dxo);
+    }
+}
+K_AVX512 static void k_pack8_q2_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    k_pack8_q23_k_avx512(T_Q2_K, n, w, ws, nw, panel);
+}
+K_AVX512 static void k_pack8_q3_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
+    k_pack8_q23_k_avx512(T_Q3_K, n, w, ws, nw, panel);
 }
 
 // The AVX-512 set's Q4_0 packer, the same way: a block's quant vector g (values 8g .. 8g + 7 of
@@ -16888,8 +16966,8 @@ static void k_fill_avx512(k_traits *t) {
     static const k_gemm_entry gemms[] = {
         {T_Q4_0, k_gemm_q4_0_avx512, k_pack8_q4_0_avx512}, {T_Q4_1, k_gemm_q5_1_avx512, k_pack8_q4_1_avx512},
         {T_Q5_0, k_gemm_q5_0_avx512, k_pack8_q5_0_avx512}, {T_Q5_1, k_gemm_q5_1_avx512, k_pack8_q5_1_avx512},
-        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx512}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx2},
-        {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx2}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx512},
+        {T_Q8_0, k_gemm_q8_0_avx512, k_pack8_q8_0_avx512}, {T_Q2_K, k_gemm_q2_k_avx512, k_pack8_q2_k_avx512},
+        {T_Q3_K, k_gemm_q3_k_avx512, k_pack8_q3_k_avx512}, {T_Q4_K, k_gemm_q4_k_avx512, k_pack8_q4_k_avx512},
         {T_Q5_K, k_gemm_q5_k_avx512, k_pack8_q5_k_avx512}, {T_Q6_K, k_gemm_q6_k_avx512, k_pack8_q6_k_avx512},
     };
     k_fill_gemms(t, K_SET_AVX512, gemms, PSV_ARRAY_LEN(gemms));
