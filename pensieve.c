@@ -12775,12 +12775,13 @@ K_AVX512 K_INLINE void k_pack8_q45_k_avx512(uint32_t type, int64_t n, const uint
     }
 }
 
-K_AVX512 static void k_pack8_q4_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q45_k_avx512(T_Q4_K, n, w, ws, nw, panel);
-}
-K_AVX512 static void k_pack8_q5_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q45_k_avx512(T_Q5_K, n, w, ws, nw, panel);
-}
+// The AVX-512 packers of one type (k_traits.pack) from a core taking the type.
+#define K_DEF_PACK8(name, core, type)                                                                     \
+    K_AVX512 static void k_pack8_##name##_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
+        core(type, n, w, ws, nw, panel);                                                                   \
+    }
+K_DEF_PACK8(q4_k, k_pack8_q45_k_avx512, T_Q4_K)
+K_DEF_PACK8(q5_k, k_pack8_q45_k_avx512, T_Q5_K)
 
 // The AVX-512 set's Q6_K packer, the same way: quant vector s = 16h + 4k + j (values 8s .. 8s + 7
 // of each row; value 128h + 32k + l is k_unpack_q6_k's) takes its low four bits from ql's qword
@@ -12929,12 +12930,8 @@ K_AVX512 K_INLINE void k_pack8_q23_k_avx512(uint32_t type, int64_t n, const uint
         k_pack_d8_avx2(x, dpos, pb + dxo);
     }
 }
-K_AVX512 static void k_pack8_q2_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q23_k_avx512(T_Q2_K, n, w, ws, nw, panel);
-}
-K_AVX512 static void k_pack8_q3_k_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q23_k_avx512(T_Q3_K, n, w, ws, nw, panel);
-}
+K_DEF_PACK8(q2_k, k_pack8_q23_k_avx512, T_Q2_K)
+K_DEF_PACK8(q3_k, k_pack8_q23_k_avx512, T_Q3_K)
 
 // The AVX-512 set's Q4_0 packer, the same way: a block's quant vector g (values 8g .. 8g + 7 of
 // each row) is qs's qword g % 2, low nibbles for g < 2 and high ones after; the rows' qwords come
@@ -13009,15 +13006,9 @@ K_AVX512 K_INLINE void k_pack8_q5x_avx512(uint32_t type, int64_t n, const uint8_
         if (min) k_pack_d8_avx2(x, 2, pb + dxo + 64);
     }
 }
-K_AVX512 static void k_pack8_q4_1_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q5x_avx512(T_Q4_1, n, w, ws, nw, panel);
-}
-K_AVX512 static void k_pack8_q5_0_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q5x_avx512(T_Q5_0, n, w, ws, nw, panel);
-}
-K_AVX512 static void k_pack8_q5_1_avx512(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
-    k_pack8_q5x_avx512(T_Q5_1, n, w, ws, nw, panel);
-}
+K_DEF_PACK8(q4_1, k_pack8_q5x_avx512, T_Q4_1)
+K_DEF_PACK8(q5_0, k_pack8_q5x_avx512, T_Q5_0)
+K_DEF_PACK8(q5_1, k_pack8_q5x_avx512, T_Q5_1)
 
 // The AVX-512 set's Q8_0 packer: rows r and r + 4's 32 quant bytes in one register, the rows'
 // qwords interleaved in pairs and the pairs' lanes picked with vpermt2q into the vectors of
