@@ -12619,13 +12619,13 @@ K_AVX512 K_INLINE void k_qwords8_avx512(const uint8_t *const *x, size_t o, __m51
 // 7); k_pk_oct[a]: the [item: rows 0-3] of two such vectors (rows 0-3 and 4-7) -> [item: rows
 // 0-7] for items 4a .. 4a + 3 (word i: item i / 8 of row i % 8); k_pk_d: the f16 words d (0-3)
 // and dmin (4-7) of rows 0-3 | 4-7 as loaded by k_load4x128_avx512 -> d of rows 0-7, then dmin;
-// k_pk_co[a]: Q6_K's offset pairs [j: row r: sub-blocks 2j, 2j + 1] for j = 2a, 2a + 1 from two
+// k_pk_co[a]: the cor or mco pairs [j: row r: sub-blocks 2j, 2j + 1] for j = 2a, 2a + 1 from two
 // k_pk_quad vectors of rows 0-3 and 4-7.
 #define K_SEQ8(F, a, i) F(a, i), F(a, i + 1), F(a, i + 2), F(a, i + 3), F(a, i + 4), F(a, i + 5), F(a, i + 6), F(a, i + 7)
 #define K_SEQ32(F, a) K_SEQ8(F, a, 0), K_SEQ8(F, a, 8), K_SEQ8(F, a, 16), K_SEQ8(F, a, 24)
 #define K_PK_QUAD(a, i) (32 * ((i) % 4 / 2) + 16 * ((i) % 2) + 8 * (a) + (i) / 4)
 #define K_PK_OCT(a, i) (32 * ((i) % 8 / 4) + 4 * ((i) / 8) + 16 * (a) + (i) % 4)
-#define K_PK_D(a, i) ((i) < 16 ? 32 * ((i) % 8 / 4) + 8 * ((i) % 4) + (i) / 8 : 0 * (a))
+#define K_PK_D(a, i) ((i) < 16 ? 32 * ((i) % 8 / 4) + 8 * ((i) % 4) + (i) / 8 : 0) /* (a unused) */
 #define K_PK_CO(a, i) (32 * ((i) % 16 / 8) + 4 * ((4 * (a) + 2 * ((i) / 16) + (i) % 2) % 8) + (i) % 16 / 2 % 4)
 static _Alignas(64) const uint16_t k_pk_quad[2][32] = {{K_SEQ32(K_PK_QUAD, 0)}, {K_SEQ32(K_PK_QUAD, 1)}};
 static _Alignas(64) const uint16_t k_pk_oct[2][32] = {{K_SEQ32(K_PK_OCT, 0)}, {K_SEQ32(K_PK_OCT, 1)}};
@@ -12676,9 +12676,9 @@ K_AVX512 K_INLINE void k_pk_co16_store_avx512(__m512i g[2][2], const int f, uint
 // packer (k_pack_core_avx2, which still packs Q4_K for the AVX2 sets) unpacked each row's scales
 // on its own (45 instructions a row) and stored the quants and the 32-bit scales through 8 x 8
 // transposes of 256-bit shuffles: about 560. Measured on an Intel Xeon (family 6 model 207, 2
-// vCPUs): a panel of rows of 3072 values in the cache 0.0268 -> 0.0151 ns a value (gcc; clang the same), phi4-mini Q4_K_M prompts of 16
-// tokens, where packing was a fifth of the time (Q4_K 13 %), one thread, alternated, best of
-// four: 25.5 -> 27.0 t/s. Rows nw and up read a block of zeros, which packs to zeros as
+// vCPUs): a panel of rows of 3072 values in the cache 0.0268 -> 0.0151 ns a value (gcc; clang
+// the same), phi4-mini Q4_K_M prompts of 16 tokens, where packing was a fifth of the time (Q4_K
+// 13 %), one thread, alternated, best of four: 25.5 -> 27.0 t/s. Rows nw and up read a block of zeros, which packs to zeros as
 // k_panel_pack's rows past nw do. Q5_K (type) has the same header; its quant vector 8c + 4e + j
 // is qs's qword 4c + j (nibble e) with bit 2c + e of qh's qword j moved to bit 4 (a 16-bit shift
 // by at most four keeps each byte's bit 4 its own) and or-ed in by a bit select: a panel in the
@@ -12972,10 +12972,11 @@ K_AVX512 static void k_pack8_q4_0_avx512(int64_t n, const uint8_t *w, size_t ws,
 K_AVX512 K_INLINE void k_pack8_q5x_avx512(uint32_t type, int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) {
     PSV_ASSERT((type == T_Q5_0 || type == T_Q5_1 || type == T_Q4_1) && n % 32 == 0 && nw >= 1 && nw <= K_PANEL);
     static const uint8_t zero[K_Q5_1_SIZE]; // the blocks of rows nw and up (the longest of the three)
-    const bool min = type != T_Q5_0, five = type != T_Q4_1;
+    const bool min = k_panel_min(type), five = type != T_Q4_1;
     const size_t qho = min ? 4 : 2, qso = five ? qho + 4 : qho; // qh's and qs's offsets in a block
     const int64_t nb = n / 32;
-    const size_t bb = k_panel_blk(five ? type : T_Q5_1), dxo = k_panel_dx(five ? type : T_Q5_1);
+    const uint32_t lt = k_panel_layout(K_SET_AVX512, type); // Q4_1's is Q5_1's
+    const size_t bb = k_panel_blk(lt), dxo = k_panel_dx(lt);
     const uint8_t *xr[K_PANEL];
     size_t step[K_PANEL];
     k_pack_rows8(w, ws, nw, zero, type_table[type].type_size, xr, step);
