@@ -11551,6 +11551,14 @@ K_AVX512 K_INLINE __m512i k_permb_z(__mmask64 k, __m512i idx, __m512i tab) {
     return r;
 }
 
+// 16 bytes from each of a, b, c, d, in 128-bit lanes 0-3 (inserts from memory: the loads do the work).
+K_AVX512 K_INLINE __m512i k_load4x128_avx512(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d) {
+    __m512i v = _mm512_castsi128_si512(k_load128(a));
+    v = _mm512_inserti32x4(v, k_load128(b), 1);
+    v = _mm512_inserti32x4(v, k_load128(c), 2);
+    return _mm512_inserti32x4(v, k_load128(d), 3);
+}
+
 // Four rows' vectors of int32 sums r[0..3] reduced within each 128-bit lane: int32 j of lane l
 // is the sum of lane l of r[j] (a transpose and add).
 K_AVX512 K_INLINE __m512i k_sum4_lanes_avx512(const __m512i r[4]) {
@@ -11875,11 +11883,24 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     // scale vector v for the packed sums of sub-blocks (4v, 4v + 1) in 128-bit lanes 0-1 and
     // (4v + 2, 4v + 3) in lanes 2-3 (vpackssdw: the first vector's four int32 lanes of a 128-bit
     // lane, then the second's): each scale byte zero-extended to int16 (0x80 picks a zero)
-    __m512i pick[2];
-    for (int v = 0; v < 2; v++) {
-        uint8_t b[64];
-        for (int i = 0; i < 64; i++) b[i] = i % 2 ? 0x80 : (uint8_t)(4 * v + 2 * (i / 32) + (i % 16) / 8);
-        pick[v] = _mm512_loadu_si512(b);
+    // Rows r and r + 1 (a pair, p = r / 2) go together: vector v's sums of the two rows packed into
+    // one (vpackssdw: row r's four int32 lanes of a 128-bit lane, then row r + 1's), weighted by
+    // the scale words pickp[p][v] picks and summed into the pair's int32 lanes (row r in lanes 0-1
+    // of each 128-bit lane, row r + 1 in 2-3). Quant vector v (the low, high nibbles of the first
+    // 64 bytes, then of the second) holds sub-block 4 (v / 2) + v % 2 in 128-bit lanes 0-1 and
+    // that + 2 in lanes 2-3. Without VBMI, pairw[p] brings the two rows' scale bytes into every
+    // 128-bit lane (row r's in bytes 0-7, row r + 1's in 8-15) and pickp picks them from there.
+    __m512i pickp[2][4], pairw[2];
+    for (int p = 0; p < 2; p++) {
+        pairw[p] = _mm512_set4_epi32(8 * p + 5, 8 * p + 4, 8 * p + 1, 8 * p);
+        for (int v = 0; v < 4; v++) {
+            uint8_t b[64];
+            for (int i = 0; i < 64; i++) {
+                const int L = i / 16, k = i % 16 / 2, sb = 4 * (v / 2) + v % 2 + 2 * (L / 2);
+                b[i] = i % 2 ? 0x80 : (uint8_t)(vbmi ? 16 * (2 * p + k / 4) + sb : 8 * (k / 4) + sb);
+            }
+            pickp[p][v] = _mm512_loadu_si512(b);
+        }
     }
     // the header of row r in 128-bit lane r: dwords [d dmin, u0, u1, u2]; the scales are
     // [u0 & 0x3f.., (u2 & 0x0f..) | (u0 >> 2 & 0x30..)], the minimums the same of u1 and u2 >> 4
@@ -11888,103 +11909,132 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     // minimums 0-3 (4-7) of a row, each twice as int16, against bsums 0-7 (8-15)
     const __m512i mlo = _mm512_set4_epi32((int)0x800b800b, (int)0x800a800a, (int)0x80098009, (int)0x80088008);
     const __m512i mhi = _mm512_set4_epi32((int)0x800f800f, (int)0x800e800e, (int)0x800d800d, (int)0x800c800c);
-    const __m512i fp16 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                          25, 17, 9, 1, 24, 16, 8, 0); // d of rows 0-3, then dmin
-    const __m512i first4 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0); // lane r's first int32
-    __m512i lane[4]; // row r's 128-bit lane to all four
-    for (int r = 0; r < 4; r++) lane[r] = _mm512_set4_epi32(4 * r + 3, 4 * r + 2, 4 * r + 1, 4 * r);
-    // vbmi: row r's scale vector v straight from sm, pick[v]'s bytes in row r's 128-bit lane (the
-    // odd ones, pick's zeros, masked off)
-    __m512i pickb[4][2];
-    for (int r = 0; r < 4 && vbmi; r++)
-        for (int v = 0; v < 2; v++) pickb[r][v] = _mm512_add_epi8(pick[v], _mm512_set1_epi8((char)(16 * r)));
-    const __mmask64 even = 0x5555555555555555ull;
+    // d of rows 0-3 of the two blocks (A's header vector, then B's), then their dmin
+    const __m512i fp16 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 57, 49, 41, 33, 25, 17, 9, 1,
+                                          56, 48, 40, 32, 24, 16, 8, 0);
+    const __m512i first4 = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0); // lane r's first int32 first
+    const __mmask64 even = 0x5555555555555555ull; // (vbmi: pickp's odd bytes, zeros, masked off)
     // prefetch distance (k_gemv1_pf_step): the kernel reads the side data's 384 bytes a block
     const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, 384 * (size_t)nb));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
-        for (int i = 0; i < nr; i++)
-            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *xb[4];
+        __m512d acc[K_GEMVN_MAX][2]; // activation row i's lanes 0-1 (2-3) of the four rows: [lane][row]
+        for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = _mm512_setzero_pd();
+        // Two blocks a step (b, b + 1: lanes 0-1 or 2-3), so that the terms are formed for both
+        // at once in 512-bit vectors; an odd last block goes alone, as both halves of the step.
+        for (int64_t b = 0; b < nb; b += 2) {
+            const int nk = b + 1 < nb ? 2 : 1;
+            __m512i h[2], sm[2], t[2][K_GEMVN_MAX][2]; // [block][activation row][pair]
             K_UNROLL
-            for (int r = 0; r < 4; r++) {
-                xb[r] = xr[r] + (size_t)b * bsize;
-                if (!zen4) {
-                    for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb[r] + o, pf); // 144 or 176 bytes: 3 lines
-                    continue;
+            for (int k = 0; k < 2; k++) {
+                if (k == nk) { // the last block, alone: its copy as the second
+                    h[1] = h[0], sm[1] = sm[0];
+                    for (int i = 0; i < nr; i++) t[1][i][0] = t[0][i][0], t[1][i][1] = t[0][i][1];
+                    break;
                 }
+                const int64_t bk = b + k;
+                const uint8_t *xb[4];
                 K_UNROLL
-                for (size_t o = 0; o < bsize; o += 64) {
-                    if (!five) __builtin_prefetch((const void *)((uintptr_t)xb[r] + o + K_GEMV1_PF_L1), 0, 3);
-                    k_prefetch_ahead(xb[r] + o, pf);
-                }
-            }
-            __m512i h = _mm512_castsi128_si512(k_load128(xb[0]));
-            h = _mm512_inserti32x4(h, k_load128(xb[1]), 1);
-            h = _mm512_inserti32x4(h, k_load128(xb[2]), 2);
-            h = _mm512_inserti32x4(h, k_load128(xb[3]), 3);
-            // hu = [u0, u2, u1, u2 >> 4] masked, hv = [u0, u0, u1, u1] >> 2; sm = hu | (hv & mb):
-            // scales 0-7 in bytes 0-7 of each row's lane, minimums 0-7 in bytes 8-15
-            const __m512i hu = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xED), shv), ma);
-            const __m512i hv = _mm512_srli_epi32(_mm512_shuffle_epi32(h, (_MM_PERM_ENUM)0xA5), 2);
-            const __m512i sm = _mm512_ternarylogic_epi32(hu, hv, mb, 0xF8);
-            __m512i t[K_GEMVN_MAX][4];
-            K_UNROLL
-            for (int r = 0; r < 4; r++) {
-                const __m512i z0 = _mm512_loadu_si512(xb[r] + qo), z1 = _mm512_loadu_si512(xb[r] + qo + 64);
-                __m512i q[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
-                                _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
-                if (five) {
-                    const __m512i qh = _mm512_broadcast_i64x4(k_load256(xb[r] + 16));
+                for (int r = 0; r < 4; r++) {
+                    xb[r] = xr[r] + (size_t)bk * bsize;
+                    if (!zen4) {
+                        for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb[r] + o, pf); // 144 or 176 bytes: 3 lines
+                        continue;
+                    }
                     K_UNROLL
-                    for (int v = 0; v < 4; v++) {
-                        const __m512i f = v < 2 ? _mm512_sllv_epi16(qh, sh5[v]) : _mm512_srlv_epi16(qh, sh5[v]);
-                        q[v] = _mm512_ternarylogic_epi32(q[v], f, m16, 0xF8); // q | (f & 0x10)
+                    for (size_t o = 0; o < bsize; o += 64) {
+                        if (!five) __builtin_prefetch((const void *)((uintptr_t)xb[r] + o + K_GEMV1_PF_L1), 0, 3);
+                        k_prefetch_ahead(xb[r] + o, pf);
                     }
                 }
-                // the scale vectors, then each activation row against the unpacked quants
-                __m512i sp0, sp1;
-                if (vbmi) {
-                    sp0 = k_permb_z(even, pickb[r][0], sm), sp1 = k_permb_z(even, pickb[r][1], sm);
-                } else {
-                    const __m512i sw = _mm512_permutexvar_epi32(lane[r], sm);
-                    sp0 = _mm512_shuffle_epi8(sw, pick[0]), sp1 = _mm512_shuffle_epi8(sw, pick[1]);
-                }
+                h[k] = k_load4x128_avx512(xb[0], xb[1], xb[2], xb[3]);
+                // hu = [u0, u2, u1, u2 >> 4] masked, hv = [u0, u0, u1, u1] >> 2; sm = hu | (hv & mb):
+                // scales 0-7 in bytes 0-7 of each row's lane, minimums 0-7 in bytes 8-15
+                const __m512i hu = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi32(h[k], (_MM_PERM_ENUM)0xED), shv), ma);
+                const __m512i hv = _mm512_srli_epi32(_mm512_shuffle_epi32(h[k], (_MM_PERM_ENUM)0xA5), 2);
+                sm[k] = _mm512_ternarylogic_epi32(hu, hv, mb, 0xF8);
                 K_UNROLL
-                for (int i = 0; i < nr; i++) {
-                    const uint8_t *a = ax[i] + 384 * (size_t)b;
-                    __m512i d[4]; // |lane| <= 4 * 31 * 128: int16, so packing two vectors into one is exact
+                for (int p = 0; p < 2; p++) {
+                    __m512i q[2][4];
                     K_UNROLL
-                    for (int v = 0; v < 4; v++) d[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[v], _mm512_loadu_si512(a + 64 * v));
-                    t[i][r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(d[0], d[1]), sp0);
-                    t[i][r] = _mm512_dpwssd_epi32(t[i][r], _mm512_packs_epi32(d[2], d[3]), sp1);
+                    for (int e = 0; e < 2; e++) {
+                        const uint8_t *xq = xb[2 * p + e];
+                        const __m512i z0 = _mm512_loadu_si512(xq + qo), z1 = _mm512_loadu_si512(xq + qo + 64);
+                        q[e][0] = _mm512_and_si512(z0, m4), q[e][1] = _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4);
+                        q[e][2] = _mm512_and_si512(z1, m4), q[e][3] = _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4);
+                        if (five) {
+                            const __m512i qh = _mm512_broadcast_i64x4(k_load256(xq + 16));
+                            K_UNROLL
+                            for (int v = 0; v < 4; v++) {
+                                const __m512i f = v < 2 ? _mm512_sllv_epi16(qh, sh5[v]) : _mm512_srlv_epi16(qh, sh5[v]);
+                                q[e][v] = _mm512_ternarylogic_epi32(q[e][v], f, m16, 0xF8); // q | (f & 0x10)
+                            }
+                        }
+                    }
+                    // the pair's scale vectors, then each activation row against the unpacked quants
+                    __m512i sp[4];
+                    const __m512i sw = vbmi ? sm[k] : _mm512_permutexvar_epi32(pairw[p], sm[k]);
+                    K_UNROLL
+                    for (int v = 0; v < 4; v++)
+                        sp[v] = vbmi ? k_permb_z(even, pickp[p][v], sm[k]) : _mm512_shuffle_epi8(sw, pickp[p][v]);
+                    K_UNROLL
+                    for (int i = 0; i < nr; i++) {
+                        const uint8_t *a = ax[i] + 384 * (size_t)bk;
+                        t[k][i][p] = _mm512_setzero_si512();
+                        K_UNROLL
+                        for (int v = 0; v < 4; v++) { // |lane| <= 4 * 31 * 128: int16, so packing two vectors into one is exact
+                            const __m512i av = _mm512_loadu_si512(a + 64 * v);
+                            const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0][v], av);
+                            const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1][v], av);
+                            t[k][i][p] = _mm512_dpwssd_epi32(t[k][i][p], _mm512_packs_epi32(d0, d1), sp[v]);
+                        }
+                    }
                 }
             }
-            const __m512d dd = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(fp16, h))));
-            const __m256d dx = _mm512_castpd512_pd256(dd), dm = _mm512_extractf64x4_pd(dd, 1);
+            // d and dmin of the four rows of both blocks: [block][row]
+            const __m512 dh = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(h[0], fp16, h[1])));
+            const __m512d dx = _mm512_cvtps_pd(_mm512_castps512_ps256(dh));
+            const __m512d dm = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dh), 1)));
+            const __mmask8 km = nk == 2 ? 0xff : 0x0f;
             K_UNROLL
             for (int i = 0; i < nr; i++) {
-                const uint8_t *a = ax[i] + 384 * (size_t)b;
-                // the four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes added
-                const __m512i tt = k_sum4_lanes_avx512(t[i]);
-                const __m256i t8 = _mm256_add_epi32(_mm512_castsi512_si256(tt), _mm512_extracti64x4_epi64(tt, 1));
-                const __m256d is = _mm256_cvtepi32_pd(_mm_add_epi32(_mm256_castsi256_si128(t8), _mm256_extracti128_si256(t8, 1)));
+                const uint8_t *a = ax[i] + 384 * (size_t)b, *a1 = nk == 2 ? a + 384 : a;
+                // each block's four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes
+                // added, both blocks' in the low 256 bits: [block][row]
+                __m512i x[2];
+                K_UNROLL
+                for (int k = 0; k < 2; k++) {
+                    const __m512 t0 = _mm512_castsi512_ps(t[k][i][0]), t1 = _mm512_castsi512_ps(t[k][i][1]);
+                    x[k] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0x88)),
+                                            _mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0xDD)));
+                }
+                __m512i xs = _mm512_add_epi32(_mm512_shuffle_i64x2(x[0], x[1], 0x44), _mm512_shuffle_i64x2(x[0], x[1], 0xEE));
+                xs = _mm512_add_epi32(_mm512_shuffle_i64x2(xs, xs, 0x08), _mm512_shuffle_i64x2(xs, xs, 0x0D));
+                const __m512d is = _mm512_cvtepi32_pd(_mm512_castsi512_si256(xs));
                 // msum of row r in 128-bit lane r: the minimums as int16 against the bsums (stored
                 // data, any int16: |msum| <= 16 * 63 * 2^15)
-                __m512i m = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm, mlo), _mm512_loadu_si512(a + 256)),
-                                             _mm512_madd_epi16(_mm512_shuffle_epi8(sm, mhi), _mm512_loadu_si512(a + 320)));
-                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E));
-                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1));
-                const __m256d ms = _mm256_cvtepi32_pd(_mm512_castsi512_si128(_mm512_permutexvar_epi32(first4, m)));
+                const __m512i m0 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm[0], mlo), _mm512_loadu_si512(a + 256)),
+                                                    _mm512_madd_epi16(_mm512_shuffle_epi8(sm[0], mhi), _mm512_loadu_si512(a + 320)));
+                const __m512i m1 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm[1], mlo), _mm512_loadu_si512(a1 + 256)),
+                                                    _mm512_madd_epi16(_mm512_shuffle_epi8(sm[1], mhi), _mm512_loadu_si512(a1 + 320)));
+                __m512i m = _mm512_add_epi32(_mm512_unpacklo_epi32(m0, m1), _mm512_unpackhi_epi32(m0, m1));
+                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E)); // lane r: [m0, m1, m0, m1]
+                const __m512d ms = _mm512_cvtepi32_pd(_mm512_castsi512_si256(_mm512_permutexvar_epi32(first4, m)));
                 // the reference: dy * (d * isum - dmin * msum)
-                __m256d tm = _mm256_mul_pd(_mm256_set1_pd(dys[i][b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
-                acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(tm));
+                const __m512d dy = _mm512_insertf64x4(_mm512_set1_pd(dys[i][b]), _mm256_set1_pd(dys[i][b + nk - 1]), 1);
+                const __m512d tm = k_no_fuse_pd512(_mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, is), _mm512_mul_pd(dm, ms))));
+                if (b & 2)
+                    acc[i][1] = _mm512_mask_add_pd(acc[i][1], km, acc[i][1], tm);
+                else
+                    acc[i][0] = _mm512_mask_add_pd(acc[i][0], km, acc[i][0], tm);
             }
         }
-        for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
+        for (int i = 0; i < nr; i++) {
+            const __m256d lanes[K_BLOCK_LANES] = {_mm512_castpd512_pd256(acc[i][0]), _mm512_extractf64x4_pd(acc[i][0], 1),
+                                                  _mm512_castpd512_pd256(acc[i][1]), _mm512_extractf64x4_pd(acc[i][1], 1)};
+            k_gemv1_store(lanes, s[i], w, nw);
+        }
     }
 }
 // The core in each form (k_gemv1_q45_k_for chooses): the first, with VBMI's scale picks, and with
@@ -12589,13 +12639,6 @@ K_DEF_GEMM(q4_k, T_Q4_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q5_k, T_Q5_K, K_GEMM_ROWS_AVX512_K)
 K_DEF_GEMM(q6_k, T_Q6_K, K_GEMM_ROWS_AVX512_K)
 
-// 16 bytes from each of a, b, c, d, in 128-bit lanes 0-3 (inserts from memory: the loads do the work).
-K_AVX512 K_INLINE __m512i k_load4x128_avx512(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d) {
-    __m512i v = _mm512_castsi128_si512(k_load128(a));
-    v = _mm512_inserti32x4(v, k_load128(b), 1);
-    v = _mm512_inserti32x4(v, k_load128(c), 2);
-    return _mm512_inserti32x4(v, k_load128(d), 3);
-}
 // The AVX-512 packers' rows: row r's first block at xr[r], block b at xr[r] + b * step[r] (x[r],
 // k_pack_blocks8); rows nw and up read the block of zeros `zero` for every block.
 K_INLINE void k_pack_rows8(const uint8_t *w, size_t ws, int nw, const uint8_t *zero, size_t bsize, const uint8_t **xr, size_t *step) {
