@@ -11839,21 +11839,24 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // them. A row's 128 bytes of quants are two 512-bit vectors whose low and high nibbles are
 // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) (k_unpack_q45_k's order), against the activation's
 // quants in that order (side data, k_act_side). vpdpbusd makes the int32 sums of four products
-// (|sum| <= 4 * 15 * 128, so two vectors of them pack into int16 exactly: vpackssdw) and
-// vpdpwssd weights the packed sums by the sub-block scales (a vector for each two packed
-// vectors, shuffled from the eight scale bytes), so each row's lanes add up to its isum. The
-// block headers of the four rows (scale, minimum's scale, twelve bytes of six-bit scales and
-// minimums) are one vector, unpacked for all four at once (k_scale_min_k4 in each 128-bit lane);
-// msum is the minimums, each twice, against the activation's stored bsums (sums of 16). The
-// rows' sums are reduced together and their terms formed side by side, exactly the reference's
-// dy * (d * isum - dmin * msum). Per row and block this is about 35 instructions where scalar
-// unpacking of the scales and a reduction per row took 70: 43 -> 52 GB/s in the cache, 32 -> 37
-// GB/s from memory (one thread, Zen 5; its read bandwidth 39).
+// (|sum| <= 4 * 15 * 128, so two vectors of them pack into int16 exactly: vpackssdw): the same
+// quant vector's sums of two rows (a pair) are packed into one, and vpdpwssd weights them by the
+// sub-block scales (a vector for each quant vector and pair, picked from the rows' scale bytes)
+// into the pair's int32 lanes, so each row's lanes add up to its isum. The block headers of the
+// four rows (scale, minimum's scale, twelve bytes of six-bit scales and minimums) are one
+// vector, unpacked for all four at once (k_scale_min_k4 in each 128-bit lane); msum is the
+// minimums, each twice, against the activation's stored bsums (sums of 16). Two blocks go a
+// step: their eight rows' sums are reduced together and their terms formed side by side in
+// 512-bit vectors, exactly the reference's dy * (d * isum - dmin * msum). Per row and block this
+// was about 35 instructions where scalar unpacking of the scales and a reduction per row took
+// 70: 43 -> 52 GB/s in the cache, 32 -> 37 GB/s from memory (one thread, Zen 5; its read
+// bandwidth 39). The pairs and the two blocks a step: 5.64 -> 5.19 ns a row and block in the
+// cache (rows of 3072, the Xeon of k_pack8_q4_k_avx512; Q5_K 7.14 -> 6.68).
 // Q5_K (type) is the same with each quant's fifth bit from qh (32 bytes before the quants, in
 // both halves of a vector: bit k of byte l is value 32k + l's) moved to bit 4 by a 16-bit shift
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
-// vbmi (CPUs with AVX512_VBMI): each row's two scale vectors are one zero-masked vpermb each from
-// the four rows' scales, where a vpermd and two vpshufb made them; zen4: the level-1 request is
+// vbmi (CPUs with AVX512_VBMI): each scale vector is one zero-masked vpermb from the four rows'
+// scales, where a vpermd a pair and a vpshufb made them; zen4: the level-1 request is
 // Zen 4's (k_gemv1_pf_l1_for) as a constant, a line's two requests two instructions where the
 // loop over k_gemv1_prefetch took seven, and Q5_K's without the level-1 request, which slowed it
 // there (k_gemv1_q45_k_for: measured on Zen 4). Every form asks k_gemv1_pf_step's distance ahead
@@ -12084,12 +12087,16 @@ PSV_MAYBE_UNUSED static k_gemvn_fn k_gemvn_q45_k_for(uint32_t type, const plat_c
 // is two vectors of quants in value order: the low and high nibbles of its 64 ql bytes, with the
 // two high bits from the 32 qh bytes (in both halves of a vector, shifted into place by a
 // variable shift per half). The quants stay unsigned (q + 32), the activation is read as it is,
-// vpdpbusd sums four products (|sum| <= 4 * 63 * 128), the half's two vectors of sums pack into
-// int16 (vpackssdw: in each 128-bit lane four sums of 16 values, then four of another 16) and
-// vpdpwssd weights them by the scale of each 16 values; the offset comes off per block through
-// the activation's sums of 16 (side data), 32 * sum_k scale_k * sum_k, as k_wk_off_avx2 does it.
+// vpdpbusd sums four products (|sum| <= 4 * 63 * 128); a vector's sums of two rows (a pair) pack
+// into int16 (vpackssdw: in each 128-bit lane four sums of 16 values of the first row, then four
+// of the second's) and vpdpwssd weights them by the scale of each 16 values into the pair's int32
+// lanes; the offset comes off per block through the activation's sums of 16 (side data), 32 *
+// sum_k scale_k * sum_k, one more vpdpwssd a pair. Two blocks go a step, their eight rows' sums
+// reduced together and their terms formed in 512-bit vectors, as the Q4_K kernel's.
 // (vpmaddubsw's pairs weighted by vpdpwssd took two more 512-bit instructions a half: on Zen 4,
-// 26.3 -> 25.0 cycles a row and block in the cache, 25.9-27.2 -> 24.7-25.8 from memory.)
+// 26.3 -> 25.0 cycles a row and block in the cache, 25.9-27.2 -> 24.7-25.8 from memory. The
+// pairs and two blocks a step, on the Xeon of k_pack8_q4_k_avx512, ns a row and block in the
+// cache: Q6_K 6.73 -> 6.56, Q3_K 8.02 -> 7.63, Q2_K 6.54 -> 5.57.)
 // Q2_K and Q3_K (type) the same way: vector v (values 64v .. 64v + 63) is chunks 2v and 2v + 1
 // of 32 values (k_unpack_q2_k, k_unpack_q3_k: value 128h + 32j + l has bits 2j of qs[32h + l],
 // Q3_K its third bit from bit 4h + j of hmask[l]), from the 32 bytes of its half of qs in both
@@ -12101,7 +12108,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                                           int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
                                           size_t side_stride, const int nr) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K) && nr >= 1 && nr <= K_GEMVN_MAX);
-    const bool six = type == T_Q6_K, three = type == T_Q3_K;
+    const bool six = type == T_Q6_K, three = type == T_Q3_K, two = type == T_Q2_K;
     const size_t bsize = type_table[type].type_size, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
     const int64_t nb = n / QK_K;
     const double *dys[K_GEMVN_MAX]; // activation row i's scales
@@ -12118,107 +12125,178 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
     // third bits of chunks (0, 1) left by (2, 1), of (2, 3), (4, 5), (6, 7) right by (0, 1), (2, 3), (4, 5)
     const __m512i slo[2] = {_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
                             _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
-    // pick[h]: the scales of half h's packed sums (vpackssdw of vectors 2h and 2h + 1: in 128-bit
-    // lane l, four sums of the 16 values 4 * 2h + l, then four of 4 * (2h + 1) + l)
-    __m512i shi[4], pick[2];
+    __m512i shi[4];
     for (int v = 0; v < 4; v++)
         shi[v] = _mm512_inserti64x4(_mm512_set1_epi16((short)(v ? 2 * v - 2 : 2)), _mm256_set1_epi16((short)(v ? 2 * v - 1 : 1)), 1);
-    for (int h = 0; h < 2; h++) {
-        uint16_t w[32];
-        for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * (2 * h + (i % 8) / 4) + i / 8);
-        pick[h] = _mm512_loadu_si512(w);
+    // Rows r and r + 1 (a pair, p = r / 2) go together, their scales as words in one vector (scz:
+    // the first row's 16, then the second's). pickp[h][v]: the scale words of the pair's packed
+    // sums of half h's vector v (vpackssdw: in 128-bit lane L four sums of the first row's 16
+    // values 8h + 4v + L, then four of the second's), so one vpdpwssd weights both rows' sums into
+    // the pair's int32 lanes (the first row's in lanes 0-1 of each 128-bit lane, the second's in
+    // 2-3). picko: the scales (Q2_K: the minimums) of the 16 values 4L + k, k = 0..3, of each row
+    // in the same lanes, against pickb's words of the activation's sums of 16 (bsw): Q3_K's and
+    // Q6_K's offset term, -4 * scale * sum and -32 * scale * sum (as 4 * scale times -8 * sum:
+    // words, |8 * sum| <= 8 * 16 * 128), taken into the sums with one more vpdpwssd; Q2_K's msum.
+    __m512i pickp[2][2], picko, pickb;
+    for (int h = 0; h < 2; h++)
+        for (int v = 0; v < 2; v++) {
+            uint16_t w[32];
+            for (int i = 0; i < 32; i++) w[i] = (uint16_t)(16 * (i % 8 / 4) + 8 * h + 4 * v + i / 8);
+            pickp[h][v] = _mm512_loadu_si512(w);
+        }
+    {
+        uint16_t wo[32], wb[32];
+        for (int i = 0; i < 32; i++) wo[i] = (uint16_t)(16 * (i % 8 / 4) + 4 * (i / 8) + i % 4), wb[i] = (uint16_t)(4 * (i / 8) + i % 4);
+        picko = _mm512_loadu_si512(wo);
+        pickb = _mm512_loadu_si512(wb);
     }
+    const __m512i fo = _mm512_set1_epi16(six ? -8 : three ? -4 : 1);
     // prefetch distance (k_gemv1_pf_step): the kernel reads the activation row and 32 bytes of side
     // data (sums) a block
     const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32)));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
-        __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
-        for (int i = 0; i < nr; i++)
-            for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *a[K_GEMVN_MAX]; // activation row i's quants
-            __m256i sums[K_GEMVN_MAX], iv[K_GEMVN_MAX][4], mv[K_GEMVN_MAX][4];
-            for (int i = 0; i < nr; i++) {
-                const uint8_t *yb = y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE;
-                a[i] = yb + 4; // Q2_K: the stored bsums
-                sums[i] = type == T_Q2_K ? k_load256(yb + 260) : k_load256(side + (size_t)i * side_stride + 32 * b);
-            }
+        __m512d acc[K_GEMVN_MAX][2]; // activation row i's lanes 0-1 (2-3) of the four rows: [lane][row]
+        for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = _mm512_setzero_pd();
+        // Two blocks a step (b, b + 1: lanes 0-1 or 2-3), their terms formed together in 512-bit
+        // vectors; an odd last block goes alone, as both halves of the step.
+        for (int64_t b = 0; b < nb; b += 2) {
+            const int nk = b + 1 < nb ? 2 : 1;
+            __m512i xs[2][K_GEMVN_MAX], xm[2][K_GEMVN_MAX]; // [block][activation row]: in each 128-bit lane [row 0..3]
             K_UNROLL
-            for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb + o, pf); // 210, 110 or 84 bytes
-                __m256i sc16, mn16 = _mm256_setzero_si256();
-                if (six) {
-                    sc16 = _mm256_cvtepi8_epi16(k_load128(xb + 192));
-                } else if (three) {
-                    sc16 = _mm256_cvtepi8_epi16(k_q3_k_scales_avx2(xb));
-                } else {
-                    const __m128i sm = k_load128(xb), m15 = _mm_set1_epi8(15);
-                    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m15));
-                    mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m15));
+            for (int k = 0; k < 2; k++) {
+                if (k == nk) { // the last block, alone: its copy as the second
+                    for (int i = 0; i < nr; i++) xs[1][i] = xs[0][i], xm[1][i] = xm[0][i];
+                    break;
                 }
-                const __m512i scz = _mm512_castsi256_si512(sc16);
-                const __m512i hm = three ? _mm512_broadcast_i64x4(k_load256(xb)) : _mm512_setzero_si512();
-                __m512i t[K_GEMVN_MAX];
-                for (int i = 0; i < nr; i++) t[i] = _mm512_setzero_si512();
+                const int64_t bk = b + k;
+                const uint8_t *a[K_GEMVN_MAX]; // activation row i's quants
+                __m512i bsw[K_GEMVN_MAX], t[K_GEMVN_MAX][2], tm[K_GEMVN_MAX][2];
+                for (int i = 0; i < nr; i++) {
+                    const uint8_t *yb = y + (size_t)i * ys + (size_t)bk * K_Q8_K_SIZE;
+                    a[i] = yb + 4; // Q2_K: the stored bsums
+                    const __m256i sums = two ? k_load256(yb + 260) : k_load256(side + (size_t)i * side_stride + 32 * bk);
+                    bsw[i] = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pickb, _mm512_castsi256_si512(sums)), fo);
+                }
                 K_UNROLL
-                for (int h = 0; h < 2; h++) {
-                    __m512i qv[2];
+                for (int p = 0; p < 2; p++) {
+                    const uint8_t *xp[2] = {xr[2 * p] + (size_t)bk * bsize, xr[2 * p + 1] + (size_t)bk * bsize};
+                    for (int e = 0; e < 2; e++)
+                        for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xp[e] + o, pf); // 210, 110 or 84 bytes
+                    __m512i scz, mnz = _mm512_setzero_si512();
                     if (six) {
-                        const __m512i ql = _mm512_loadu_si512(xb + 64 * h);
-                        const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h)), mqh);
-                        qv[0] = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shl), m4, 0xE4); // m4 ? ql : pair
-                        qv[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), m4, 0xE4);
+                        scz = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xp[0] + 192)), k_load128(xp[1] + 192), 1));
+                    } else if (three) {
+                        scz = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(k_q3_k_scales_avx2(xp[0])), k_q3_k_scales_avx2(xp[1]), 1));
                     } else {
-                        const __m512i qs = _mm512_broadcast_i64x4(k_load256(xb + qo + 32 * h));
+                        const __m256i sm = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xp[0])), k_load128(xp[1]), 1);
+                        const __m256i m15 = _mm256_set1_epi8(15);
+                        scz = _mm512_cvtepu8_epi16(_mm256_and_si256(sm, m15));
+                        mnz = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(sm, 4), m15));
+                    }
+                    // the offset first (|off * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27, Q6_K),
+                    // from data at hand before the quants; Q2_K's msum on its own
+                    if (two) {
+                        const __m512i mo = _mm512_permutexvar_epi16(picko, mnz);
+                        for (int i = 0; i < nr; i++) {
+                            tm[i][p] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mo, bsw[i]);
+                            t[i][p] = _mm512_setzero_si512();
+                        }
+                    } else {
+                        __m512i so = _mm512_permutexvar_epi16(picko, scz);
+                        if (six) so = _mm512_slli_epi16(so, 2);
+                        for (int i = 0; i < nr; i++) t[i][p] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), so, bsw[i]);
+                    }
+                    K_UNROLL
+                    for (int h = 0; h < 2; h++) {
+                        __m512i qv[2][2]; // [row of the pair][vector]
                         K_UNROLL
-                        for (int p = 0; p < 2; p++) {
-                            qv[p] = _mm512_and_si512(_mm512_srlv_epi16(qs, slo[p]), m3);
-                            if (three) {
-                                const int v = 2 * h + p;
-                                const __m512i f = v ? _mm512_srlv_epi16(hm, shi[v]) : _mm512_sllv_epi16(hm, shi[v]);
-                                qv[p] = _mm512_ternarylogic_epi32(qv[p], f, b2, 0xF8); // q | (f & 4)
+                        for (int e = 0; e < 2; e++) {
+                            const uint8_t *xb = xp[e];
+                            if (six) {
+                                const __m512i ql = _mm512_loadu_si512(xb + 64 * h);
+                                const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(k_load256(xb + 128 + 32 * h)), mqh);
+                                qv[e][0] = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shl), m4, 0xE4); // m4 ? ql : pair
+                                qv[e][1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), m4, 0xE4);
+                            } else {
+                                const __m512i qs = _mm512_broadcast_i64x4(k_load256(xb + qo + 32 * h));
+                                const __m512i hm = three ? _mm512_broadcast_i64x4(k_load256(xb)) : _mm512_setzero_si512();
+                                K_UNROLL
+                                for (int v = 0; v < 2; v++) {
+                                    qv[e][v] = _mm512_and_si512(_mm512_srlv_epi16(qs, slo[v]), m3);
+                                    if (three) {
+                                        const int u = 2 * h + v;
+                                        const __m512i f = u ? _mm512_srlv_epi16(hm, shi[u]) : _mm512_sllv_epi16(hm, shi[u]);
+                                        qv[e][v] = _mm512_ternarylogic_epi32(qv[e][v], f, b2, 0xF8); // q | (f & 4)
+                                    }
+                                }
+                            }
+                        }
+                        // vpdpbusd's sums of four (|sum| <= 4 * 63 * 128) pack into int16 exactly
+                        K_UNROLL
+                        for (int v = 0; v < 2; v++) {
+                            const __m512i sp = _mm512_permutexvar_epi16(pickp[h][v], scz);
+                            K_UNROLL
+                            for (int i = 0; i < nr; i++) {
+                                const __m512i av = _mm512_loadu_si512(a[i] + 128 * h + 64 * v);
+                                const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[0][v], av);
+                                const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[1][v], av);
+                                t[i][p] = _mm512_dpwssd_epi32(t[i][p], _mm512_packs_epi32(d0, d1), sp);
                             }
                         }
                     }
-                    // vpdpbusd's sums of four (|sum| <= 4 * 63 * 128) pack into int16 exactly
-                    const __m512i sp = _mm512_permutexvar_epi16(pick[h], scz);
-                    K_UNROLL
-                    for (int i = 0; i < nr; i++) {
-                        const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[0], _mm512_loadu_si512(a[i] + 128 * h));
-                        const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv[1], _mm512_loadu_si512(a[i] + 128 * h + 64));
-                        t[i] = _mm512_dpwssd_epi32(t[i], _mm512_packs_epi32(d0, d1), sp);
+                }
+                // each row's sums (lanes 0-1 or 2-3 of its pair's) to [row 0..3] in each 128-bit lane
+                for (int i = 0; i < nr; i++) {
+                    const __m512 t0 = _mm512_castsi512_ps(t[i][0]), t1 = _mm512_castsi512_ps(t[i][1]);
+                    xs[k][i] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0x88)),
+                                                _mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0xDD)));
+                    if (two) {
+                        const __m512 m0 = _mm512_castsi512_ps(tm[i][0]), m1 = _mm512_castsi512_ps(tm[i][1]);
+                        xm[k][i] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(m0, m1, 0x88)),
+                                                    _mm512_castps_si512(_mm512_shuffle_ps(m0, m1, 0xDD)));
+                    } else {
+                        xm[k][i] = _mm512_setzero_si512();
                     }
                 }
-                K_UNROLL
-                for (int i = 0; i < nr; i++) {
-                    iv[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
-                    // |off * sum_k scale_k * sum_k| <= 32 * 16 * 128 * 2048 = 2^27 (Q6_K)
-                    if (type != T_Q2_K)
-                        iv[i][r] = _mm256_sub_epi32(iv[i][r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums[i]), six ? 5 : 2));
-                    mv[i][r] = type == T_Q2_K ? _mm256_madd_epi16(mn16, sums[i]) : _mm256_setzero_si256();
-                }
             }
-            const size_t o = (size_t)b * bsize + od;
-            const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
-            const __m256d dm = type == T_Q2_K ? _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2))
-                                              : _mm256_setzero_pd();
+            // d (Q2_K: and dmin) of the four rows of both blocks: [block][row]
+            const size_t o0 = (size_t)b * bsize + od, o1 = (size_t)(b + nk - 1) * bsize + od;
+            const __m512d dx = _mm512_cvtps_pd(_mm256_set_m128(k_f16x4_avx2(xr[0] + o1, xr[1] + o1, xr[2] + o1, xr[3] + o1),
+                                                               k_f16x4_avx2(xr[0] + o0, xr[1] + o0, xr[2] + o0, xr[3] + o0)));
+            const __m512d dm = two ? _mm512_cvtps_pd(_mm256_set_m128(k_f16x4_avx2(xr[0] + o1 + 2, xr[1] + o1 + 2, xr[2] + o1 + 2, xr[3] + o1 + 2),
+                                                                     k_f16x4_avx2(xr[0] + o0 + 2, xr[1] + o0 + 2, xr[2] + o0 + 2, xr[3] + o0 + 2)))
+                                   : _mm512_setzero_pd();
+            const __mmask8 km = nk == 2 ? 0xff : 0x0f;
             K_UNROLL
             for (int i = 0; i < nr; i++) {
-                const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[i][0], iv[i][1], iv[i][2], iv[i][3]));
-                __m256d t;
-                if (type == T_Q2_K) { // the reference: dy * (d * isum - dmin * msum)
-                    const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[i][0], mv[i][1], mv[i][2], mv[i][3]));
-                    t = _mm256_mul_pd(_mm256_set1_pd(dys[i][b]), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                // the lanes added, both blocks' rows in the low 256 bits: [block][row]
+                __m512i v = _mm512_add_epi32(_mm512_shuffle_i64x2(xs[0][i], xs[1][i], 0x44), _mm512_shuffle_i64x2(xs[0][i], xs[1][i], 0xEE));
+                v = _mm512_add_epi32(_mm512_shuffle_i64x2(v, v, 0x08), _mm512_shuffle_i64x2(v, v, 0x0D));
+                const __m512d is = _mm512_cvtepi32_pd(_mm512_castsi512_si256(v));
+                const __m512d dy = _mm512_insertf64x4(_mm512_set1_pd(dys[i][b]), _mm256_set1_pd(dys[i][b + nk - 1]), 1);
+                __m512d tt;
+                if (two) { // the reference: dy * (d * isum - dmin * msum)
+                    __m512i u = _mm512_add_epi32(_mm512_shuffle_i64x2(xm[0][i], xm[1][i], 0x44), _mm512_shuffle_i64x2(xm[0][i], xm[1][i], 0xEE));
+                    u = _mm512_add_epi32(_mm512_shuffle_i64x2(u, u, 0x08), _mm512_shuffle_i64x2(u, u, 0x0D));
+                    const __m512d ms = _mm512_cvtepi32_pd(_mm512_castsi512_si256(u));
+                    tt = _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, is), _mm512_mul_pd(dm, ms)));
                 } else { // (double)d * (double)dy * (double)isum
-                    t = _mm256_mul_pd(_mm256_mul_pd(dx, _mm256_set1_pd(dys[i][b])), is);
+                    tt = _mm512_mul_pd(_mm512_mul_pd(dx, dy), is);
                 }
-                acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
+                tt = k_no_fuse_pd512(tt);
+                if (b & 2)
+                    acc[i][1] = _mm512_mask_add_pd(acc[i][1], km, acc[i][1], tt);
+                else
+                    acc[i][0] = _mm512_mask_add_pd(acc[i][0], km, acc[i][0], tt);
             }
         }
-        for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
+        for (int i = 0; i < nr; i++) {
+            const __m256d lanes[K_BLOCK_LANES] = {_mm512_castpd512_pd256(acc[i][0]), _mm512_extractf64x4_pd(acc[i][0], 1),
+                                                  _mm512_castpd512_pd256(acc[i][1]), _mm512_extractf64x4_pd(acc[i][1], 1)};
+            k_gemv1_store(lanes, s[i], w, nw);
+        }
     }
 }
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q2_k_avx512, k_gemvn_q2_k_avx512, k_gemv1_kq16_avx512, T_Q2_K)
