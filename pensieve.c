@@ -22285,15 +22285,21 @@ static void http_common_headers(http_conn *c, buf_t *h) {
         buf_printf(h, "Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n", c->srv->conf.cors_origin);
 }
 
-static bool http_respond(http_conn *c, int status, const char *ctype, const char *body, size_t n, bool keep_alive) {
+// A response whose body is the n bytes at body followed by the n2 at body2 (none: n2 = 0).
+static bool http_respond2(http_conn *c, int status, const char *ctype, const char *body, size_t n, const char *body2,
+                          size_t n2, bool keep_alive) {
     c->status = status;
     buf_t h = {0};
-    buf_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n", status, http_reason(status), ctype, n);
+    buf_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n", status, http_reason(status), ctype, n + n2);
     http_common_headers(c, &h);
     buf_puts(&h, keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
-    bool ok = !h.oom && http_send(c, h.data, h.len) && http_send(c, body, n);
+    bool ok = !h.oom && http_send(c, h.data, h.len) && http_send(c, body, n) && (!n2 || http_send(c, body2, n2));
     buf_free(&h);
     return ok;
+}
+
+static bool http_respond(http_conn *c, int status, const char *ctype, const char *body, size_t n, bool keep_alive) {
+    return http_respond2(c, status, ctype, body, n, NULL, 0, keep_alive);
 }
 
 // API flavour of a request, for error envelopes.
@@ -23930,7 +23936,8 @@ static bool handle_metrics(http_conn *c, const http_req *r) {
 }
 
 // The chat page served at GET /: plain HTML and JavaScript, no external resources (works
-// offline). It streams answers from /v1/messages and keeps the conversation in the page.
+// offline). It streams answers from /v1/messages and keeps the conversation in the page. In two
+// literals (the page, then its script), each within the 4095 characters ISO C compilers must take.
 static const char srv_chat_page[] =
     "<!doctype html>\n"
     "<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
@@ -23952,7 +23959,8 @@ static const char srv_chat_page[] =
     "<input id=\"key\" type=\"password\" placeholder=\"API key (if set)\" autocomplete=\"off\"><button id=\"clear\" type=\"button\">New chat</button></header>\n"
     "<div id=\"log\"></div>\n"
     "<form id=\"form\"><textarea id=\"input\" rows=\"2\" placeholder=\"Send a message (Enter to send, Shift+Enter for a new line)\"></textarea>\n"
-    "<button id=\"send\" type=\"submit\">Send</button></form>\n"
+    "<button id=\"send\" type=\"submit\">Send</button></form>\n";
+static const char srv_chat_script[] =
     "<script>\n"
     "\"use strict\";\n"
     "const log = document.getElementById(\"log\"), input = document.getElementById(\"input\"), form = document.getElementById(\"form\");\n"
@@ -24056,7 +24064,8 @@ static bool srv_route(http_conn *c, http_req *r) {
         return ok && r->keep_alive;
     }
     if ((str_eq_c(r->path, "/") || str_eq_c(r->path, "/index.html")) && !strcmp(r->method, "GET"))
-        return http_respond(c, 200, "text/html; charset=utf-8", srv_chat_page, sizeof srv_chat_page - 1, r->keep_alive) &&
+        return http_respond2(c, 200, "text/html; charset=utf-8", srv_chat_page, sizeof srv_chat_page - 1, srv_chat_script,
+                             sizeof srv_chat_script - 1, r->keep_alive) &&
                r->keep_alive;
     if (str_eq_c(r->path, "/health")) {
         const char *b = "{\"status\":\"ok\"}";
