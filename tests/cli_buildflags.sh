@@ -4,8 +4,9 @@
 # at -O2, clang within expressions), which changes last bits, and the reference models turn last
 # bits into visible logit changes. Builds pensieve.c with gcc and clang at -O2 in their default
 # (GNU) language mode, and with gcc without flags, and checks that `pensieve logits` prints exactly
-# what $PSV_BIN prints, for the first case of every reference model; and that builds without
-# flags say whether they are optimised (`info --cpu`). Needs $PSV_BIN and ../shared ($PSV_SHARED).
+# what $PSV_BIN prints, for the first case of every reference model; that builds without
+# flags say whether they are optimised (`info --cpu`); and that the file is strict ISO C11.
+# Needs $PSV_BIN and ../shared ($PSV_SHARED).
 # Ends with `N passed, N failed, N skipped`.
 
 pass=0 fail=0 skip=0
@@ -38,6 +39,14 @@ for cc in gcc clang; do
         if grep -q "rebuild with: cc -O2" "$tmp/cpu.err"; then ok; else bad "clang without flags: no warning to rebuild with -O2"; fi
     elif [ -s "$tmp/cpu.err" ]; then bad "gcc without flags: info --cpu warns: $(cat "$tmp/cpu.err")"
     else ok
+    fi
+done
+# Strict ISO C11 (-pedantic, warnings as errors): what a compiler that accepts nothing beyond the
+# standard would refuse (e.g. a string literal past the 4095 characters C11 requires).
+for cc in gcc clang; do
+    command -v $cc >/dev/null 2>&1 || { skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue; }
+    if $cc -std=c11 -pedantic -Wall -Wextra -Werror -fsyntax-only "$src" 2>"$tmp/cc.err"; then ok
+    else bad "$cc -std=c11 -pedantic -Werror: $(head -n 3 "$tmp/cc.err")"
     fi
 done
 if [ ! -d "$ref/expected" ]; then
