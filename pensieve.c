@@ -11567,6 +11567,36 @@ K_AVX512 K_INLINE __m512i k_sum4_lanes_avx512(const __m512i r[4]) {
     return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
 }
 
+// The one-row k-quant kernels' pairs and two blocks a step (k_gemv1_q45_k_core_avx512,
+// k_gemv1_kq16_avx512). A pair's int32 sums t0 (rows 0, 1 in lanes 0-1, 2-3 of each 128-bit
+// lane) and t1 (rows 2, 3) -> [row 0, 1, 2, 3] in each 128-bit lane.
+K_AVX512 K_INLINE __m512i k_pairs_sum_avx512(__m512i t0, __m512i t1) {
+    const __m512 a = _mm512_castsi512_ps(t0), c = _mm512_castsi512_ps(t1);
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, c, 0x88)), _mm512_castps_si512(_mm512_shuffle_ps(a, c, 0xDD)));
+}
+// Two blocks' [row 0..3] of each 128-bit lane (k_pairs_sum_avx512) -> the lanes added, as doubles
+// [block][row].
+K_AVX512 K_INLINE __m512d k_blocks2_sum_avx512(__m512i x0, __m512i x1) {
+    __m512i v = _mm512_add_epi32(_mm512_shuffle_i64x2(x0, x1, 0x44), _mm512_shuffle_i64x2(x0, x1, 0xEE));
+    v = _mm512_add_epi32(_mm512_shuffle_i64x2(v, v, 0x08), _mm512_shuffle_i64x2(v, v, 0x0D));
+    return _mm512_cvtepi32_pd(_mm512_castsi512_si256(v));
+}
+// The terms t [block][row] of blocks b, b + 1 (b even; km 0x0f: b alone) added to their lanes
+// of acc: lanes 0-1 in acc[0], 2-3 in acc[1], each [lane][row].
+K_AVX512 K_INLINE void k_lanes2_add_avx512(__m512d acc[2], int64_t b, __mmask8 km, __m512d t) {
+    t = k_no_fuse_pd512(t);
+    if (b & 2)
+        acc[1] = _mm512_mask_add_pd(acc[1], km, acc[1], t);
+    else
+        acc[0] = _mm512_mask_add_pd(acc[0], km, acc[0], t);
+}
+// k_gemv1_store of such accumulators.
+K_AVX512 K_INLINE void k_lanes2_store_avx512(const __m512d acc[2], float *s, int w, int nw) {
+    const __m256d lanes[K_BLOCK_LANES] = {_mm512_castpd512_pd256(acc[0]), _mm512_extractf64x4_pd(acc[0], 1),
+                                          _mm512_castpd512_pd256(acc[1]), _mm512_extractf64x4_pd(acc[1], 1)};
+    k_gemv1_store(lanes, s, w, nw);
+}
+
 // Generation's product of one activation row against many weight rows (k_gemv1_fn), Q4_0: four
 // weight rows and four blocks (128 values) a step, in 512-bit vectors, so that the work per
 // block that is not multiply-adding (block sums, scales, conversions) is shared by four rows and
@@ -12005,16 +12035,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                 const uint8_t *a = ax[i] + 384 * (size_t)b, *a1 = nk == 2 ? a + 384 : a;
                 // each block's four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes
                 // added, both blocks' in the low 256 bits: [block][row]
-                __m512i x[2];
-                K_UNROLL
-                for (int k = 0; k < 2; k++) {
-                    const __m512 t0 = _mm512_castsi512_ps(t[k][i][0]), t1 = _mm512_castsi512_ps(t[k][i][1]);
-                    x[k] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0x88)),
-                                            _mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0xDD)));
-                }
-                __m512i xs = _mm512_add_epi32(_mm512_shuffle_i64x2(x[0], x[1], 0x44), _mm512_shuffle_i64x2(x[0], x[1], 0xEE));
-                xs = _mm512_add_epi32(_mm512_shuffle_i64x2(xs, xs, 0x08), _mm512_shuffle_i64x2(xs, xs, 0x0D));
-                const __m512d is = _mm512_cvtepi32_pd(_mm512_castsi512_si256(xs));
+                const __m512d is = k_blocks2_sum_avx512(k_pairs_sum_avx512(t[0][i][0], t[0][i][1]), k_pairs_sum_avx512(t[1][i][0], t[1][i][1]));
                 // msum of row r in 128-bit lane r: the minimums as int16 against the bsums (stored
                 // data, any int16: |msum| <= 16 * 63 * 2^15)
                 const __m512i m0 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm[0], mlo), _mm512_loadu_si512(a + 256)),
@@ -12026,18 +12047,10 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                 const __m512d ms = _mm512_cvtepi32_pd(_mm512_castsi512_si256(_mm512_permutexvar_epi32(first4, m)));
                 // the reference: dy * (d * isum - dmin * msum)
                 const __m512d dy = _mm512_insertf64x4(_mm512_set1_pd(dys[i][b]), _mm256_set1_pd(dys[i][b + nk - 1]), 1);
-                const __m512d tm = k_no_fuse_pd512(_mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, is), _mm512_mul_pd(dm, ms))));
-                if (b & 2)
-                    acc[i][1] = _mm512_mask_add_pd(acc[i][1], km, acc[i][1], tm);
-                else
-                    acc[i][0] = _mm512_mask_add_pd(acc[i][0], km, acc[i][0], tm);
+                k_lanes2_add_avx512(acc[i], b, km, _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, is), _mm512_mul_pd(dm, ms))));
             }
         }
-        for (int i = 0; i < nr; i++) {
-            const __m256d lanes[K_BLOCK_LANES] = {_mm512_castpd512_pd256(acc[i][0]), _mm512_extractf64x4_pd(acc[i][0], 1),
-                                                  _mm512_castpd512_pd256(acc[i][1]), _mm512_extractf64x4_pd(acc[i][1], 1)};
-            k_gemv1_store(lanes, s[i], w, nw);
-        }
+        for (int i = 0; i < nr; i++) k_lanes2_store_avx512(acc[i], s[i], w, nw);
     }
 }
 // The core in each form (k_gemv1_q45_k_for chooses): the first, with VBMI's scale picks, and with
@@ -12249,16 +12262,8 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                 }
                 // each row's sums (lanes 0-1 or 2-3 of its pair's) to [row 0..3] in each 128-bit lane
                 for (int i = 0; i < nr; i++) {
-                    const __m512 t0 = _mm512_castsi512_ps(t[i][0]), t1 = _mm512_castsi512_ps(t[i][1]);
-                    xs[k][i] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0x88)),
-                                                _mm512_castps_si512(_mm512_shuffle_ps(t0, t1, 0xDD)));
-                    if (two) {
-                        const __m512 m0 = _mm512_castsi512_ps(tm[i][0]), m1 = _mm512_castsi512_ps(tm[i][1]);
-                        xm[k][i] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(m0, m1, 0x88)),
-                                                    _mm512_castps_si512(_mm512_shuffle_ps(m0, m1, 0xDD)));
-                    } else {
-                        xm[k][i] = _mm512_setzero_si512();
-                    }
+                    xs[k][i] = k_pairs_sum_avx512(t[i][0], t[i][1]);
+                    xm[k][i] = two ? k_pairs_sum_avx512(tm[i][0], tm[i][1]) : _mm512_setzero_si512();
                 }
             }
             // d (Q2_K: and dmin) of the four rows of both blocks: [block][row]
@@ -12271,32 +12276,19 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
             const __mmask8 km = nk == 2 ? 0xff : 0x0f;
             K_UNROLL
             for (int i = 0; i < nr; i++) {
-                // the lanes added, both blocks' rows in the low 256 bits: [block][row]
-                __m512i v = _mm512_add_epi32(_mm512_shuffle_i64x2(xs[0][i], xs[1][i], 0x44), _mm512_shuffle_i64x2(xs[0][i], xs[1][i], 0xEE));
-                v = _mm512_add_epi32(_mm512_shuffle_i64x2(v, v, 0x08), _mm512_shuffle_i64x2(v, v, 0x0D));
-                const __m512d is = _mm512_cvtepi32_pd(_mm512_castsi512_si256(v));
+                const __m512d is = k_blocks2_sum_avx512(xs[0][i], xs[1][i]); // [block][row]
                 const __m512d dy = _mm512_insertf64x4(_mm512_set1_pd(dys[i][b]), _mm256_set1_pd(dys[i][b + nk - 1]), 1);
                 __m512d tt;
                 if (two) { // the reference: dy * (d * isum - dmin * msum)
-                    __m512i u = _mm512_add_epi32(_mm512_shuffle_i64x2(xm[0][i], xm[1][i], 0x44), _mm512_shuffle_i64x2(xm[0][i], xm[1][i], 0xEE));
-                    u = _mm512_add_epi32(_mm512_shuffle_i64x2(u, u, 0x08), _mm512_shuffle_i64x2(u, u, 0x0D));
-                    const __m512d ms = _mm512_cvtepi32_pd(_mm512_castsi512_si256(u));
+                    const __m512d ms = k_blocks2_sum_avx512(xm[0][i], xm[1][i]);
                     tt = _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, is), _mm512_mul_pd(dm, ms)));
                 } else { // (double)d * (double)dy * (double)isum
                     tt = _mm512_mul_pd(_mm512_mul_pd(dx, dy), is);
                 }
-                tt = k_no_fuse_pd512(tt);
-                if (b & 2)
-                    acc[i][1] = _mm512_mask_add_pd(acc[i][1], km, acc[i][1], tt);
-                else
-                    acc[i][0] = _mm512_mask_add_pd(acc[i][0], km, acc[i][0], tt);
+                k_lanes2_add_avx512(acc[i], b, km, tt);
             }
         }
-        for (int i = 0; i < nr; i++) {
-            const __m256d lanes[K_BLOCK_LANES] = {_mm512_castpd512_pd256(acc[i][0]), _mm512_extractf64x4_pd(acc[i][0], 1),
-                                                  _mm512_castpd512_pd256(acc[i][1]), _mm512_extractf64x4_pd(acc[i][1], 1)};
-            k_gemv1_store(lanes, s[i], w, nw);
-        }
+        for (int i = 0; i < nr; i++) k_lanes2_store_avx512(acc[i], s[i], w, nw);
     }
 }
 K_DEF_GEMV1N(K_AVX512, k_gemv1_q2_k_avx512, k_gemvn_q2_k_avx512, k_gemv1_kq16_avx512, T_Q2_K)
