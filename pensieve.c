@@ -11913,16 +11913,15 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
         ax[i] = side + (size_t)i * side_stride + k_act_side_size(T_Q8_K, n);
     }
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    // scale vector v for the packed sums of sub-blocks (4v, 4v + 1) in 128-bit lanes 0-1 and
-    // (4v + 2, 4v + 3) in lanes 2-3 (vpackssdw: the first vector's four int32 lanes of a 128-bit
-    // lane, then the second's): each scale byte zero-extended to int16 (0x80 picks a zero)
     // Rows r and r + 1 (a pair, p = r / 2) go together: vector v's sums of the two rows packed into
     // one (vpackssdw: row r's four int32 lanes of a 128-bit lane, then row r + 1's), weighted by
     // the scale words pickp[p][v] picks and summed into the pair's int32 lanes (row r in lanes 0-1
     // of each 128-bit lane, row r + 1 in 2-3). Quant vector v (the low, high nibbles of the first
     // 64 bytes, then of the second) holds sub-block 4 (v / 2) + v % 2 in 128-bit lanes 0-1 and
-    // that + 2 in lanes 2-3. Without VBMI, pairw[p] brings the two rows' scale bytes into every
-    // 128-bit lane (row r's in bytes 0-7, row r + 1's in 8-15) and pickp picks them from there.
+    // that + 2 in lanes 2-3. Each scale byte is zero-extended to int16 (the odd bytes: 0x80
+    // picks a zero; vbmi: masked off). Without VBMI, pairw[p] brings the two rows' scale bytes
+    // into every 128-bit lane (row r's in bytes 0-7, row r + 1's in 8-15) and pickp picks them
+    // from there.
     __m512i pickp[2][4], pairw[2];
     for (int p = 0; p < 2; p++) {
         pairw[p] = _mm512_set4_epi32(8 * p + 5, 8 * p + 4, 8 * p + 1, 8 * p);
@@ -11945,7 +11944,8 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     // d of rows 0-3 of the two blocks (A's header vector, then B's), then their dmin
     const __m512i fp16 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 57, 49, 41, 33, 25, 17, 9, 1,
                                           56, 48, 40, 32, 24, 16, 8, 0);
-    const __m512i first4 = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0); // lane r's first int32 first
+    // msum of block A (int32 0 of each row's lane) for rows 0-3, then of block B (int32 1)
+    const __m512i first4 = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     const __mmask64 even = 0x5555555555555555ull; // (vbmi: pickp's odd bytes, zeros, masked off)
     // prefetch distance (k_gemv1_pf_step): the kernel reads the side data's 384 bytes a block
     const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, 384 * (size_t)nb));
