@@ -10171,15 +10171,19 @@ K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_avx2, k_gemvn_q6_k_avx2, k_gemv1_kq16_avx2, T_
 // k_gemv1_fn for Q4_K on AVX2: four weight rows (one from each quarter) a block, the
 // activation's quants loaded once for the four. A row's 32-byte chunk c holds sub-blocks 2c (low
 // nibbles) and 2c + 1 (high); vpmaddubsw makes each sub-block's int16 pair sums (|pair| <=
-// 2 * 15 * 128) and vpmaddwd weights them by the sub-block's scale, shuffled out of the row's
-// eight (|lane| <= 2 * 3840 * 63), into int32 lanes adding up to isum. (Three rounds of vphaddw
-// to one partial sum per sub-block and one vpmaddwd against the eight scales measured 5-10 %
-// slower on Zen 5.) msum is the minimums, each twice, against the stored bsums; the four rows'
-// sums are reduced together and their terms formed side by side, exactly the reference's
-// dy * (d * isum - dmin * msum). Q5_K (type) is the same with sub-block k's fifth bits, bit k of
-// the 32 qh bytes before the quants, shifted to bit 4 and or-ed in (|pair| <= 2 * 31 * 128).
-// For several activation rows (gemvn), each row's block is unpacked once and its lo/hi vectors
-// meet every activation row in turn.
+// 2 * 15 * 128) and vpmaddwd weights them by the sub-block's scale (|lane| <= 2 * 3840 * 63),
+// into int32 lanes adding up to isum. (Three rounds of vphaddw to one partial sum per sub-block
+// and one vpmaddwd against the eight scales measured 5-10 % slower on Zen 5.) The headers (d,
+// dmin and the 12 bytes of scales and minimums) unpack in vectors, two rows to a vector, a row
+// to a 128-bit lane: the scales go to the stack as int16 pairs (s, s) and come back as
+// vpbroadcastd loads (no shuffle port; before, a vpshufb each, which clang turned into two
+// shuffles, and the scalar unpacking of k_scale_min_k4_avx2 made a third of the loop), the
+// minimums, each twice, meet the stored bsums, and d and dmin of the four rows convert in one
+// vcvtph2ps. The four rows' sums are reduced together and their terms formed side by side,
+// exactly the reference's dy * (d * isum - dmin * msum). Q5_K (type) is the same with sub-block
+// k's fifth bits, bit k of the 32 qh bytes before the quants, shifted to bit 4 and or-ed in
+// (|pair| <= 2 * 31 * 128). For several activation rows (gemvn), each row's block is unpacked
+// once and its lo/hi vectors meet every activation row in turn.
 K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
                                        int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
                                        size_t side_stride, const int nr) {
@@ -10189,6 +10193,15 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
     const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qo = five ? 48 : 16;
     const int64_t nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
+    const __m256i m3f = _mm256_set1_epi8(0x3f), m30 = _mm256_set1_epi8(0x30), u2sh = _mm256_setr_epi32(0, 0, 4, 0, 0, 0, 4, 0);
+    const __m128i dsel = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15); // [d0..d3, dmin0..dmin3]
+    __m256i dup[4]; // bytes 8 + 4j .. 11 + 4j (j = 0, 1) or 4j - 8 .. 4j - 5 (j = 2, 3) to int16 pairs (u, u)
+    for (int j = 0; j < 4; j++) {
+        uint8_t t[32];
+        for (int l = 0; l < 32; l++) t[l] = l % 2 ? 0x80 : (uint8_t)((8 + 4 * j) % 16 + l % 16 / 4);
+        dup[j] = k_load256(t);
+    }
+    _Alignas(32) uint32_t scw[2][2][8]; // rows 2p + h's scale k as the int16 pair (k, k): scw[p][k / 4][4 * h + k % 4]
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -10196,11 +10209,28 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
         for (int i = 0; i < nr; i++)
             for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
-            __m256i iv[K_GEMVN_MAX][4], mv[K_GEMVN_MAX][4];
+            const size_t o = (size_t)b * bsize;
+            // rows 2p and 2p + 1's headers [d dmin, u0, u1, u2] in a 128-bit lane each: k_scale_min_k4's
+            // unpacking, two rows at a time
+            __m256i hd[2], mins[2][2];
+            K_UNROLL
+            for (int p = 0; p < 2; p++) {
+                const __m256i v = k_cat128_avx2(xr[2 * p] + o, xr[2 * p + 1] + o);
+                const __m256i lo = _mm256_and_si256(v, m3f); // [., scales 0-3, mins 0-3, .]
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 2), m30), // [., scales 4-7, mins 4-7, .]
+                                                   _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi32(v, 0xff), u2sh), m4));
+                const __m256i sc = _mm256_unpacklo_epi32(lo, hi), mn = _mm256_unpackhi_epi32(lo, hi); // [., ., scales], [mins, ., .]
+                _mm256_store_si256((__m256i *)(void *)scw[p][0], _mm256_shuffle_epi8(sc, dup[0]));
+                _mm256_store_si256((__m256i *)(void *)scw[p][1], _mm256_shuffle_epi8(sc, dup[1]));
+                mins[p][0] = _mm256_shuffle_epi8(mn, dup[2]), mins[p][1] = _mm256_shuffle_epi8(mn, dup[3]); // each twice
+                hd[p] = v;
+            }
+            __asm__("" : "+m"(scw)); // read back as broadcasts, not rebuilt from sc with shuffles
+            __m256i iv[K_GEMVN_MAX][4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 144 or 176 bytes: 3 lines
+                const uint8_t *xb = xr[r] + o;
+                for (size_t oo = 0; oo < bsize; oo += 64) k_prefetch_ahead(xb + oo, k_gemv1_pf); // 144 or 176 bytes: 3 lines
                 __m256i q[8]; // sub-block k's quants
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
@@ -10215,33 +10245,37 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
                     }
                     q[2 * c] = lo, q[2 * c + 1] = hi;
                 }
-                __m128i sc8, m8;
-                k_scale_min_k4_avx2(xb, &sc8, &m8);
-                const __m256i scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); // scale k: int16 lane k of each 128
-                const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
                 K_UNROLL
                 for (int i = 0; i < nr; i++) {
                     const uint8_t *yb = y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE; // sub-block k: values 32k ..
                     __m256i t = _mm256_setzero_si256();
                     K_UNROLL
                     for (int k = 0; k < 8; k++) {
-                        const __m256i sk = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (2 * k + 1) + 2 * k)));
+                        const __m256i sk = _mm256_set1_epi32((int)scw[r / 2][k / 4][4 * (r % 2) + k % 4]);
                         t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], k_load256(yb + 4 + 32 * k)), sk));
                     }
+                    __asm__("" : "+x"(t)); // summed here: gcc otherwise keeps the products for a tree at the end
                     iv[i][r] = t;
-                    mv[i][r] = _mm256_madd_epi16(mins, k_load256(yb + 260)); // against the stored bsums
                 }
             }
-            const size_t o = (size_t)b * bsize;
-            const __m256d dx = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o, xr[1] + o, xr[2] + o, xr[3] + o));
-            const __m256d dm = _mm256_cvtps_pd(k_f16x4_avx2(xr[0] + o + 2, xr[1] + o + 2, xr[2] + o + 2, xr[3] + o + 2));
+            // d and dmin of the four rows: [h0, h1, h2, h3] to [d0..d3 | dmin0..dmin3] as doubles
+            const __m256i h02 = _mm256_unpacklo_epi32(hd[0], hd[1]); // [h0, h2, ., . | h1, h3, ., .]
+            const __m256 f = _mm256_cvtph_ps(_mm_shuffle_epi8(
+                _mm_unpacklo_epi32(_mm256_castsi256_si128(h02), _mm256_extracti128_si256(h02, 1)), dsel));
+            const __m256d dx = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), dm = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
             K_UNROLL
             for (int i = 0; i < nr; i++) {
+                const uint8_t *yb = y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE;
+                // msum of rows 0-3 against the stored bsums (any int16: data to the reference), [r0 | r1]
+                // and [r2 | r3] to [r0, r1, r2, r3]
+                const __m256i b0 = _mm256_broadcastsi128_si256(k_load128(yb + 260)), b1 = _mm256_broadcastsi128_si256(k_load128(yb + 276));
+                const __m256i m2 = _mm256_hadd_epi32(_mm256_add_epi32(_mm256_madd_epi16(mins[0][0], b0), _mm256_madd_epi16(mins[0][1], b1)),
+                                                     _mm256_add_epi32(_mm256_madd_epi16(mins[1][0], b0), _mm256_madd_epi16(mins[1][1], b1)));
+                const __m256i m1 = _mm256_hadd_epi32(m2, m2); // [r0, r2, r0, r2 | r1, r3, r1, r3]
+                const __m256d ms = _mm256_cvtepi32_pd(_mm_unpacklo_epi32(_mm256_castsi256_si128(m1), _mm256_extracti128_si256(m1, 1)));
                 const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[i][0], iv[i][1], iv[i][2], iv[i][3]));
-                const __m256d ms = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(mv[i][0], mv[i][1], mv[i][2], mv[i][3]));
                 // the reference: dy * (d * isum - dmin * msum)
-                const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(y + (size_t)i * ys + (size_t)b * K_Q8_K_SIZE)),
-                                                 _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(yb)), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
                 acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
             }
         }
