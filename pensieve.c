@@ -9864,7 +9864,7 @@ K_AVX2 K_INLINE __m128i k_q3_k_scales_avx2(const uint8_t *x) {
 // The quants, minimums and scales of a block; returns the 16 int16 sub-block scales (sub-block
 // k in lane k; Q4_K/Q5_K: each of the 8 scales twice). w->sc is left unset.
 K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1), m30 = _mm256_set1_epi8(0x30), m4b = _mm256_set1_epi8(4);
     const __m128i m4x = _mm_set1_epi8(15);
     __m256i s16;
     w->off = 0;
@@ -9894,8 +9894,9 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
             K_UNROLL
             for (int j = 0; j < 4; j++) {
                 __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m2);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), m1);
-                w->q[4 * h + j] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+                const int sh = 4 * h + j - 2; // bit 4h + j of hm straight to bit 2
+                __m256i hi = sh == 0 ? hm : sh < 0 ? _mm256_slli_epi16(hm, -sh) : _mm256_srli_epi16(hm, sh);
+                w->q[4 * h + j] = _mm256_or_si256(lo, _mm256_and_si256(hi, m4b));
             }
         }
         s16 = _mm256_cvtepi8_epi16(k_q3_k_scales_avx2(x));
@@ -9935,8 +9936,9 @@ K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk
             for (int k = 0; k < 4; k++) {
                 __m256i ql = (k & 1) ? ql1 : ql0;
                 __m256i lo = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
-                w->q[4 * h + k] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                // bits 2k of qh straight to bits 4-5 (one shift, none for k = 2)
+                __m256i hi = k == 2 ? qh : k < 2 ? _mm256_slli_epi16(qh, 4 - 2 * k) : _mm256_srli_epi16(qh, 2);
+                w->q[4 * h + k] = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
             }
         }
         s16 = _mm256_cvtepi8_epi16(k_load128(x + 192));
