@@ -9864,7 +9864,8 @@ K_AVX2 K_INLINE __m128i k_q3_k_scales_avx2(const uint8_t *x) {
 // The quants, minimums and scales of a block; returns the 16 int16 sub-block scales (sub-block
 // k in lane k; Q4_K/Q5_K: each of the 8 scales twice). w->sc is left unset.
 K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1), m30 = _mm256_set1_epi8(0x30), m4b = _mm256_set1_epi8(4);
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+    const __m256i m30 = _mm256_set1_epi8(0x30), m4b = _mm256_set1_epi8(4);
     const __m128i m4x = _mm_set1_epi8(15);
     __m256i s16;
     w->off = 0;
@@ -10179,7 +10180,7 @@ K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_avx2, k_gemvn_q6_k_avx2, k_gemv1_kq16_avx2, T_
 // dmin and the 12 bytes of scales and minimums) unpack in vectors, two rows to a vector, a row
 // to a 128-bit lane: the scales go to the stack as int16 pairs (s, s) and come back as
 // vpbroadcastd loads (no shuffle port; before, a vpshufb each, which clang turned into two
-// shuffles, and the scalar unpacking of k_scale_min_k4_avx2 made a third of the loop), the
+// shuffles, and the scalar unpacking of k_scale_min_k4_avx2 made a quarter of the loop), the
 // minimums, each twice, meet the stored bsums, and d and dmin of the four rows convert in one
 // vcvtph2ps. The four rows' sums are reduced together and their terms formed side by side,
 // exactly the reference's dy * (d * isum - dmin * msum). Q5_K (type) is the same with sub-block
@@ -10203,7 +10204,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
         for (int l = 0; l < 32; l++) t[l] = l % 2 ? 0x80 : (uint8_t)((8 + 4 * j) % 16 + l % 16 / 4);
         dup[j] = k_load256(t);
     }
-    _Alignas(32) uint32_t scw[2][2][8]; // rows 2p + h's scale k as the int16 pair (k, k): scw[p][k / 4][4 * h + k % 4]
+    _Alignas(32) uint32_t scw[2][2][8]; // row 2p + h's scale s_k as the int16 pair (s_k, s_k): scw[p][k / 4][4 * h + k % 4]
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -10271,13 +10272,17 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
                 // msum of rows 0-3 against the stored bsums (any int16: data to the reference), [r0 | r1]
                 // and [r2 | r3] to [r0, r1, r2, r3]
                 const __m256i b0 = _mm256_broadcastsi128_si256(k_load128(yb + 260)), b1 = _mm256_broadcastsi128_si256(k_load128(yb + 276));
-                const __m256i m2 = _mm256_hadd_epi32(_mm256_add_epi32(_mm256_madd_epi16(mins[0][0], b0), _mm256_madd_epi16(mins[0][1], b1)),
-                                                     _mm256_add_epi32(_mm256_madd_epi16(mins[1][0], b0), _mm256_madd_epi16(mins[1][1], b1)));
+                __m256i mp[2]; // [row 2p: four lanes | row 2p + 1]
+                K_UNROLL
+                for (int p = 0; p < 2; p++)
+                    mp[p] = _mm256_add_epi32(_mm256_madd_epi16(mins[p][0], b0), _mm256_madd_epi16(mins[p][1], b1));
+                const __m256i m2 = _mm256_hadd_epi32(mp[0], mp[1]);
                 const __m256i m1 = _mm256_hadd_epi32(m2, m2); // [r0, r2, r0, r2 | r1, r3, r1, r3]
                 const __m256d ms = _mm256_cvtepi32_pd(_mm_unpacklo_epi32(_mm256_castsi256_si128(m1), _mm256_extracti128_si256(m1, 1)));
                 const __m256d is = _mm256_cvtepi32_pd(k_hsum4_i32_avx2(iv[i][0], iv[i][1], iv[i][2], iv[i][3]));
                 // the reference: dy * (d * isum - dmin * msum)
-                const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(yb)), _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
+                const __m256d t = _mm256_mul_pd(_mm256_set1_pd((double)k_ld_f32(yb)),
+                                                 _mm256_sub_pd(_mm256_mul_pd(dx, is), _mm256_mul_pd(dm, ms)));
                 acc[i][b % K_BLOCK_LANES] = _mm256_add_pd(acc[i][b % K_BLOCK_LANES], k_no_fuse_pd_avx2(t));
             }
         }
