@@ -9861,6 +9861,21 @@ K_AVX2 K_INLINE __m128i k_q3_k_scales_avx2(const uint8_t *x) {
     return _mm_sub_epi8(_mm_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3]), _mm_set1_epi8(32));
 }
 
+// k_q3_k_scales_avx2 of two blocks, x0's in the low 128-bit lane, in vectors: the 12 scale bytes
+// (from byte 96; loaded from 94, so as not to read past the block's 110 bytes) as the words a0,
+// a1, a2 of k_q3_k_scales4: scale j's low nibble is nibble j / 8 of byte j % 8 (a0, a1), its high
+// bits are bits 2 (j / 4) of byte 8 + j % 4 (a2), masked to bits 0-1, then shifted to bits 4-5.
+K_AVX2 K_INLINE __m256i k_q3_k_scales2_avx2(const uint8_t *x0, const uint8_t *x1) {
+    const __m256i v = k_cat128_avx2(x0 + 94, x1 + 94);
+    const __m256i a01 = _mm256_shuffle_epi8(v, _mm256_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8,
+                                                                 9, 2, 3, 4, 5, 6, 7, 8, 9)); // [a0, a1, a0, a1]
+    const __m256i a2 = _mm256_shuffle_epi8(v, _mm256_set1_epi32(0x0d0c0b0a));           // [a2, a2, a2, a2]
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(a01, _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4)), _mm256_set1_epi8(15));
+    const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(a2, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)),
+                                                          _mm256_set1_epi8(3)), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+}
+
 // The quants, minimums and scales of a block; returns the 16 int16 sub-block scales (sub-block
 // k in lane k; Q4_K/Q5_K: each of the 8 scales twice). w->sc is left unset.
 K_AVX2 K_INLINE __m256i k_wk_unpack_q_avx2(uint32_t type, const uint8_t *x, k_wk_avx2 *w) {
@@ -10097,9 +10112,9 @@ K_DEF_KQUANTS(avx2, K_AVX2)
 // broadcasts of the one-row kernel. The offset comes off per block through the activation's sums
 // of 16 (k_wk_off_avx2); the terms are the reference's d * dy * isum, four rows side by side.
 // Q3_K and Q2_K (type) the same way (their pairs are smaller: q + 4 <= 7, q <= 3), Q3_K's scales
-// from k_q3_k_scales_avx2 and its offset 4, Q2_K's from the low nibbles of its 16 scale bytes,
-// its minimums (the high nibbles) against the stored bsums giving msum, its term the
-// reference's dy * (d * isum - dmin * msum).
+// from k_q3_k_scales2_avx2 (two rows a vector) and its offset 4, Q2_K's from the low nibbles
+// of its 16 scale bytes, its minimums (the high nibbles) against the stored bsums giving msum,
+// its term the reference's dy * (d * isum - dmin * msum).
 // Several activation rows (gemvn): each weight row's block unpacked once for all of them.
 K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
@@ -10122,15 +10137,20 @@ K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s
             for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
         for (int64_t b = 0; b < nb; b++) {
             __m256i iv[K_GEMVN_MAX][4], mv[K_GEMVN_MAX][4];
+            __m256i s3[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; // Q3_K: rows 2p and 2p + 1's scales
+            for (int p = 0; p < 2 && type == T_Q3_K; p++)
+                s3[p] = k_q3_k_scales2_avx2(xr[2 * p] + (size_t)b * bsize, xr[2 * p + 1] + (size_t)b * bsize);
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
                 for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
                 wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
+                const __m128i s3r = r % 2 ? _mm256_extracti128_si256(s3[r / 2], 1) : _mm256_castsi256_si128(s3[r / 2]);
                 const __m128i sb = type == T_Q6_K   ? k_load128(xb + 192)
-                                   : type == T_Q3_K ? k_q3_k_scales_avx2(xb)
+                                   : type == T_Q3_K ? s3r
                                                     : _mm_and_si128(k_load128(xb), _mm_set1_epi8(15));
+                if (type == T_Q3_K) wk.s16 = _mm256_cvtepi8_epi16(sb); // (the same; k_wk_unpack_q_avx2's goes unused)
                 const __m256i se = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sb, split));
                 K_UNROLL
                 for (int i = 0; i < nr; i++) {
@@ -12242,7 +12262,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                     if (six) {
                         scz = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xp[0] + 192)), k_load128(xp[1] + 192), 1));
                     } else if (three) {
-                        scz = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(k_q3_k_scales_avx2(xp[0])), k_q3_k_scales_avx2(xp[1]), 1));
+                        scz = _mm512_cvtepi8_epi16(k_q3_k_scales2_avx2(xp[0], xp[1]));
                     } else {
                         const __m256i sm = _mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xp[0])), k_load128(xp[1]), 1);
                         const __m256i m15 = _mm256_set1_epi8(15);
