@@ -8630,6 +8630,11 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 #define K_GEMM_ROWS_AMX6 16 // its Q6_K: one
 #define K_GEMM_ROWS_MAX 32 // the most any set's gemm takes
 
+// Small helpers the kernels call with constant arguments, always inlined (so folded to constants):
+// gcc kept k_panel_dx and k_panel_blk as calls in the AVX2 sets' GEMM, three a panel block, 4.5 %
+// of a Q5_0 prompt's time.
+#define K_INLINE static inline __attribute__((always_inline))
+
 static bool k_panel_has(uint32_t type) {
     switch (type) {
     case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
@@ -8639,7 +8644,7 @@ static bool k_panel_has(uint32_t type) {
 }
 
 // What the packed quants carry on top of the stored value, to make them unsigned.
-static int k_panel_off(uint32_t type) {
+K_INLINE int k_panel_off(uint32_t type) {
     switch (type) {
     case T_Q4_0: return 8;
     case T_Q5_0: return 16;
@@ -8650,19 +8655,19 @@ static int k_panel_off(uint32_t type) {
     }
 }
 
-static bool k_panel_nibbles(uint32_t type) { return type == T_Q4_1 || type == T_Q4_K; }
-static bool k_panel_min(uint32_t type) {
+K_INLINE bool k_panel_nibbles(uint32_t type) { return type == T_Q4_1 || type == T_Q4_K; }
+K_INLINE bool k_panel_min(uint32_t type) {
     return type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
 }
 
 // Offsets of the fields of a packed block, and its size.
-static size_t k_panel_sc(uint32_t type) { return (size_t)type_table[type].blck_size * (k_panel_nibbles(type) ? 4 : 8); }
-static size_t k_panel_cor(uint32_t type) { return k_panel_sc(type) + 16 * 32; }
-static size_t k_panel_mco(uint32_t type) { return k_panel_cor(type) + (k_panel_off(type) ? 8 * 32 : 0); }
-static size_t k_panel_dx(uint32_t type) {
+K_INLINE size_t k_panel_sc(uint32_t type) { return (size_t)type_table[type].blck_size * (k_panel_nibbles(type) ? 4 : 8); }
+K_INLINE size_t k_panel_cor(uint32_t type) { return k_panel_sc(type) + 16 * 32; }
+K_INLINE size_t k_panel_mco(uint32_t type) { return k_panel_cor(type) + (k_panel_off(type) ? 8 * 32 : 0); }
+K_INLINE size_t k_panel_dx(uint32_t type) {
     return type_table[type].blck_size == QK_K ? k_panel_mco(type) + (k_panel_min(type) ? 8 * 32 : 0) : k_panel_sc(type);
 }
-static size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + (k_panel_min(type) ? 128 : 64); }
+K_INLINE size_t k_panel_blk(uint32_t type) { return k_panel_dx(type) + (k_panel_min(type) ? 128 : 64); }
 
 // Bytes of a panel of rows of n values.
 PSV_MAYBE_UNUSED static size_t k_panel_size(uint32_t type, int64_t n) { return (size_t)(n / type_table[type].blck_size) * k_panel_blk(type); }
@@ -8758,12 +8763,12 @@ PSV_MAYBE_UNUSED static void k_panel_pack(uint32_t type, int64_t n, const uint8_
 // sets' Q4_1 in Q5_1's, which the Q5_1 kernel then computes (bench_simd gemmR 0.0060 -> 0.0042 ns
 // a value and row on Zen 5, the nibbles' layout having no groups of eight), and the ARM sets'
 // both (dotprod's Q4_1 GEMM read 0.313 instructions a product, now Q5_1's 0.266, arm_icount.sh).
-PSV_MAYBE_UNUSED static bool k_panel_bytes4(k_set set, uint32_t type) {
+K_INLINE bool k_panel_bytes4(k_set set, uint32_t type) {
     const bool arm = set == K_SET_NEON || set == K_SET_DOTPROD || set == K_SET_I8MM;
     return ((set == K_SET_AVX2 || set == K_SET_AVXVNNI || arm) && type == T_Q4_K) ||
            ((set == K_SET_AVX512 || set == K_SET_AMX || arm) && type == T_Q4_1);
 }
-PSV_MAYBE_UNUSED static uint32_t k_panel_layout(k_set set, uint32_t type) {
+K_INLINE uint32_t k_panel_layout(k_set set, uint32_t type) {
     return k_panel_bytes4(set, type) ? (type == T_Q4_K ? T_Q5_K : T_Q5_1) : type;
 }
 PSV_MAYBE_UNUSED static bool k_panel_g8(k_set set, uint32_t type) {
@@ -9151,7 +9156,6 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
     }
 }
 
-#define K_INLINE static inline __attribute__((always_inline))
 // Fully unrolled, so a block's vectors stay in registers (GCC keeps these 4- and 8-trip loops
 // otherwise, with the vectors in memory).
 // clang takes "GCC unroll" as a hint and declined it in the GEMM kernels (their registers went
