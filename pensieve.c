@@ -9623,6 +9623,19 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
                               *acc_hi);
 }
 
+// AVX-VNNI's vpdpbusd (acc + the sums of four products of unsigned bytes a and signed bytes b
+// a lane, in int32: nothing saturates) and vpdpwssd (acc + the sums of pairs of int16 products),
+// as inline assembly: the AVX2 code around them needs no other target, and only the avxvnni
+// set's kernels (vnni: true) reach them.
+K_AVX2 K_INLINE __m256i k_dpbusd_vex(__m256i acc, __m256i a, __m256i b) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
+}
+K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
+    __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
+}
+
 // k_gemv1_fn for Q4_0 and Q8_0 on AVX2, as k_gemv1_avx512 does it with AVX-512: four weight rows
 // (one from each quarter, k_gemv1_rows) and four blocks a step, so that what depends only on the
 // activation is done once for four rows and the reductions and double terms once for four rows
@@ -9640,9 +9653,9 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
 // too) with one rounding (one FMA), then added to the lane.
 // For several activation rows (gemvn) each weight row's blocks are unpacked (Q8_0: widened) once
 // and meet every activation row's in turn.
-K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
-                                  int w0, int w1, const uint8_t *y, size_t y_stride, const uint8_t *side,
-                                  size_t side_stride, const int nr) {
+K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n, float *const *s, const uint8_t *x,
+                                       size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t y_stride,
+                                       const uint8_t *side, size_t side_stride, const int nr) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 && nr >= 1 && nr <= K_GEMVN_MAX &&
                (type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_1 || type == T_Q5_1));
     const bool five = type == T_Q5_0 || type == T_Q5_1, eight = type == T_Q8_0, one = type == T_Q4_1 || type == T_Q5_1;
@@ -9744,7 +9757,12 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, con
                         hi23 = _mm256_or_si256(hi23, k_q5_bits_avx2(h23, qhi));
                     }
                     K_UNROLL
-                    for (int i = 0; i < nr; i++) {
+                    for (int i = 0; i < nr && vnni; i++) { // the sums of four products into int32 at once
+                        t01[i][r] = k_dpbusd_vex(k_dpbusd_vex(_mm256_setzero_si256(), lo01, alo01[i]), hi01, ahi01[i]);
+                        t23[i][r] = k_dpbusd_vex(k_dpbusd_vex(_mm256_setzero_si256(), lo23, alo23[i]), hi23, ahi23[i]);
+                    }
+                    K_UNROLL
+                    for (int i = 0; i < nr && !vnni; i++) {
                         // int16 pair sums: |lo + hi| <= 4 * 31 * 128
                         const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo01[i]), _mm256_maddubs_epi16(hi01, ahi01[i]));
                         const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo23[i]), _mm256_maddubs_epi16(hi23, ahi23[i]));
@@ -9828,11 +9846,26 @@ K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, con
     }
 }
 
+// The AVX2 set's form and the avxvnni set's (vnni: the 4-bit and 5-bit types' sums with vpdpbusd).
+K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
+                                  int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
+                                  const int nr) {
+    k_gemv1_core_avx2(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
+K_AVX2 K_INLINE void k_gemv1_vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
+                                  int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
+                                  const int nr) {
+    k_gemv1_core_avx2(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_0_avx2, k_gemvn_q4_0_avx2, k_gemv1_avx2, T_Q4_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_0_avx2, k_gemvn_q5_0_avx2, k_gemv1_avx2, T_Q5_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q8_0_avx2, k_gemvn_q8_0_avx2, k_gemv1_avx2, T_Q8_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_1_avx2, k_gemvn_q4_1_avx2, k_gemv1_avx2, T_Q4_1)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_1_avx2, k_gemvn_q5_1_avx2, k_gemv1_avx2, T_Q5_1)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_0_vnni, k_gemvn_q4_0_vnni, k_gemv1_vnni, T_Q4_0)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_0_vnni, k_gemvn_q5_0_vnni, k_gemv1_vnni, T_Q5_0)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_1_vnni, k_gemvn_q4_1_vnni, k_gemv1_vnni, T_Q4_1)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_1_vnni, k_gemvn_q5_1_vnni, k_gemv1_vnni, T_Q5_1)
 
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
 // A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
@@ -10519,19 +10552,6 @@ K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, __m256d t0, __m256d t1) {
 K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256d f1, __m256d g1) {
     _mm256_storeu_pd(acc, _mm256_fmadd_pd(f0, g0, _mm256_loadu_pd(acc)));
     _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(acc + 4)));
-}
-
-// AVX-VNNI's vpdpbusd (acc + the sums of four products of unsigned bytes a and signed bytes b
-// a lane, in int32: nothing saturates) and vpdpwssd (acc + the sums of pairs of int16 products),
-// as inline assembly: the AVX2 code around them needs no other target, and only the avxvnni
-// set's kernels (vnni: true) reach them.
-K_AVX2 K_INLINE __m256i k_dpbusd_vex(__m256i acc, __m256i a, __m256i b) {
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-    return acc;
-}
-K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
-    __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-    return acc;
 }
 
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
@@ -17137,6 +17157,14 @@ static void k_fill_avxvnni(k_traits *t) {
         {T_Q5_K, k_gemm_q5_k_vnni, k_pack_q5_k_vnni}, {T_Q6_K, k_gemm_q6_k_vnni, k_pack_q6_k_vnni},
     };
     k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms));
+    t[T_Q4_0].gemv1 = k_gemv1_q4_0_vnni;
+    t[T_Q5_0].gemv1 = k_gemv1_q5_0_vnni;
+    t[T_Q4_1].gemv1 = k_gemv1_q4_1_vnni;
+    t[T_Q5_1].gemv1 = k_gemv1_q5_1_vnni;
+    static const k_gemvn_entry gemvns[] = {
+        {T_Q4_0, k_gemvn_q4_0_vnni, 4}, {T_Q5_0, k_gemvn_q5_0_vnni, 4}, {T_Q4_1, k_gemvn_q4_1_vnni, 4}, {T_Q5_1, k_gemvn_q5_1_vnni, 4},
+    };
+    k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
 }
 
 static void k_fill_avx512(k_traits *t) {
