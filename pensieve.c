@@ -9668,7 +9668,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
     const bool heads = five || one;
     const size_t ys = one ? K_Q8_1_SIZE : K_Q8_0_SIZE;
     const int64_t nb = n / 32, ng = nb / 4;
-    const uint8_t *so[K_GEMVN_MAX]; // activation row i's int32 -off * sum(a) of each block (Q4_0, Q5_0)
+    const uint8_t *so[K_GEMVN_MAX]; // activation row i's int32 -off * sum(a) of each block (Q4_0, Q5_0; Q8_0 vnni)
     const double *dy[K_GEMVN_MAX];  // and its scales
     for (int i = 0; i < nr; i++) {
         so[i] = side + (size_t)i * side_stride + k_act_side_o(n);
@@ -9694,7 +9694,32 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
             __m256i is01[K_GEMVN_MAX], is23[K_GEMVN_MAX]; // [block][row] isums
             __m256i t01[K_GEMVN_MAX][4], t23[K_GEMVN_MAX][4]; // per row: blocks 0, 1 (2, 3) in its lanes
             __m256i hd01[4], hd23[4]; // heads: each row's blocks' first 16 bytes, two blocks a vector
-            if (eight) {
+            if (eight && vnni) { // the quants + 128 (unsigned) against the activation's; the offset below
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
+                    __m256i q[4];
+                    K_UNROLL
+                    for (int j = 0; j < 4; j++) q[j] = _mm256_xor_si256(k_load256(xb + (size_t)j * xs + 2), _mm256_set1_epi8((char)0x80));
+                    K_UNROLL
+                    for (int i = 0; i < nr; i++) {
+                        const uint8_t *yb = y + (size_t)i * y_stride + (size_t)g * 4 * K_Q8_0_SIZE + 2;
+                        __m256i d[4];
+                        K_UNROLL
+                        for (int j = 0; j < 4; j++) d[j] = k_dpbusd_vex(_mm256_setzero_si256(), q[j], k_load256(yb + (size_t)j * K_Q8_0_SIZE));
+                        t01[i][r] = k_fold2_avx2(d[0], d[1]);
+                        t23[i][r] = k_fold2_avx2(d[2], d[3]);
+                    }
+                }
+                for (int i = 0; i < nr; i++) {
+                    is01[i] = k_sum4_lanes_avx2(t01[i][0], t01[i][1], t01[i][2], t01[i][3]);
+                    is23[i] = k_sum4_lanes_avx2(t23[i][0], t23[i][1], t23[i][2], t23[i][3]);
+                    const __m256i o = _mm256_castsi128_si256(k_load128(so[i] + 16 * (size_t)g)); // -128 * sum(a) a block
+                    is01[i] = _mm256_add_epi32(is01[i], _mm256_permutevar8x32_epi32(o, spread01));
+                    is23[i] = _mm256_add_epi32(is23[i], _mm256_permutevar8x32_epi32(o, spread23));
+                }
+            } else if (eight) {
                 __m256i alo[K_GEMVN_MAX][4], ahi[K_GEMVN_MAX][4];
                 K_UNROLL
                 for (int i = 0; i < nr; i++)
@@ -9866,6 +9891,7 @@ K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_0_vnni, k_gemvn_q4_0_vnni, k_gemv1_vnni, T_Q4_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_0_vnni, k_gemvn_q5_0_vnni, k_gemv1_vnni, T_Q5_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_1_vnni, k_gemvn_q4_1_vnni, k_gemv1_vnni, T_Q4_1)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_1_vnni, k_gemvn_q5_1_vnni, k_gemv1_vnni, T_Q5_1)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q8_0_vnni, k_gemvn_q8_0_vnni, k_gemv1_vnni, T_Q8_0)
 
 // ---- AVX2: k-quants against Q8_K ---------------------------------------------------------------
 // A 256-value block unpacks to eight 32-byte chunks of unsigned quants in value order (Q3_K and
@@ -17161,8 +17187,10 @@ static void k_fill_avxvnni(k_traits *t) {
     t[T_Q5_0].gemv1 = k_gemv1_q5_0_vnni;
     t[T_Q4_1].gemv1 = k_gemv1_q4_1_vnni;
     t[T_Q5_1].gemv1 = k_gemv1_q5_1_vnni;
+    t[T_Q8_0].gemv1 = k_gemv1_q8_0_vnni;
     static const k_gemvn_entry gemvns[] = {
         {T_Q4_0, k_gemvn_q4_0_vnni, 4}, {T_Q5_0, k_gemvn_q5_0_vnni, 4}, {T_Q4_1, k_gemvn_q4_1_vnni, 4}, {T_Q5_1, k_gemvn_q5_1_vnni, 4},
+        {T_Q8_0, k_gemvn_q8_0_vnni, 4},
     };
     k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
 }
