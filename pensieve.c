@@ -17183,16 +17183,14 @@ static void k_fill_avxvnni(k_traits *t) {
         {T_Q5_K, k_gemm_q5_k_vnni, k_pack_q5_k_vnni}, {T_Q6_K, k_gemm_q6_k_vnni, k_pack_q6_k_vnni},
     };
     k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms));
-    t[T_Q4_0].gemv1 = k_gemv1_q4_0_vnni;
-    t[T_Q5_0].gemv1 = k_gemv1_q5_0_vnni;
-    t[T_Q4_1].gemv1 = k_gemv1_q4_1_vnni;
-    t[T_Q5_1].gemv1 = k_gemv1_q5_1_vnni;
-    t[T_Q8_0].gemv1 = k_gemv1_q8_0_vnni;
-    static const k_gemvn_entry gemvns[] = {
-        {T_Q4_0, k_gemvn_q4_0_vnni, 4}, {T_Q5_0, k_gemvn_q5_0_vnni, 4}, {T_Q4_1, k_gemvn_q4_1_vnni, 4}, {T_Q5_1, k_gemvn_q5_1_vnni, 4},
-        {T_Q8_0, k_gemvn_q8_0_vnni, 4},
+    // and its one-row and multi-row kernels of the 32-value types (k_gemv1_vnni; up to four rows, as
+    // the AVX2 set's)
+    static const struct { uint32_t type; k_gemv1_fn one; k_gemvn_fn few; } rows[] = {
+        {T_Q4_0, k_gemv1_q4_0_vnni, k_gemvn_q4_0_vnni}, {T_Q5_0, k_gemv1_q5_0_vnni, k_gemvn_q5_0_vnni},
+        {T_Q4_1, k_gemv1_q4_1_vnni, k_gemvn_q4_1_vnni}, {T_Q5_1, k_gemv1_q5_1_vnni, k_gemvn_q5_1_vnni},
+        {T_Q8_0, k_gemv1_q8_0_vnni, k_gemvn_q8_0_vnni},
     };
-    k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
+    for (size_t i = 0; i < PSV_ARRAY_LEN(rows); i++) t[rows[i].type].gemv1 = rows[i].one, t[rows[i].type].gemvn = rows[i].few;
 }
 
 static void k_fill_avx512(k_traits *t) {
