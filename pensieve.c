@@ -8630,9 +8630,9 @@ static k_set k_set_choose(const char *req, const plat_cpu *c, char *note, size_t
 #define K_GEMM_ROWS_AMX6 16 // its Q6_K: one
 #define K_GEMM_ROWS_MAX 32 // the most any set's gemm takes
 
-// Small helpers the kernels call with constant arguments, always inlined (so folded to constants):
-// gcc kept k_panel_dx and k_panel_blk as calls in the AVX2 sets' GEMM, three a panel block, 4.5 %
-// of a Q5_0 prompt's time.
+// Always inlined: the kernels' helpers, and (from here) the panel layout's, which the kernels call
+// with constant arguments and so fold to constants (gcc had kept k_panel_dx and k_panel_blk as
+// calls in the AVX2 sets' GEMM, three a panel block, 4.5 % of a Q5_0 prompt's time).
 #define K_INLINE static inline __attribute__((always_inline))
 
 static bool k_panel_has(uint32_t type) {
@@ -9653,6 +9653,9 @@ K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
 // too) with one rounding (one FMA), then added to the lane.
 // For several activation rows (gemvn) each weight row's blocks are unpacked (Q8_0: widened) once
 // and meet every activation row's in turn.
+// vnni (the avxvnni set): vpdpbusd sums four products into int32 at once where vpmaddubsw,
+// vpaddw and vpmaddwd took three steps; Q8_0's quants go in unsigned (q + 128: xor 0x80, no
+// widening) and the offset comes off as Q4_0's does, through the side data's -128 * sum(a).
 K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n, float *const *s, const uint8_t *x,
                                        size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t y_stride,
                                        const uint8_t *side, size_t side_stride, const int nr) {
@@ -9871,7 +9874,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
     }
 }
 
-// The AVX2 set's form and the avxvnni set's (vnni: the 4-bit and 5-bit types' sums with vpdpbusd).
+// The AVX2 set's form and the avxvnni set's.
 K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
                                   int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
                                   const int nr) {
