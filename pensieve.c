@@ -9635,6 +9635,10 @@ K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
     __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
     return acc;
 }
+// acc + vpmaddwd(a, b), in one vpdpwssd with vnni (the same int32 sums)
+K_AVX2 K_INLINE __m256i k_madd_add_avx2(const bool vnni, __m256i acc, __m256i a, __m256i b) {
+    return vnni ? k_dpwssd_vex(acc, a, b) : _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
 
 // k_gemv1_fn for Q4_0 and Q8_0 on AVX2, as k_gemv1_avx512 does it with AVX-512: four weight rows
 // (one from each quarter, k_gemv1_rows) and four blocks a step, so that what depends only on the
@@ -10201,9 +10205,10 @@ K_DEF_KQUANTS(avx2, K_AVX2)
 // of its 16 scale bytes, its minimums (the high nibbles) against the stored bsums giving msum,
 // its term the reference's dy * (d * isum - dmin * msum).
 // Several activation rows (gemvn): each weight row's block unpacked once for all of them.
-K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                      size_t side_stride, const int nr) {
+// vnni (the avxvnni set): each vpmaddwd and the addition after it in one vpdpwssd.
+K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int64_t n, float *const *s, const uint8_t *x,
+                                           size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
+                                           const uint8_t *side, size_t side_stride, const int nr) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K) && nr >= 1 && nr <= K_GEMVN_MAX);
     const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
@@ -10245,7 +10250,7 @@ K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s
                     for (int c = 0; c < 4; c++) {
                         const __m256i h = _mm256_hadd_epi16(_mm256_maddubs_epi16(wk.q[2 * c], k_load256(a + 64 * c)),
                                                             _mm256_maddubs_epi16(wk.q[2 * c + 1], k_load256(a + 64 * c + 32)));
-                        t = _mm256_add_epi32(t, _mm256_madd_epi16(h, _mm256_shuffle_epi8(se, pick[c])));
+                        t = k_madd_add_avx2(vnni, t, h, _mm256_shuffle_epi8(se, pick[c]));
                     }
                     iv[i][r] = type == T_Q2_K ? t : k_wk_off_avx2(&wk, t, side + (size_t)i * side_stride + 32 * b);
                     mv[i][r] = type == T_Q2_K ? _mm256_madd_epi16(wk.mins, k_load256(a + 256)) : _mm256_setzero_si256();
@@ -10272,9 +10277,22 @@ K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s
         for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
+K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                      size_t side_stride, const int nr) {
+    k_gemv1_kq16_core_avx2(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
+K_AVX2 K_INLINE void k_gemv1_kq16_vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                      size_t side_stride, const int nr) {
+    k_gemv1_kq16_core_avx2(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q2_k_avx2, k_gemvn_q2_k_avx2, k_gemv1_kq16_avx2, T_Q2_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q3_k_avx2, k_gemvn_q3_k_avx2, k_gemv1_kq16_avx2, T_Q3_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_avx2, k_gemvn_q6_k_avx2, k_gemv1_kq16_avx2, T_Q6_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q2_k_vnni, k_gemvn_q2_k_vnni, k_gemv1_kq16_vnni, T_Q2_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q3_k_vnni, k_gemvn_q3_k_vnni, k_gemv1_kq16_vnni, T_Q3_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_vnni, k_gemvn_q6_k_vnni, k_gemv1_kq16_vnni, T_Q6_K)
 
 // k_gemv1_fn for Q4_K on AVX2: four weight rows (one from each quarter) a block, the
 // activation's quants loaded once for the four. A row's 32-byte chunk c holds sub-blocks 2c (low
@@ -10292,9 +10310,10 @@ K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_avx2, k_gemvn_q6_k_avx2, k_gemv1_kq16_avx2, T_
 // k's fifth bits, bit k of the 32 qh bytes before the quants, shifted to bit 4 and or-ed in
 // (|pair| <= 2 * 31 * 128). For several activation rows (gemvn), each row's block is unpacked
 // once and its lo/hi vectors meet every activation row in turn.
-K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                       size_t side_stride, const int nr) {
+// vnni (the avxvnni set): each vpmaddwd and the addition after it in one vpdpwssd.
+K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int64_t n, float *const *s, const uint8_t *x,
+                                            size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
+                                            const uint8_t *side, size_t side_stride, const int nr) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K) && nr >= 1 && nr <= K_GEMVN_MAX);
     (void)side, (void)side_stride;
     const bool five = type == T_Q5_K;
@@ -10360,7 +10379,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
                     K_UNROLL
                     for (int k = 0; k < 8; k++) {
                         const __m256i sk = _mm256_set1_epi32((int)scw[r / 2][k / 4][4 * (r % 2) + k % 4]);
-                        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], k_load256(yb + 4 + 32 * k)), sk));
+                        t = k_madd_add_avx2(vnni, t, _mm256_maddubs_epi16(q[k], k_load256(yb + 4 + 32 * k)), sk);
                     }
                     __asm__("" : "+x"(t)); // summed here: gcc otherwise keeps the products for a tree at the end
                     iv[i][r] = t;
@@ -10380,7 +10399,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
                 __m256i mp[2]; // [row 2p: four lanes | row 2p + 1]
                 K_UNROLL
                 for (int p = 0; p < 2; p++)
-                    mp[p] = _mm256_add_epi32(_mm256_madd_epi16(mins[p][0], b0), _mm256_madd_epi16(mins[p][1], b1));
+                    mp[p] = k_madd_add_avx2(vnni, _mm256_madd_epi16(mins[p][0], b0), mins[p][1], b1);
                 const __m256i m2 = _mm256_hadd_epi32(mp[0], mp[1]);
                 const __m256i m1 = _mm256_hadd_epi32(m2, m2); // [r0, r2, r0, r2 | r1, r3, r1, r3]
                 const __m256d ms = _mm256_cvtepi32_pd(_mm_unpacklo_epi32(_mm256_castsi256_si128(m1), _mm256_extracti128_si256(m1, 1)));
@@ -10394,8 +10413,20 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *
         for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
+K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                       size_t side_stride, const int nr) {
+    k_gemv1_q45_k_core_avx2(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
+K_AVX2 K_INLINE void k_gemv1_q45_k_vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
+                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
+                                       size_t side_stride, const int nr) {
+    k_gemv1_q45_k_core_avx2(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
+}
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_k_avx2, k_gemvn_q4_k_avx2, k_gemv1_q45_k_avx2, T_Q4_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_k_avx2, k_gemvn_q5_k_avx2, k_gemv1_q45_k_avx2, T_Q5_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_k_vnni, k_gemvn_q4_k_vnni, k_gemv1_q45_k_vnni, T_Q4_K)
+K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_k_vnni, k_gemvn_q5_k_vnni, k_gemv1_q45_k_vnni, T_Q5_K)
 
 // ---- AVX2: packing GEMM panels -----------------------------------------------------------------
 // k_panel_pack with the one-row kernels' unpacking: each row's block unpacks to 32-byte vectors
@@ -17186,12 +17217,14 @@ static void k_fill_avxvnni(k_traits *t) {
         {T_Q5_K, k_gemm_q5_k_vnni, k_pack_q5_k_vnni}, {T_Q6_K, k_gemm_q6_k_vnni, k_pack_q6_k_vnni},
     };
     k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms));
-    // and its one-row and multi-row kernels of the 32-value types (k_gemv1_vnni; up to four rows, as
-    // the AVX2 set's)
+    // and its one-row and multi-row kernels (k_gemv1_vnni, and the k-quants' with vpdpwssd; up to
+    // four rows, as the AVX2 set's)
     static const struct { uint32_t type; k_gemv1_fn one; k_gemvn_fn few; } rows[] = {
         {T_Q4_0, k_gemv1_q4_0_vnni, k_gemvn_q4_0_vnni}, {T_Q5_0, k_gemv1_q5_0_vnni, k_gemvn_q5_0_vnni},
         {T_Q4_1, k_gemv1_q4_1_vnni, k_gemvn_q4_1_vnni}, {T_Q5_1, k_gemv1_q5_1_vnni, k_gemvn_q5_1_vnni},
-        {T_Q8_0, k_gemv1_q8_0_vnni, k_gemvn_q8_0_vnni},
+        {T_Q8_0, k_gemv1_q8_0_vnni, k_gemvn_q8_0_vnni}, {T_Q2_K, k_gemv1_q2_k_vnni, k_gemvn_q2_k_vnni},
+        {T_Q3_K, k_gemv1_q3_k_vnni, k_gemvn_q3_k_vnni}, {T_Q4_K, k_gemv1_q4_k_vnni, k_gemvn_q4_k_vnni},
+        {T_Q5_K, k_gemv1_q5_k_vnni, k_gemvn_q5_k_vnni}, {T_Q6_K, k_gemv1_q6_k_vnni, k_gemvn_q6_k_vnni},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(rows); i++) t[rows[i].type].gemv1 = rows[i].one, t[rows[i].type].gemvn = rows[i].few;
 }
