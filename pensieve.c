@@ -9708,13 +9708,15 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                     for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     __m256i q[4];
                     K_UNROLL
-                    for (int j = 0; j < 4; j++) q[j] = _mm256_xor_si256(k_load256(xb + (size_t)j * xs + 2), _mm256_set1_epi8((char)0x80));
+                    for (int j = 0; j < 4; j++)
+                        q[j] = _mm256_xor_si256(k_load256(xb + (size_t)j * xs + 2), _mm256_set1_epi8((char)0x80));
                     K_UNROLL
                     for (int i = 0; i < nr; i++) {
                         const uint8_t *yb = y + (size_t)i * y_stride + (size_t)g * 4 * K_Q8_0_SIZE + 2;
                         __m256i d[4];
                         K_UNROLL
-                        for (int j = 0; j < 4; j++) d[j] = k_dpbusd_vex(_mm256_setzero_si256(), q[j], k_load256(yb + (size_t)j * K_Q8_0_SIZE));
+                        for (int j = 0; j < 4; j++)
+                            d[j] = k_dpbusd_vex(_mm256_setzero_si256(), q[j], k_load256(yb + (size_t)j * K_Q8_0_SIZE));
                         t01[i][r] = k_fold2_avx2(d[0], d[1]);
                         t23[i][r] = k_fold2_avx2(d[2], d[3]);
                     }
@@ -9818,13 +9820,11 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 k_heads4_avx2(hd23, &hd[1], &hm[1]);
             } else
                 K_UNROLL
-                for (int p = 0; p < 2; p++) {
+                for (int p = 0; p < 2; p++) { // (Q4_0, Q8_0: d only)
                     const size_t o0 = (size_t)(4 * g + 2 * p) * xs, o1 = o0 + xs;
                     hd[p] = _mm_set_epi64x((long long)k_f16x4_bits(xr[0] + o1, xr[1] + o1, xr[2] + o1, xr[3] + o1),
                                            (long long)k_f16x4_bits(xr[0] + o0, xr[1] + o0, xr[2] + o0, xr[3] + o0));
-                    if (one)
-                        hm[p] = _mm_set_epi64x((long long)k_f16x4_bits(xr[0] + o1 + 2, xr[1] + o1 + 2, xr[2] + o1 + 2, xr[3] + o1 + 2),
-                                               (long long)k_f16x4_bits(xr[0] + o0 + 2, xr[1] + o0 + 2, xr[2] + o0 + 2, xr[3] + o0 + 2));
+                    hm[p] = hd[p];
                 }
             if (one) { // dx * dy * isum + mx * sy, the activation's d and s (side data: doubles) each four times
                 K_UNROLL
@@ -9878,17 +9878,19 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
     }
 }
 
-// The AVX2 set's form and the avxvnni set's.
-K_AVX2 K_INLINE void k_gemv1_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
-                                  int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
-                                  const int nr) {
-    k_gemv1_core_avx2(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
-K_AVX2 K_INLINE void k_gemv1_vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,
-                                  int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,
-                                  const int nr) {
-    k_gemv1_core_avx2(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
+// A one-row core's two forms, for K_DEF_GEMV1N: the AVX2 set's (plain) and the avxvnni set's (vnni).
+#define K_DEF_AVX2_FORMS(core, plain, vnni)                                                                             \
+    K_AVX2 K_INLINE void plain(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,     \
+                               int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,    \
+                               const int nr) {                                                                          \
+        core(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);                                 \
+    }                                                                                                                   \
+    K_AVX2 K_INLINE void vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride, int nw,      \
+                              int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side, size_t side_stride,     \
+                              const int nr) {                                                                           \
+        core(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);                                  \
+    }
+K_DEF_AVX2_FORMS(k_gemv1_core_avx2, k_gemv1_avx2, k_gemv1_vnni)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_0_avx2, k_gemvn_q4_0_avx2, k_gemv1_avx2, T_Q4_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_0_avx2, k_gemvn_q5_0_avx2, k_gemv1_avx2, T_Q5_0)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q8_0_avx2, k_gemvn_q8_0_avx2, k_gemv1_avx2, T_Q8_0)
@@ -10277,16 +10279,7 @@ K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int6
         for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_AVX2 K_INLINE void k_gemv1_kq16_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                      size_t side_stride, const int nr) {
-    k_gemv1_kq16_core_avx2(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
-K_AVX2 K_INLINE void k_gemv1_kq16_vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                      int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                      size_t side_stride, const int nr) {
-    k_gemv1_kq16_core_avx2(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
+K_DEF_AVX2_FORMS(k_gemv1_kq16_core_avx2, k_gemv1_kq16_avx2, k_gemv1_kq16_vnni)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q2_k_avx2, k_gemvn_q2_k_avx2, k_gemv1_kq16_avx2, T_Q2_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q3_k_avx2, k_gemvn_q3_k_avx2, k_gemv1_kq16_avx2, T_Q3_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q6_k_avx2, k_gemvn_q6_k_avx2, k_gemv1_kq16_avx2, T_Q6_K)
@@ -10413,16 +10406,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int
         for (int i = 0; i < nr; i++) k_gemv1_store(acc[i], s[i], w, nw);
     }
 }
-K_AVX2 K_INLINE void k_gemv1_q45_k_avx2(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                       size_t side_stride, const int nr) {
-    k_gemv1_q45_k_core_avx2(type, false, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
-K_AVX2 K_INLINE void k_gemv1_q45_k_vnni(uint32_t type, int64_t n, float *const *s, const uint8_t *x, size_t x_stride,
-                                       int nw, int w0, int w1, const uint8_t *y, size_t ys, const uint8_t *side,
-                                       size_t side_stride, const int nr) {
-    k_gemv1_q45_k_core_avx2(type, true, n, s, x, x_stride, nw, w0, w1, y, ys, side, side_stride, nr);
-}
+K_DEF_AVX2_FORMS(k_gemv1_q45_k_core_avx2, k_gemv1_q45_k_avx2, k_gemv1_q45_k_vnni)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_k_avx2, k_gemvn_q4_k_avx2, k_gemv1_q45_k_avx2, T_Q4_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q5_k_avx2, k_gemvn_q5_k_avx2, k_gemv1_q45_k_avx2, T_Q5_K)
 K_DEF_GEMV1N(K_AVX2, k_gemv1_q4_k_vnni, k_gemvn_q4_k_vnni, k_gemv1_q45_k_vnni, T_Q4_K)
