@@ -10731,16 +10731,13 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
             __m256i c = k_load256(pb + k_panel_cor(lt) + 32 * j);
             K_UNROLL
             for (int r = 0; r < R; r++)
-                is[r] = vnni ? k_dpwssd_vex(is[r], c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j))
-                             : _mm256_add_epi32(is[r], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
+                is[r] = k_madd_add_avx2(vnni, is[r], c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j));
         }
         if (min) {
             __m256i c = k_load256(pb + k_panel_mco(lt) + 32 * j);
             K_UNROLL
-            for (int r = 0; r < R; r++) {
-                const __m256i a = k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j);
-                ms[r] = vnni ? k_dpwssd_vex(ms[r], c, a) : _mm256_add_epi32(ms[r], _mm256_madd_epi16(c, a));
-            }
+            for (int r = 0; r < R; r++)
+                ms[r] = k_madd_add_avx2(vnni, ms[r], c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j));
         }
     }
     const double *dmp = dxp + 8;
