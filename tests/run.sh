@@ -13,8 +13,10 @@ log=$(mktemp); trap 'rm -f "$log"' EXIT
 run_one() {
     name=$1; shift
     echo "== $name"
+    t0=$(date +%s)
     $tmo "$@" >"$log" 2>&1; rc=$?
     cat "$log"
+    echo "($name: $(($(date +%s) - t0)) s)"
     [ -n "$tmo" ] && [ "$rc" -eq 124 ] && echo "$name: still running after $limit s: stopped"
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     if [ -z "$line" ]; then
