@@ -13,7 +13,7 @@ TEST_SH   = $(filter-out tests/cli_armcpus.sh,$(wildcard tests/cli_*.sh))
 FUZZ_SRCS = $(wildcard tests/fuzz_*.c)
 TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never links it
 ARM_CC   ?= aarch64-linux-gnu-gcc
-# Test programs each compile all of pensieve.c; gcc's variable tracking (debug locations of
+# The test program compiles all of pensieve.c; gcc's variable tracking (debug locations of
 # optimised variables) is half that time, so test builds go without it where the compiler has
 # the flag (line numbers in sanitizer reports are unaffected).
 NO_VARTRACK = $(shell $(CC) -fno-var-tracking -x c -c /dev/null -o /dev/null 2>/dev/null && echo -fno-var-tracking)
@@ -47,10 +47,15 @@ $(BUILD)/pensieve-pull: tools/pensieve-pull.c pensieve.c pensieve.h
 pensieve: pensieve.c pensieve.h
 	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
 
-# Test programs #include pensieve.c with PSV_TESTING; shell tests drive the built binary.
-$(BUILD)/tests/%: tests/%.c tests/test.h pensieve.c pensieve.h
+# The unit tests are one program: tests/unit.c #includes pensieve.c with PSV_TESTING and then every
+# tests/test_*.c, so a configuration compiles pensieve.c once for all of them. $(BUILD)/tests/test_NAME
+# are hard links to it, and run under such a name it runs that test. Shell tests drive the binary.
+$(BUILD)/tests/unit: tests/unit.c $(TEST_SRCS) tests/test.h pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(NO_VARTRACK) $(TEST_CFLAGS) -I. $< -o $@ -lpthread $(TEST_LIBS)
+	$(CC) $(WARN) $(CFLAGS) $(NO_VARTRACK) $(TEST_CFLAGS) -I. tests/unit.c -o $@ -lpthread $(TEST_LIBS)
+
+$(BUILD)/tests/test_%: $(BUILD)/tests/unit
+	ln -f $< $@
 
 $(BUILD)/pensieve-lib.o: pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
@@ -74,11 +79,12 @@ test: $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/exa
 	    PSV_PULL=$(if $(PULL_BIN),$(CURDIR)/$(PULL_BIN)) \
 	    sh tests/run.sh $(BUILD)/tests $(TEST_SH)
 
-# ASan + UBSan: the binary, and the whole suite built and run with them.
+# ASan + UBSan: `make debug` the binary (pensieve-debug); test-asan the whole suite, its binary too,
+# built and run with them.
 debug: pensieve.c pensieve.h
 	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer pensieve.c -o pensieve-debug -lpthread
 
-test-asan: debug
+test-asan:
 	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
 # libFuzzer harnesses (clang). `make fuzz-run FUZZ_SECONDS=60` runs each with its seed corpus;
@@ -88,9 +94,14 @@ FUZZ_SECONDS ?= 60
 FUZZ_SEED ?= 0
 fuzz: $(patsubst tests/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 
-$(BUILD)/fuzz/%: tests/%.c pensieve.c pensieve.h
+# One program (tests/fuzzers.c #includes every harness) compiles pensieve.c once; $(BUILD)/fuzz/fuzz_NAME
+# are hard links to it, and run under such a name it is that harness.
+$(BUILD)/fuzz/fuzzers: tests/fuzzers.c $(FUZZ_SRCS) pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. $< -o $@ -lpthread
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. tests/fuzzers.c -o $@ -lpthread
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzzers
+	ln -f $< $@
 
 fuzz-run: fuzz
 	@for f in $(BUILD)/fuzz/fuzz_*; do \

@@ -40,6 +40,11 @@
 //  19. HTTP server       Anthropic Messages and OpenAI chat APIs over HTTP/1.1 + SSE
 //  20. CLI               subcommands and main
 
+// The unit tests' one program (tests/unit.c) #includes this file through each test file: it is
+// compiled once.
+#ifndef PSV_PENSIEVE_C
+#define PSV_PENSIEVE_C
+
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 // madvise, pthread affinity, getline: all in glibc behind this
 #endif
@@ -25076,3 +25081,5 @@ int main(int argc, char **argv) {
 }
 
 #endif // PSV_NO_MAIN
+
+#endif // PSV_PENSIEVE_C

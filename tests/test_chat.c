@@ -922,6 +922,7 @@ static void test_tokenize_rules(void) {
     CHECKF(n_end == 1, "<|end|> in content became the control token (%zu times)", n_end);
     CHECK(n_ids > 0 && ids[0] == tok_bos(v));
     free(ids);
+    ids = NULL, n_ids = 0; // as they were if the next call does not run or fails
     // gigachat writes "<s>" itself: with the vocabulary adding BOS, there is still one.
     CHECK(tok_add_bos(v) && chat_tokenize(v, CHAT_GIGACHAT, m, 1, true, &ids, &n_ids, &err) == PSV_OK);
     CHECK(n_ids > 1 && ids[0] == tok_bos(v) && ids[1] != tok_bos(v));

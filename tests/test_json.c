@@ -66,7 +66,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 // ---- conformance: JSONTestSuite (y_ accept, n_ reject, i_ either) -----------------------------
 
-static void test_conformance(void) {
+static void test_json_conformance(void) {
     const char *dir = t_shared_path("conformance/json");
     if (!dir) {
         SKIP("JSONTestSuite conformance: ../shared is absent (set PSV_SHARED)");
@@ -134,57 +134,57 @@ static void test_conformance(void) {
 
 // ---- random documents ------------------------------------------------------------------------
 
-static uint64_t rng_state;
-static uint64_t rng_next(void) { // splitmix64
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+static uint64_t json_rng_state;
+static uint64_t json_rng_next(void) { // splitmix64
+    uint64_t z = (json_rng_state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static uint32_t rng_below(uint32_t n) { return (uint32_t)(rng_next() % n); }
+static uint32_t json_rng_below(uint32_t n) { return (uint32_t)(json_rng_next() % n); }
 
 static void gen_ws(buf_t *b) {
     static const char ws[] = " \t\n\r";
-    while (rng_below(4) == 0) buf_putc(b, ws[rng_below(4)]);
+    while (json_rng_below(4) == 0) buf_putc(b, ws[json_rng_below(4)]);
 }
 
 // A random code point (never a surrogate), weighted toward the interesting ones.
 static uint32_t gen_cp(void) {
-    switch (rng_below(10)) {
-    case 0: return rng_below(0x20);                                  // control
-    case 1: return "\"\\/"[rng_below(3)];
-    case 2: return 0x80 + rng_below(0x780);                          // 2-byte
-    case 3: { uint32_t c = 0x800 + rng_below(0xF800); return c >= 0xD800 && c <= 0xDFFF ? 0xFFFD : c; }
-    case 4: return 0x10000 + rng_below(0x100000);                    // 4-byte
-    case 5: return rng_below(2) ? 0x2028 : 0x2029;
-    case 6: return rng_below(2) ? 0 : 0x10FFFF;
-    default: return 0x20 + rng_below(0x5F);                          // printable ASCII
+    switch (json_rng_below(10)) {
+    case 0: return json_rng_below(0x20);                                  // control
+    case 1: return "\"\\/"[json_rng_below(3)];
+    case 2: return 0x80 + json_rng_below(0x780);                          // 2-byte
+    case 3: { uint32_t c = 0x800 + json_rng_below(0xF800); return c >= 0xD800 && c <= 0xDFFF ? 0xFFFD : c; }
+    case 4: return 0x10000 + json_rng_below(0x100000);                    // 4-byte
+    case 5: return json_rng_below(2) ? 0x2028 : 0x2029;
+    case 6: return json_rng_below(2) ? 0 : 0x10FFFF;
+    default: return 0x20 + json_rng_below(0x5F);                          // printable ASCII
     }
 }
 
 // A random JSON string literal into b; its decoded UTF-8 into dec (when not NULL).
 static void gen_string(buf_t *b, buf_t *dec) {
     buf_putc(b, '"');
-    uint32_t n = rng_below(4) == 0 ? rng_below(64) : rng_below(8);
+    uint32_t n = json_rng_below(4) == 0 ? json_rng_below(64) : json_rng_below(8);
     for (uint32_t k = 0; k < n; k++) {
         uint32_t cp = gen_cp();
         uint8_t u[4];
         size_t ul = json_utf8_put(u, cp);
         if (dec) buf_append(dec, u, ul);
         bool must = cp < 0x20 || cp == '"' || cp == '\\';
-        if (must || rng_below(4) == 0) {
+        if (must || json_rng_below(4) == 0) {
             const char *shorts = "\"\"\\\\//\bb\ff\nn\rr\tt";
             const char *m = NULL;
             for (const char *s = shorts; *s; s += 2)
                 if ((uint32_t)(uint8_t)*s == cp) m = s;
-            if (m && rng_below(2)) {
+            if (m && json_rng_below(2)) {
                 buf_putc(b, '\\');
                 buf_putc(b, m[1]);
             } else if (cp >= 0x10000) {
                 uint32_t v = cp - 0x10000;
-                buf_printf(b, rng_below(2) ? "\\u%04X\\u%04X" : "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+                buf_printf(b, json_rng_below(2) ? "\\u%04X\\u%04X" : "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
             } else {
-                buf_printf(b, rng_below(2) ? "\\u%04X" : "\\u%04x", cp);
+                buf_printf(b, json_rng_below(2) ? "\\u%04X" : "\\u%04x", cp);
             }
         } else {
             buf_append(b, u, ul);
@@ -194,51 +194,51 @@ static void gen_string(buf_t *b, buf_t *dec) {
 }
 
 static void gen_number(buf_t *b) {
-    switch (rng_below(6)) {
-    case 0: buf_printf(b, "%" PRId64, INT64_MAX - (int64_t)rng_below(3)); break;
-    case 1: buf_printf(b, "%" PRId64, INT64_MIN + (int64_t)rng_below(3)); break;
+    switch (json_rng_below(6)) {
+    case 0: buf_printf(b, "%" PRId64, INT64_MAX - (int64_t)json_rng_below(3)); break;
+    case 1: buf_printf(b, "%" PRId64, INT64_MIN + (int64_t)json_rng_below(3)); break;
     case 2: {
-        uint32_t sh = rng_below(64);
-        buf_printf(b, "%" PRId64, (int64_t)rng_next() >> sh);
+        uint32_t sh = json_rng_below(64);
+        buf_printf(b, "%" PRId64, (int64_t)json_rng_next() >> sh);
         break;
     }
     case 3: { // a random finite double, printed exactly
         double d;
-        do d = f64_from_bits(rng_next()); while ((f64_bits(d) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull);
+        do d = f64_from_bits(json_rng_next()); while ((f64_bits(d) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull);
         buf_printf(b, "%.17g", d);
         break;
     }
     case 4: { // separate statements: argument evaluation order would make the stream compiler-specific
-        const char *sign = rng_below(2) ? "-" : "";
-        uint32_t ip = rng_below(1000), fp = rng_below(100000);
-        buf_printf(b, "%s%u.%u%s", sign, ip, fp, rng_below(2) ? "" : "e-7");
+        const char *sign = json_rng_below(2) ? "-" : "";
+        uint32_t ip = json_rng_below(1000), fp = json_rng_below(100000);
+        buf_printf(b, "%s%u.%u%s", sign, ip, fp, json_rng_below(2) ? "" : "e-7");
         break;
     }
     default: { // the grammar's corners: exponent signs, E, huge exponents
         static const char *const e[] = {"e", "E", "e+", "E-", "e-"};
-        const char *sign = rng_below(2) ? "-" : "";
-        uint32_t m = 1 + rng_below(999);
-        const char *ee = e[rng_below(5)];
-        buf_printf(b, "%s%u%s%u", sign, m, ee, rng_below(300));
-        if (rng_below(8) == 0) buf_puts(b, "0000000000000000000000");
+        const char *sign = json_rng_below(2) ? "-" : "";
+        uint32_t m = 1 + json_rng_below(999);
+        const char *ee = e[json_rng_below(5)];
+        buf_printf(b, "%s%u%s%u", sign, m, ee, json_rng_below(300));
+        if (json_rng_below(8) == 0) buf_puts(b, "0000000000000000000000");
         break;
     }
     }
 }
 
 static void gen_value(buf_t *b, int depth) {
-    uint32_t k = rng_below(depth >= 6 ? 6 : 9);
+    uint32_t k = json_rng_below(depth >= 6 ? 6 : 9);
     gen_ws(b);
     switch (k) {
     case 0: buf_puts(b, "null"); break;
-    case 1: buf_puts(b, rng_below(2) ? "true" : "false"); break;
+    case 1: buf_puts(b, json_rng_below(2) ? "true" : "false"); break;
     case 2:
     case 3: gen_number(b); break;
     case 4:
     case 5: gen_string(b, NULL); break;
     case 6:
     case 7: {
-        uint32_t n = rng_below(6);
+        uint32_t n = json_rng_below(6);
         buf_putc(b, '[');
         gen_ws(b);
         for (uint32_t i = 0; i < n; i++) {
@@ -249,13 +249,13 @@ static void gen_value(buf_t *b, int depth) {
         break;
     }
     default: {
-        uint32_t n = rng_below(6);
+        uint32_t n = json_rng_below(6);
         buf_putc(b, '{');
         gen_ws(b);
         for (uint32_t i = 0; i < n; i++) {
             if (i) buf_putc(b, ',');
             gen_ws(b);
-            if (rng_below(4) == 0) buf_puts(b, "\"dup\""); // duplicate keys stay, in order
+            if (json_rng_below(4) == 0) buf_puts(b, "\"dup\""); // duplicate keys stay, in order
             else gen_string(b, NULL);
             gen_ws(b);
             buf_putc(b, ':');
@@ -269,7 +269,7 @@ static void gen_value(buf_t *b, int depth) {
 }
 
 static void test_random_round_trip(void) {
-    rng_state = 20240601;
+    json_rng_state = 20240601;
     int n_docs = 3000, ok = 0, parsed = 0;
     for (int t = 0; t < n_docs; t++) {
         buf_t b = {0};
@@ -314,7 +314,7 @@ static void test_random_round_trip(void) {
 
 // ---- error messages name the position ------------------------------------------------------
 
-static void test_errors(void) {
+static void test_json_errors(void) {
     static const struct {
         const char *text;
         size_t len; // 0: strlen(text)
@@ -681,13 +681,13 @@ static void test_writer(void) {
     CHECK(wrote(&b, "[null,null,null]"));
 
     // Every double written reads back bit for bit (and as a REAL).
-    rng_state = 7;
+    json_rng_state = 7;
     int good = 0;
     for (int t = 0; t < 20000; t++) {
-        double v = f64_from_bits(rng_next());
+        double v = f64_from_bits(json_rng_next());
         if (t % 4 == 0) { // integral values
-            uint32_t sh = rng_below(64);
-            v = (double)(int64_t)(rng_next() >> sh);
+            uint32_t sh = json_rng_below(64);
+            v = (double)(int64_t)(json_rng_next() >> sh);
         }
         if ((f64_bits(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) v = 1.25;
         json_w_init(&w, &b);
@@ -745,9 +745,9 @@ static void test_locale(void) {
 }
 
 int main(void) {
-    test_conformance();
+    test_json_conformance();
     test_random_round_trip();
-    test_errors();
+    test_json_errors();
     test_numbers();
     test_depth();
     test_accessors();

@@ -723,7 +723,7 @@ static void test_edges(void) {
     for (size_t t = 0; t < PSV_ARRAY_LEN(types); t++) {
         uint32_t ty = types[t];
         const k_traits *tr = k_traits_ref(ty);
-        const char *name = type_table[ty].name;
+        const char *name = type_get(ty)->name;
         size_t sz = kt_row_bytes(ty, 512);
         // all zero and all -0: dequantize to zeros, no NaN from a zero scale
         for (int sign = 0; sign < 2; sign++) {

@@ -11,12 +11,12 @@
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint32_t rng_next(void) { // xorshift64*, fixed seed: failures reproduce
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+static uint64_t tok_rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t tok_rng_next(void) { // xorshift64*, fixed seed: failures reproduce
+    tok_rng_state ^= tok_rng_state >> 12;
+    tok_rng_state ^= tok_rng_state << 25;
+    tok_rng_state ^= tok_rng_state >> 27;
+    return (uint32_t)((tok_rng_state * 0x2545f4914f6cdd1dull) >> 32);
 }
 
 static tok_vocab *load_vocab_path(const char *path) {
@@ -272,7 +272,7 @@ static int vocab_unspellable(const tok_vocab *v, bool bad[256]) {
     return k;
 }
 
-static void test_conformance(void) {
+static void test_tok_conformance(void) {
     const char *dir = t_shared_path("conformance/tokenizer");
     DIR *d = dir ? opendir(dir) : NULL;
     if (!d) {
@@ -358,7 +358,7 @@ static void test_conformance(void) {
 
 // The prompt_ids of every reference case: the model's BOS rule, and in chat mode the chat
 // prompt with special tokens parsed.
-static void test_reference_prompts(void) {
+static void test_tok_reference_prompts(void) {
     const char *dir = t_shared_path("reference/expected");
     DIR *d = dir ? opendir(dir) : NULL;
     if (!d) {
@@ -460,6 +460,7 @@ static void test_special(void) {
     s = "<<|endoftext|>>";
     if (encode(gpt, s, strlen(s), false, true, &ids, &n)) CHECK(n == 3 && ids[1] == 50256);
     free(ids);
+    ids = NULL; // freed again below, where the call that would set it may not run
     // Segments: template text parsed, user content never; same ids as one string otherwise.
     tok_segment segs[3] = {{"<|user|>\n", 9, true}, {"say <|end|> please", 18, false}, {"<|end|>\n<|assistant|>\n", 22, true}};
     int32_t *a = NULL, *b = NULL;
@@ -538,14 +539,14 @@ static size_t random_text(char *buf, size_t cap, bool invalid, bool no_spm_space
                                     0xe9, 0xc4, 0xdf, 0x430, 0x44f, 0x4e2d, 0x6587, 0x3042, 0xac00, 0x1f600,
                                     0x1f44d, 0x301, 0x200d, 0xa0, 0x3000, 0x2028, 0x85, 0x2581, 0xfffd, 0x10ffff,
                                     0x663, 0xff21, 0x1d400, 0xd7ff, 0x7f, 0x0};
-    size_t n = 0, len = rng_next() % 64;
+    size_t n = 0, len = tok_rng_next() % 64;
     for (size_t i = 0; i < len && n + 4 <= cap; i++) {
-        if (invalid && rng_next() % 8 == 0) {
-            buf[n++] = (char)(0x80 + rng_next() % 128);
+        if (invalid && tok_rng_next() % 8 == 0) {
+            buf[n++] = (char)(0x80 + tok_rng_next() % 128);
             continue;
         }
-        uint32_t cp = rng_next() % 3 == 0 ? 0x20 + rng_next() % 0x5f : pool[rng_next() % PSV_ARRAY_LEN(pool)];
-        if (rng_next() % 16 == 0) cp = rng_next() % 0x110000;
+        uint32_t cp = tok_rng_next() % 3 == 0 ? 0x20 + tok_rng_next() % 0x5f : pool[tok_rng_next() % PSV_ARRAY_LEN(pool)];
+        if (tok_rng_next() % 16 == 0) cp = tok_rng_next() % 0x110000;
         if (cp >= 0xd800 && cp <= 0xdfff) cp = 'x';
         if (no_spm_space && cp == 0x2581) cp = 'y';
         n += utf8_encode(cp, (uint8_t *)buf + n);
@@ -616,7 +617,7 @@ static void test_spm_words(void) {
     for (int i = 0; i < 3000; i++) {
         static const char *const w[] = {"the", " ", "  ", "   ", "Hello", "world", "\n", "\t", "x", "don't",
                                         "\xe2\x96\x81", "caf\xc3\xa9", "\xe6\x97\xa5\xe6\x9c\xac", "123", "!", "\xff"};
-        buf_puts(&t, w[rng_next() % PSV_ARRAY_LEN(w)]);
+        buf_puts(&t, w[tok_rng_next() % PSV_ARRAY_LEN(w)]);
     }
     int32_t *a = NULL, *b = NULL;
     size_t na = 0, nb = 0;
@@ -700,12 +701,12 @@ static void test_stream(void) {
     bool same = true;
     for (int it = 0; it < 2000 && same; it++) {
         uint8_t in[64];
-        size_t n = rng_next() % sizeof in;
-        for (size_t i = 0; i < n; i++) in[i] = (uint8_t)(rng_next() % 3 ? 0x80 + rng_next() % 0x78 : rng_next());
+        size_t n = tok_rng_next() % sizeof in;
+        for (size_t i = 0; i < n; i++) in[i] = (uint8_t)(tok_rng_next() % 3 ? 0x80 + tok_rng_next() % 0x78 : tok_rng_next());
         out.len = 0;
         tok_stream_init(&s);
         for (size_t i = 0; i < n;) {
-            size_t k = 1 + rng_next() % 4;
+            size_t k = 1 + tok_rng_next() % 4;
             if (k > n - i) k = n - i;
             size_t before = out.len;
             tok_stream_put(&s, in + i, k, &out);
@@ -807,7 +808,7 @@ static void test_merge_pipeline(void) {
     gguf_writer_free(w);
 }
 
-static void test_errors(void) {
+static void test_tok_errors(void) {
     tok_vocab *v = NULL;
     psv_error err = {0};
     CHECK(tiny_vocab("gpt2", "bogus-pre", true, false, &v, &err) == PSV_ERR_UNSUPPORTED && !v);
@@ -866,9 +867,9 @@ int main(void) {
     test_pretokenizers();
     test_stream();
     test_merge_pipeline();
-    test_errors();
-    test_conformance();
-    test_reference_prompts();
+    test_tok_errors();
+    test_tok_conformance();
+    test_tok_reference_prompts();
     test_special();
     test_spm_words();
     test_properties();
