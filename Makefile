@@ -103,18 +103,20 @@ $(BUILD)/fuzz/fuzzers: tests/fuzzers.c $(FUZZ_SRCS) pensieve.c pensieve.h
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzzers
 	ln -f $< $@
 
-fuzz-run: fuzz
-	@for f in $(BUILD)/fuzz/fuzz_*; do \
-	  name=$$(basename $$f); mkdir -p $(BUILD)/corpus/$$name; \
-	  seeds=tests/corpus/$$name; [ -d $$seeds ] || seeds=; \
-	  echo "== $$name for $(FUZZ_SECONDS)s"; \
-	  if $$f -max_total_time=$(FUZZ_SECONDS) -seed=$(FUZZ_SEED) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-	      $(BUILD)/corpus/$$name $$seeds > $(BUILD)/$$name.log 2>&1; then \
-	    grep -E "stat::number_of_executed_units|Done" $(BUILD)/$$name.log | tail -n 2; \
-	  else \
-	    tail -n 40 $(BUILD)/$$name.log; echo "$$name: FAILED (crash, leak or timeout; see above)"; exit 1; \
-	  fi; \
-	done
+# Each harness is a target of its own, so `make -jN fuzz-run` fuzzes with N at a time (each for
+# FUZZ_SECONDS on a core of its own); each prints its report when it ends.
+FUZZ_NAMES = $(patsubst tests/%.c,%,$(FUZZ_SRCS))
+fuzz-run: $(addprefix fuzz-run-,$(FUZZ_NAMES))
+
+fuzz-run-%: $(BUILD)/fuzz/%
+	@name=$*; mkdir -p $(BUILD)/corpus/$$name; \
+	seeds=tests/corpus/$$name; [ -d $$seeds ] || seeds=; \
+	if $< -max_total_time=$(FUZZ_SECONDS) -seed=$(FUZZ_SEED) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	    $(BUILD)/corpus/$$name $$seeds > $(BUILD)/$$name.log 2>&1; then \
+	  echo "== $$name for $(FUZZ_SECONDS)s: $$(grep -E 'stat::number_of_executed_units' $(BUILD)/$$name.log | tail -n 1)"; \
+	else \
+	  echo "$$(tail -n 40 $(BUILD)/$$name.log)"; echo "== $$name: FAILED (crash, leak or timeout; see above)"; exit 1; \
+	fi
 
 # The soak test: 32 clients mixing every kind of request against one server for SOAK_SECONDS.
 SOAK_SECONDS ?= 600

@@ -91,13 +91,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *slash = strrchr(name, '/');
     if (slash) name = slash + 1;
     if (strncmp(name, "fuzz_", 5) == 0) name += 5;
-    for (size_t i = 0; i < sizeof fz_harnesses / sizeof fz_harnesses[0]; i++)
+    for (size_t i = 0; i < PSV_ARRAY_LEN(fz_harnesses); i++)
         if (strcmp(name, fz_harnesses[i].name) == 0) {
             fz_one = fz_harnesses[i].one;
             return fz_harnesses[i].init ? fz_harnesses[i].init(argc, argv) : 0;
         }
     fprintf(stderr, "fuzzers: no harness named '%s'; run as build/fuzz/fuzz_NAME, NAME one of:", name);
-    for (size_t i = 0; i < sizeof fz_harnesses / sizeof fz_harnesses[0]; i++) fprintf(stderr, " %s", fz_harnesses[i].name);
+    for (size_t i = 0; i < PSV_ARRAY_LEN(fz_harnesses); i++) fprintf(stderr, " %s", fz_harnesses[i].name);
     fputc('\n', stderr);
     exit(2);
 }

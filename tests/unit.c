@@ -67,10 +67,10 @@ int main(int argc, char **argv) {
     if (slash) name = slash + 1;
     if (strncmp(name, "test_", 5) == 0) name += 5;
     else name = argc > 1 ? argv[1] : "";
-    for (size_t i = 0; i < sizeof t_tests / sizeof t_tests[0]; i++)
+    for (size_t i = 0; i < PSV_ARRAY_LEN(t_tests); i++)
         if (strcmp(name, t_tests[i].name) == 0) return t_tests[i].run();
     fprintf(stderr, "unit: no test named '%s'; run as build/tests/test_NAME or `unit NAME`, NAME one of:", name);
-    for (size_t i = 0; i < sizeof t_tests / sizeof t_tests[0]; i++) fprintf(stderr, " %s", t_tests[i].name);
+    for (size_t i = 0; i < PSV_ARRAY_LEN(t_tests); i++) fprintf(stderr, " %s", t_tests[i].name);
     fputc('\n', stderr);
     return 2;
 }
