@@ -12,10 +12,15 @@ qemu=${QEMU:-qemu-aarch64}
 bin=${PSV_ARM_TESTS:-build/arm64/tests}/test_simd
 if ! command -v "${qemu%% *}" >/dev/null 2>&1; then skip=2; echo "skipped: ${qemu%% *} is not installed"; finish; fi
 if [ ! -x "$bin" ]; then skip=2; echo "skipped: no $bin (make test-arm64 builds it)"; finish; fi
-out=$(mktemp); trap 'rm -f "$out"' EXIT
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+# the two runs side by side (each is one emulated thread most of the time), then checked in order
 for cpu_set in cortex-a72:neon cortex-a76:dotprod; do
-    cpu=${cpu_set%%:*} set=${cpu_set#*:}
-    $qemu -cpu "$cpu" "$bin" >"$out" 2>&1; rc=$?
+    cpu=${cpu_set%%:*}
+    { $qemu -cpu "$cpu" "$bin" >"$dir/$cpu.out" 2>&1; echo $? >"$dir/$cpu.rc"; } &
+done
+wait
+for cpu_set in cortex-a72:neon cortex-a76:dotprod; do
+    cpu=${cpu_set%%:*} set=${cpu_set#*:} out=$dir/$cpu.out rc=$(cat "$dir/$cpu.rc" 2>/dev/null || echo 255)
     tail -n 3 "$out"
     if [ "$rc" -ne 0 ]; then
         fail=$((fail + 1)); echo "FAIL: test_simd on $cpu exited $rc"; grep -E 'FAIL|differ' "$out" | head -n 20
