@@ -40,8 +40,8 @@
 //  19. HTTP server       Anthropic Messages and OpenAI chat APIs over HTTP/1.1 + SSE
 //  20. CLI               subcommands and main
 
-// The unit tests' one program (tests/unit.c) #includes this file through each test file: it is
-// compiled once.
+// The tests' programs (tests/unit.c, tests/fuzzers.c) #include this file through every test file
+// they hold: it compiles once.
 #ifndef PSV_PENSIEVE_C
 #define PSV_PENSIEVE_C
 
