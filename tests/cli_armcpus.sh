@@ -14,12 +14,13 @@ if ! command -v "${qemu%% *}" >/dev/null 2>&1; then skip=2; echo "skipped: ${qem
 if [ ! -x "$bin" ]; then skip=2; echo "skipped: no $bin (make test-arm64 builds it)"; finish; fi
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 # the two runs side by side (each is one emulated thread most of the time), then checked in order
-for cpu_set in cortex-a72:neon cortex-a76:dotprod; do
+cpu_sets="cortex-a72:neon cortex-a76:dotprod" # CPU:the set it must choose
+for cpu_set in $cpu_sets; do
     cpu=${cpu_set%%:*}
     { $qemu -cpu "$cpu" "$bin" >"$dir/$cpu.out" 2>&1; echo $? >"$dir/$cpu.rc"; } &
 done
 wait
-for cpu_set in cortex-a72:neon cortex-a76:dotprod; do
+for cpu_set in $cpu_sets; do
     cpu=${cpu_set%%:*} set=${cpu_set#*:} out=$dir/$cpu.out rc=$(cat "$dir/$cpu.rc" 2>/dev/null || echo 255)
     tail -n 3 "$out"
     if [ "$rc" -ne 0 ]; then

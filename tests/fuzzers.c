@@ -1,6 +1,6 @@
 // tests/fuzzers.c — every libFuzzer harness (tests/fuzz_*.c) in one program, so that `make fuzz`
-// compiles pensieve.c once (clang with ASan, UBSan and the fuzzer's coverage: two minutes of
-// CI's time each) instead of once a harness. The Makefile links build/fuzz/fuzz_NAME to it: run
+// compiles pensieve.c once (clang with ASan, UBSan and the fuzzer's coverage: about five minutes
+// each) instead of once a harness. The Makefile links build/fuzz/fuzz_NAME to it: run
 // under that name, it fuzzes through tests/fuzz_NAME.c's entry points, its start-up included, as
 // that file's own program did. The harnesses' fuzz_check (four define one) is renamed for each
 // on the way in. A harness added to tests/ is added here too: run under a name not listed, the

@@ -1,6 +1,6 @@
 // tests/unit.c — every unit test (tests/test_*.c) in one program, so that a build configuration
-// compiles pensieve.c once for all of them instead of once a test: each compile of it takes one to
-// two minutes (under ASan, for aarch64), and CI builds the tests three ways. The Makefile links
+// compiles pensieve.c once for all of them instead of once a test: each compile of it took about a
+// minute for aarch64 and two and a half under ASan in CI, which builds the tests three ways. The Makefile links
 // build/tests/test_NAME to this program; run under that name it runs tests/test_NAME.c's main, as
 // that file's own program did, one test a process (their state never meets). `unit NAME` does
 // the same. A test file added to tests/ is added here too: run under a name not listed, the
