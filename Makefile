@@ -13,13 +13,16 @@ TEST_SH   = $(filter-out tests/cli_armcpus.sh,$(wildcard tests/cli_*.sh))
 FUZZ_SRCS = $(wildcard tests/fuzz_*.c)
 TEST_LIBS ?= -lm   # tests may use libm as an oracle; pensieve.c itself never links it
 ARM_CC   ?= aarch64-linux-gnu-gcc
-# The test program compiles all of pensieve.c; gcc's variable tracking (debug locations of
-# optimised variables) is half that time, so test builds go without it where the compiler has
-# the flag (line numbers in sanitizer reports are unaffected).
+# Each test build compiles all of pensieve.c; gcc's variable tracking (debug locations of
+# optimised variables) is a third to a half of that time, so the test builds ($(BUILD)/...) go
+# without it where the compiler has the flag (line numbers in sanitizer reports are unaffected;
+# `make` builds ./pensieve with it).
 NO_VARTRACK = $(shell $(CC) -fno-var-tracking -x c -c /dev/null -o /dev/null 2>/dev/null && echo -fno-var-tracking)
 QEMU_ARM ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
 
-.PHONY: all test debug test-asan fuzz fuzz-run soak check-syms test-arm64 bench clean pull-tool-note
+.PHONY: all test test-build debug test-asan test-asan-build fuzz fuzz-run soak check-syms test-arm64 \
+        test-arm64-build check-arm64-flags check-arm64-n1 check-arm64-v86 check-arm64-v86-clang \
+        tsan-build ci-build bench clean pull-tool-note
 
 # tools/pensieve-pull, the model downloader, links libcurl (the project's only optional
 # dependency): built when libcurl's development files are found (curl-config or pkg-config),
@@ -42,7 +45,7 @@ pull-tool-note:
 # The downloader the CLI tests drive, built with this configuration's flags (plain, ASan, ...).
 $(BUILD)/pensieve-pull: tools/pensieve-pull.c pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(CURL_CFLAGS) tools/pensieve-pull.c -o $@ $(CURL_LIBS) -lpthread
+	$(CC) $(WARN) $(CFLAGS) $(NO_VARTRACK) $(CURL_CFLAGS) tools/pensieve-pull.c -o $@ $(CURL_LIBS) -lpthread
 
 pensieve: pensieve.c pensieve.h
 	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
@@ -59,7 +62,7 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/unit
 
 $(BUILD)/pensieve-lib.o: pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) -DPSV_NO_MAIN -c pensieve.c -o $@
+	$(CC) $(WARN) $(CFLAGS) $(NO_VARTRACK) -DPSV_NO_MAIN -c pensieve.c -o $@
 
 $(BUILD)/tests/test_header_cpp: tests/header.cpp pensieve.h $(BUILD)/pensieve-lib.o
 	@mkdir -p $(dir $@)
@@ -72,9 +75,13 @@ $(BUILD)/example: tools/example.c pensieve.h $(BUILD)/pensieve-lib.o
 # The binary the CLI tests drive, built with this configuration's flags (plain, ASan, ...).
 $(BUILD)/pensieve: pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) pensieve.c -o $@ -lpthread
+	$(CC) $(WARN) $(CFLAGS) $(NO_VARTRACK) pensieve.c -o $@ -lpthread
 
-test: $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/example $(PULL_BIN)
+# What `make test` runs, built (`make -jN test-build` compiles it N at a time).
+TEST_BUILD = $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/example $(PULL_BIN)
+test-build: $(TEST_BUILD)
+
+test: $(TEST_BUILD)
 	PSV_SHARED=$(SHARED) PSV_BIN=$(CURDIR)/$(BUILD)/pensieve PSV_EXAMPLE=$(CURDIR)/$(BUILD)/example \
 	    PSV_PULL=$(if $(PULL_BIN),$(CURDIR)/$(PULL_BIN)) \
 	    sh tests/run.sh $(BUILD)/tests $(TEST_SH)
@@ -84,8 +91,18 @@ test: $(BUILD)/pensieve $(TEST_BINS) $(BUILD)/tests/test_header_cpp $(BUILD)/exa
 debug: pensieve.c pensieve.h
 	$(CC) $(WARN) -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer pensieve.c -o pensieve-debug -lpthread
 
+ASAN_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 test-asan:
-	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="$(ASAN_CFLAGS)"
+test-asan-build:
+	$(MAKE) test-build BUILD=$(BUILD)/asan CFLAGS="$(ASAN_CFLAGS)"
+
+# The binary CI runs the server tests with under ThreadSanitizer.
+TSAN_CC ?= clang
+tsan-build: $(BUILD)/pensieve-tsan
+$(BUILD)/pensieve-tsan: pensieve.c pensieve.h
+	@mkdir -p $(dir $@)
+	$(TSAN_CC) $(WARN) -O1 -g -fsanitize=thread pensieve.c -o $@ -lpthread
 
 # libFuzzer harnesses (clang). `make fuzz-run FUZZ_SECONDS=60` runs each with its seed corpus;
 # FUZZ_SEED=N makes a run repeatable (CI pins it; long exploratory runs leave it random).
@@ -95,10 +112,11 @@ FUZZ_SEED ?= 0
 fuzz: $(patsubst tests/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 
 # One program (tests/fuzzers.c #includes every harness) compiles pensieve.c once; $(BUILD)/fuzz/fuzz_NAME
-# are hard links to it, and run under such a name it is that harness.
+# are hard links to it, and run under such a name it is that harness. No harness runs a kernel, so
+# the program leaves out the SIMD ones (PSV_NO_SIMD): they were 95 % of its compile (20 s, was 330).
 $(BUILD)/fuzz/fuzzers: tests/fuzzers.c $(FUZZ_SRCS) pensieve.c pensieve.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. tests/fuzzers.c -o $@ -lpthread
+	$(FUZZ_CC) -g -O1 -DPSV_NO_SIMD -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. tests/fuzzers.c -o $@ -lpthread
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzzers
 	ln -f $< $@
@@ -133,10 +151,27 @@ check-syms: $(BUILD)/pensieve-lib.o
 
 # The same unit tests, cross-compiled for aarch64 and run under qemu-user (test_simd also on an
 # emulated Cortex-A72 and A76, tests/cli_armcpus.sh).
-test-arm64:
+test-arm64-build:
 	$(MAKE) $(patsubst tests/%.c,$(BUILD)/arm64/tests/%,$(TEST_SRCS)) BUILD=$(BUILD)/arm64 CC=$(ARM_CC) CFLAGS="-O2 -g -static"
+test-arm64: test-arm64-build
 	PSV_SHARED=$(SHARED) PSV_TEST_WRAPPER="$(QEMU_ARM)" ARM_CC="$(ARM_CC)" QEMU="$(QEMU_ARM)" PSV_ARM_TESTS=$(BUILD)/arm64/tests \
 	    sh tests/run.sh $(BUILD)/arm64/tests tests/cli_armicount.sh tests/cli_armcpus.sh
+
+# Builds for aarch64 CPUs that have the dot product and int8 matrix instructions, where the kernels'
+# target attributes step aside: they must compile without warnings with gcc and clang.
+ARM_CLANG ?= clang --target=aarch64-linux-gnu -isystem /usr/aarch64-linux-gnu/include
+check-arm64-flags: check-arm64-n1 check-arm64-v86 check-arm64-v86-clang
+check-arm64-n1:
+	$(ARM_CC) -mcpu=neoverse-n1 $(WARN) -O1 -Werror -c pensieve.c -o /dev/null
+check-arm64-v86:
+	$(ARM_CC) -march=armv8.6-a $(WARN) -O1 -Werror -c pensieve.c -o /dev/null
+check-arm64-v86-clang:
+	$(ARM_CLANG) -march=armv8.6-a $(WARN) -O1 -Werror -c pensieve.c -o /dev/null
+
+# Every build CI's stages use, compiled up front: `make -j2 ci-build` keeps both cores busy (the
+# sub-makes share make's job slots), where each stage's own build would leave one idle for minutes
+# (the fuzz program is one long compile). The fuzz program comes first, being the longest.
+ci-build: fuzz test-asan-build test-arm64-build tsan-build test-build check-arm64-flags
 
 # Benchmarks print measurements; they assert nothing (tests never time anything).
 $(BUILD)/bench_tokenizer: tests/bench_tokenizer.c pensieve.c pensieve.h

@@ -16,6 +16,8 @@
 //   PSV_SERVER      with PSV_NO_MAIN, keep the HTTP server (its tests and fuzz harnesses)
 //   PSV_STATIC      make the public API `static` (for people who #include "pensieve.c")
 //   PSV_TESTING     expose internals to tests/ (they #include this file)
+//   PSV_NO_SIMD     no CPU-specific code: the reference kernels only, no CPU detection (the
+//                   fuzz harnesses, which run no kernels: five times quicker to compile)
 //   PSV_*_MAX_*     limits, each documented where it is defined (section 1)
 //
 // Contents (leaf to root):
@@ -137,7 +139,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#if (defined(__x86_64__) || defined(_M_X64) || defined(__i386__)) && !defined(PSV_NO_SIMD)
 #define PSV_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -146,7 +148,7 @@
 #include <sys/syscall.h>
 #endif
 #endif
-#if defined(__aarch64__) && defined(__AARCH64EL__) // (the kernels read little-endian blocks)
+#if defined(__aarch64__) && defined(__AARCH64EL__) && !defined(PSV_NO_SIMD) // (the kernels read little-endian blocks)
 #define PSV_ARM64 1
 #include <arm_neon.h>
 #if defined(__linux__)

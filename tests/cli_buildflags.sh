@@ -4,8 +4,10 @@
 # at -O2, clang within expressions), which changes last bits, and the reference models turn last
 # bits into visible logit changes. Builds pensieve.c with gcc and clang at -O2 in their default
 # (GNU) language mode, and with gcc without flags, and checks that `pensieve logits` prints exactly
-# what $PSV_BIN prints, for the first case of every reference model; that builds without
-# flags say whether they are optimised (`info --cpu`); and that the file is strict ISO C11.
+# what $PSV_BIN prints, for the first case of every reference model, and so does a build with
+# -DPSV_NO_SIMD (the reference kernels only) what $PSV_BIN prints with them; that builds without
+# flags say whether they are optimised (`info --cpu`) and warn of nothing at -Wall -Wextra; and
+# that the file is strict ISO C11.
 # Needs $PSV_BIN and ../shared ($PSV_SHARED).
 # Ends with `N passed, N failed, N skipped`.
 
@@ -24,13 +26,30 @@ trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' INT TERM HUP
 
 # Built with no flags, gcc optimises the file itself (a pragma: -O0 is its default), so that
-# `cc pensieve.c -o pensieve` is fast; clang cannot be told to, and such a build says so.
+# `cc pensieve.c -o pensieve` is fast; clang cannot be told to, and such a build says so. These
+# builds also have -Wall -Wextra -Werror (which change no code): the house rule is no warnings.
+# All four builds (these two, and -O2 below) run side by side: they are most of this test's time.
+# build OUT COMPILER ARGS...: $tmp/OUT, the compiler's messages in $tmp/OUT.err, its status in
+# $tmp/OUT.rc.
+build() {
+    out=$1; shift
+    "$@" -o "$tmp/$out" -lpthread >"$tmp/$out.err" 2>&1; echo $? >"$tmp/$out.rc"
+}
+built() { [ "$(cat "$tmp/$1.rc" 2>/dev/null)" = 0 ]; }
+for cc in gcc clang; do
+    command -v $cc >/dev/null 2>&1 || continue
+    build flagless-$cc $cc -Wall -Wextra -Werror "$src" &
+    [ -d "$ref/expected" ] && build pensieve-$cc $cc -O2 "$src" &
+done
+# PSV_NO_SIMD (the fuzz program's): the reference kernels only; quick to compile.
+command -v gcc >/dev/null 2>&1 && build pensieve-nosimd gcc -O2 -DPSV_NO_SIMD -Wall -Wextra -Werror "$src" &
+wait
 for cc in gcc clang; do
     if ! command -v $cc >/dev/null 2>&1; then
         skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue
     fi
-    if ! $cc "$src" -o "$tmp/flagless-$cc" -lpthread 2>"$tmp/cc.err"; then
-        bad "$cc pensieve.c (no flags) failed"; cat "$tmp/cc.err"; continue
+    if ! built flagless-$cc; then
+        bad "$cc -Wall -Wextra -Werror pensieve.c (no other flags) failed"; cat "$tmp/flagless-$cc.err"; continue
     fi
     "$tmp/flagless-$cc" info --cpu >"$tmp/cpu.out" 2>"$tmp/cpu.err"
     want="build: optimised"; [ $cc = clang ] && want="build: not optimised"
@@ -41,6 +60,12 @@ for cc in gcc clang; do
     else ok
     fi
 done
+if built pensieve-nosimd; then
+    "$tmp/pensieve-nosimd" info --cpu >"$tmp/cpu.out" 2>&1
+    if grep -qx "kernel sets supported: ref" "$tmp/cpu.out" && grep -qx "kernel set: ref" "$tmp/cpu.out"; then ok
+    else bad "-DPSV_NO_SIMD: info --cpu does not say the reference kernels are the only set"; cat "$tmp/cpu.out"
+    fi
+fi
 # Strict ISO C11 (-pedantic, warnings as errors): what a compiler that accepts nothing beyond the
 # standard would refuse (e.g. a string literal past the 4095 characters C11 requires).
 for cc in gcc clang; do
@@ -53,27 +78,31 @@ if [ ! -d "$ref/expected" ]; then
     skip=$((skip + 1)); echo "skipped: $ref/expected is absent: no reference models to compute"
     finish
 fi
-# The optimised gcc build without flags computes what the test build computes (below, with -O2).
-builds="gcc clang"
-command -v gcc >/dev/null 2>&1 && [ -x "$tmp/flagless-gcc" ] && builds="$builds flagless-gcc"
-
-for cc in $builds; do
-    if [ $cc = flagless-gcc ]; then cp "$tmp/flagless-gcc" "$tmp/pensieve-$cc"
-    elif ! command -v $cc >/dev/null 2>&1; then
-        skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue
-    elif ! $cc -O2 "$src" -o "$tmp/pensieve-$cc" -lpthread 2>"$tmp/cc.err"; then
-        bad "$cc -O2 pensieve.c failed"; cat "$tmp/cc.err"; continue
+# The -O2 builds, the optimised gcc build without flags and the build without SIMD code compute
+# what the test build computes (the last with its reference kernels, PSV_KERNELS=ref).
+builds=
+for b in gcc clang nosimd; do
+    cc=$b; [ $b = nosimd ] && cc=gcc
+    if ! command -v $cc >/dev/null 2>&1; then skip=$((skip + 1)); echo "skipped: $cc is not installed"
+    elif built pensieve-$b; then builds="$builds $b"
+    else bad "$cc -O2 pensieve.c ($b) failed"; cat "$tmp/pensieve-$b.err"
     fi
-    for exp in "$ref"/expected/*.json; do
-        name=$(basename "$exp" .json)
-        # the first case's prompt and generated ids, with the contract's context and KV type
-        ids=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(",".join(map(str, c["prompt_ids"] + c["gen_ids"])))' "$exp") ||
-            { bad "$name: cannot read $exp"; continue; }
-        for b in "$PSV_BIN" "$tmp/pensieve-$cc"; do
-            "$b" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 >"$tmp/$(basename "$b").out" 2>&1
-        done
-        if cmp -s "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out"; then ok
-        else bad "$name: the '$cc' build (-O2 unless flagless) computes other logits than $PSV_BIN"; diff "$tmp/$(basename "$PSV_BIN").out" "$tmp/pensieve-$cc.out" | head -n 4
+done
+built flagless-gcc && cp "$tmp/flagless-gcc" "$tmp/pensieve-flagless-gcc" && builds="$builds flagless-gcc"
+
+for exp in "$ref"/expected/*.json; do
+    name=$(basename "$exp" .json)
+    # the first case's prompt and generated ids, with the contract's context and KV type
+    ids=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(",".join(map(str, c["prompt_ids"] + c["gen_ids"])))' "$exp") ||
+        { bad "$name: cannot read $exp"; continue; }
+    logits() { "$@" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 2>&1; }
+    logits "$PSV_BIN" >"$tmp/want.out"
+    PSV_KERNELS=ref logits "$PSV_BIN" >"$tmp/want-nosimd.out"
+    for b in $builds; do
+        want=$tmp/want.out; [ $b = nosimd ] && want=$tmp/want-nosimd.out
+        logits "$tmp/pensieve-$b" >"$tmp/got.out"
+        if cmp -s "$want" "$tmp/got.out"; then ok
+        else bad "$name: the '$b' build computes other logits than $PSV_BIN"; diff "$want" "$tmp/got.out" | head -n 4
         fi
     done
 done
