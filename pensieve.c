@@ -16,8 +16,9 @@
 //   PSV_SERVER      with PSV_NO_MAIN, keep the HTTP server (its tests and fuzz harnesses)
 //   PSV_STATIC      make the public API `static` (for people who #include "pensieve.c")
 //   PSV_TESTING     expose internals to tests/ (they #include this file)
-//   PSV_NO_SIMD     no CPU-specific code: the reference kernels only, no CPU detection (the
-//                   fuzz harnesses, which run no kernels: five times quicker to compile)
+//   PSV_NO_SIMD_KERNELS  the reference kernels only, no SIMD kernel sets: for programs that
+//                   run no model (the downloader, the fuzz harnesses), which then compile in a
+//                   tenth of the time (SHA-256 keeps its SHA-NI and ARMv8 code)
 //   PSV_*_MAX_*     limits, each documented where it is defined (section 1)
 //
 // Contents (leaf to root):
@@ -139,7 +140,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#if (defined(__x86_64__) || defined(_M_X64) || defined(__i386__)) && !defined(PSV_NO_SIMD)
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #define PSV_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -148,7 +149,7 @@
 #include <sys/syscall.h>
 #endif
 #endif
-#if defined(__aarch64__) && defined(__AARCH64EL__) && !defined(PSV_NO_SIMD) // (the kernels read little-endian blocks)
+#if defined(__aarch64__) && defined(__AARCH64EL__) // (the kernels read little-endian blocks)
 #define PSV_ARM64 1
 #include <arm_neon.h>
 #if defined(__linux__)
@@ -157,6 +158,13 @@
 #if defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
+#endif
+// The SIMD kernel sets (section 12), which PSV_NO_SIMD_KERNELS leaves out.
+#if defined(PSV_X86) && !defined(PSV_NO_SIMD_KERNELS)
+#define PSV_X86_KERNELS 1
+#endif
+#if defined(PSV_ARM64) && !defined(PSV_NO_SIMD_KERNELS)
+#define PSV_ARM64_KERNELS 1
 #endif
 
 #if defined(PSV_NO_MAIN)
@@ -8106,7 +8114,7 @@ static void k_unpack_q3_k(const uint8_t *b, int8_t q[QK_K], int sc[16]) {
 // byte k % 4 (from the low end) of s[k / 4]. Sub-block k's low nibble is byte k % 8 of
 // scales[0..7] (low nibble for k < 8, high for k >= 8), its top two bits are bits 2(k/4) of
 // scales[8 + k % 4].
-static inline void k_q3_k_scales4(const uint8_t *x, uint32_t s[4]) {
+PSV_MAYBE_UNUSED static inline void k_q3_k_scales4(const uint8_t *x, uint32_t s[4]) {
     const uint32_t a0 = ld_u32(x + 96), a1 = ld_u32(x + 100), t = ld_u32(x + 104);
     s[0] = (a0 & 0x0f0f0f0fu) | ((t & 0x03030303u) << 4);
     s[1] = (a1 & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
@@ -8524,16 +8532,16 @@ static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avxvnni", "
 static bool k_set_supported(k_set s, const plat_cpu *c) {
     switch (s) {
     case K_SET_REF: return true;
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     case K_SET_AVX2: return c->avx2 && c->fma && c->f16c;
     case K_SET_AVXVNNI: return c->avx2 && c->fma && c->f16c && c->avxvnni;
     case K_SET_AVX512:
         return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
 #endif
-#if defined(PSV_AMX)
+#if defined(PSV_AMX) && defined(PSV_X86_KERNELS)
     case K_SET_AMX: return k_set_supported(K_SET_AVX512, c) && c->amx;
 #endif
-#if defined(PSV_ARM64)
+#if defined(PSV_ARM64_KERNELS)
     case K_SET_NEON: return c->neon;
     case K_SET_DOTPROD: return c->neon && c->dotprod;
     case K_SET_I8MM: return c->neon && c->dotprod && c->i8mm;
@@ -9179,8 +9187,8 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
 // Where the GEMM kernels find an activation row y of n values and the parts of its side data
 // (k_act_side): the sums of 16, the block scales and, for the 32-value types with a quant offset,
 // the offset terms (else NULL).
-K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint8_t *side, const uint8_t **yr,
-                          const int16_t **ar, const double **dr, const int32_t **ao) {
+PSV_MAYBE_UNUSED K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint8_t *side, const uint8_t **yr,
+                                           const int16_t **ar, const double **dr, const int32_t **ao) {
     *yr = y;
     *ar = (const int16_t *)(const void *)side;
     *dr = (const double *)(const void *)(side + k_act_side_d(n));
@@ -9199,7 +9207,7 @@ K_INLINE void k_gemm_side(uint32_t type, int64_t n, const uint8_t *y, const uint
 K_INLINE int k_gemv1_groups(int nw) { return (nw + 3) / 4; }
 
 // The rows of group w (past the end: the last row again, its result not stored).
-K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, const uint8_t *xr[4]) {
+PSV_MAYBE_UNUSED K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, const uint8_t *xr[4]) {
     const int q = k_gemv1_groups(nw);
     for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w + r * q, nw - 1) * x_stride;
 }
@@ -9232,14 +9240,14 @@ K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, con
     }
 
 // The results of group w's rows that exist, out[r] being row r's.
-K_INLINE void k_gemv1_put(const float out[4], float *s, int w, int nw) {
+PSV_MAYBE_UNUSED K_INLINE void k_gemv1_put(const float out[4], float *s, int w, int nw) {
     const int q = k_gemv1_groups(nw);
     for (int r = 0; r < 4 && w + r * q < nw; r++) s[w + r * q] = out[r];
 }
 
 // Prefetches blocks b .. b + nblk - 1 of pf's rows into the level-2 cache (which, measured on Zen
 // 4, leaves the level-1 cache to the computation better than level-1 prefetches).
-K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
+PSV_MAYBE_UNUSED K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
     for (int r = 0; r < pf->rows; r++) {
         const uint8_t *row = pf->p + (size_t)r * pf->stride;
         uintptr_t a = (uintptr_t)(row + (size_t)b * pf->blk) & ~(uintptr_t)63;
@@ -9248,7 +9256,7 @@ K_INLINE void k_prefetch_blks(const k_prefetch *pf, int64_t b, int64_t nblk) {
     }
 }
 
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
 
 #define K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define K_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -14663,7 +14671,7 @@ K_AVX2 static void k_axpy_rows_f16_avx2(float *y, size_t ys, const float *w, siz
     k_axpy_core_avx2(true, y, ys, w, ws, nq, v, stride, nk, n);
 }
 
-#endif // PSV_X86
+#endif // PSV_X86_KERNELS
 
 // ---- NEON (AArch64): the integer dot products ----------------------------------------------------
 // Advanced SIMD is baseline on AArch64, so the "neon" set needs no run-time check. Each kernel
@@ -14678,7 +14686,7 @@ K_AVX2 static void k_axpy_rows_f16_avx2(float *y, size_t ys, const float *w, siz
 // instead of widening multiplies and pairwise adds (`dp` below); the "i8mm" set is dotprod with
 // usmmla in the GEMM. The NEON float, quantizer and element-wise kernels further down serve all
 // three sets.
-#if defined(PSV_ARM64)
+#if defined(PSV_ARM64_KERNELS)
 
 // The "dotprod" set's functions are built for FEAT_DotProd whatever the compiler's target (gcc
 // and clang spell the attribute differently; nothing where the build targets it already, so the
@@ -16972,7 +16980,7 @@ static void k_fill_neon(k_traits *t, bool dp, bool mm) {
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_neon, k_pack_f16_neon);
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_neon, k_pack_bf16_neon);
 }
-#endif // PSV_ARM64
+#endif // PSV_ARM64_KERNELS
 
 // ---- Vector math: the reference, and dispatch of the element-wise kernels ----------------------
 
@@ -17106,7 +17114,7 @@ static k_set k_active_set;
 static char k_active_note[160];
 static pthread_once_t k_sets_once = PTHREAD_ONCE_INIT;
 
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
 typedef struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } k_gemm_entry;
 typedef struct { uint32_t type; k_gemvn_fn gemvn; int max; } k_gemvn_entry;
 
@@ -17309,7 +17317,7 @@ static void k_sets_init(void) {
                                    .axpy_rows = k_axpy_rows_ref, .dot_keys_f16 = k_dot_keys_f16_ref,
                                    .axpy_rows_f16 = k_axpy_rows_f16_ref, .exp_shift = k_exp_shift_ref, .softmax = k_softmax_ref};
     }
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     k_fill_avx2(k_set_tables[K_SET_AVX2]);
     k_fill_avxvnni(k_set_tables[K_SET_AVXVNNI]);
     k_fill_avx512(k_set_tables[K_SET_AVX512]);
@@ -17327,7 +17335,7 @@ static void k_sets_init(void) {
                                           .softmax = k_softmax_avx2, .quant_side_q8_0 = k_quant_side_q8_0_avx512};
     k_set_vec[K_SET_AMX] = k_set_vec[K_SET_AVX512];
 #endif
-#if defined(PSV_ARM64)
+#if defined(PSV_ARM64_KERNELS)
     k_fill_neon(k_set_tables[K_SET_NEON], false, false);
     k_fill_neon(k_set_tables[K_SET_DOTPROD], true, false);
     k_fill_neon(k_set_tables[K_SET_I8MM], true, true);
@@ -17342,7 +17350,7 @@ static void k_sets_init(void) {
         k_set_vec[s].exp_shift = k_exp_shift_neon;
     }
 #endif
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     k_gemv1_pf = k_gemv1_pf_for(plat_cpu_get());
     k_gemv1_pf_long = k_gemv1_pf_long_for(plat_cpu_get());
     k_gemv1_pf_l1 = k_gemv1_pf_l1_for(plat_cpu_get());
@@ -17430,7 +17438,7 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, c)) printf(" %s", k_set_names[s]);
     printf("\nkernel set: %s\n", k_kernel_set_name());
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     // (after k_kernel_set_name, which sets the kernels up)
     printf("cpu: %s family %d; generation prefetches %zu bytes ahead", c->amd ? "AMD" : "x86", c->family, k_gemv1_pf);
     if (k_gemv1_pf_l1) printf(" (and %zu into the level-1 cache with the AVX-512 kernels)", k_gemv1_pf_l1);

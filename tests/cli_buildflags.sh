@@ -5,9 +5,9 @@
 # bits into visible logit changes. Builds pensieve.c with gcc and clang at -O2 in their default
 # (GNU) language mode, and with gcc without flags, and checks that `pensieve logits` prints exactly
 # what $PSV_BIN prints, for the first case of every reference model, and so does a build with
-# -DPSV_NO_SIMD (the reference kernels only) what $PSV_BIN prints with them; that builds without
-# flags say whether they are optimised (`info --cpu`) and warn of nothing at -Wall -Wextra; and
-# that the file is strict ISO C11.
+# -DPSV_NO_SIMD_KERNELS (the reference kernels only) what $PSV_BIN prints with them; that builds
+# without flags say whether they are optimised (`info --cpu`) and warn of nothing at -Wall
+# -Wextra; and that the file is strict ISO C11.
 # Needs $PSV_BIN and ../shared ($PSV_SHARED).
 # Ends with `N passed, N failed, N skipped`.
 
@@ -41,8 +41,8 @@ for cc in gcc clang; do
     build flagless-$cc $cc -Wall -Wextra -Werror "$src" &
     [ -d "$ref/expected" ] && build pensieve-$cc $cc -O2 "$src" &
 done
-# PSV_NO_SIMD (the fuzz program's): the reference kernels only; quick to compile.
-command -v gcc >/dev/null 2>&1 && build pensieve-nosimd gcc -O2 -DPSV_NO_SIMD -Wall -Wextra -Werror "$src" &
+# PSV_NO_SIMD_KERNELS (the downloader's and the fuzz program's): the reference kernels only.
+command -v gcc >/dev/null 2>&1 && build pensieve-nosimd gcc -O2 -DPSV_NO_SIMD_KERNELS -Wall -Wextra -Werror "$src" &
 wait
 for cc in gcc clang; do
     if ! command -v $cc >/dev/null 2>&1; then
@@ -63,16 +63,19 @@ done
 if built pensieve-nosimd; then
     "$tmp/pensieve-nosimd" info --cpu >"$tmp/cpu.out" 2>&1
     if grep -qx "kernel sets supported: ref" "$tmp/cpu.out" && grep -qx "kernel set: ref" "$tmp/cpu.out"; then ok
-    else bad "-DPSV_NO_SIMD: info --cpu does not say the reference kernels are the only set"; cat "$tmp/cpu.out"
+    else bad "-DPSV_NO_SIMD_KERNELS: info --cpu does not say the reference kernels are the only set"; cat "$tmp/cpu.out"
     fi
 fi
 # Strict ISO C11 (-pedantic, warnings as errors): what a compiler that accepts nothing beyond the
-# standard would refuse (e.g. a string literal past the 4095 characters C11 requires).
+# standard would refuse (e.g. a string literal past the 4095 characters C11 requires); and so
+# without the SIMD kernels (helpers only they call must not warn as unused).
 for cc in gcc clang; do
-    command -v $cc >/dev/null 2>&1 || { skip=$((skip + 1)); echo "skipped: $cc is not installed"; continue; }
-    if $cc -std=c11 -pedantic -Wall -Wextra -Werror -fsyntax-only "$src" 2>"$tmp/cc.err"; then ok
-    else bad "$cc -std=c11 -pedantic -Werror: $(head -n 3 "$tmp/cc.err")"
-    fi
+    command -v $cc >/dev/null 2>&1 || { skip=$((skip + 2)); echo "skipped: $cc is not installed"; continue; }
+    for def in "" -DPSV_NO_SIMD_KERNELS; do
+        if $cc -std=c11 -pedantic -Wall -Wextra -Werror $def -fsyntax-only "$src" 2>"$tmp/cc.err"; then ok
+        else bad "$cc -std=c11 -pedantic -Werror $def: $(head -n 3 "$tmp/cc.err")"
+        fi
+    done
 done
 if [ ! -d "$ref/expected" ]; then
     skip=$((skip + 1)); echo "skipped: $ref/expected is absent: no reference models to compute"
