@@ -515,7 +515,7 @@ static void st_check_gemv(k_set set) {
     }
 }
 
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
 // Whether this CPU can run a kernel form that needs AVX512_VBMI (vbmi) or none; says what is skipped.
 static bool st_form_runs(const char *name, const char *kind, uint32_t type, bool vbmi) {
     if (!vbmi || plat_cpu_get()->avx512vbmi) return true;
@@ -602,7 +602,7 @@ static void st_check_gemv1(k_set set) {
         const k_traits *sk = k_traits_of_set(set, st_weight_types[ti]);
         if (sk && sk->gemv1) st_check_gemv1_fn(k_set_names[set], st_weight_types[ti], sk->gemv1);
     }
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     // the AVX-512 set's one-row Q4_K and Q5_K kernels have forms for some CPUs (k_gemv1_q45_k_for):
     // each one this CPU can run, whichever the set took
     if (set != K_SET_AVX512) return;
@@ -687,7 +687,7 @@ static void st_check_gemvn(k_set set) {
                k_set_names[set], type_get(wt)->name, sk->gemvn_max);
         st_check_gemvn_fn(k_set_names[set], wt, sk->gemvn);
     }
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     // the forms of the AVX-512 set's Q4_K gemvn kernel (k_gemvn_q45_k_for) this CPU can run
     if (set != K_SET_AVX512) return;
     const struct { const char *name; uint32_t type; k_gemvn_fn fn; bool vbmi; } forms[] = {
@@ -840,14 +840,36 @@ static void st_check_quantizers(k_set set) {
 // Every float of a dense sample (each binade from 2^-40 to 2^8 at a mantissa step of 61, both
 // signs), every float in [85, 90] and [-90, -85] (where the fast path hands over to the scalar
 // one), and the specials, through exp and SwiGLU: bit-identical to the reference.
+// Sets share element-wise kernels (avxvnni and avx512 take avx2's exp, the ARM sets all the neon
+// set's): a group of them is checked with the first set this CPU runs that has them, once.
+static bool st_same_exp(const k_vec_ops *a, const k_vec_ops *b) { return a->expf == b->expf && a->swiglu == b->swiglu; }
+static bool st_same_exp_shift(const k_vec_ops *a, const k_vec_ops *b) { return a->exp_shift == b->exp_shift; }
+static bool st_same_attention(const k_vec_ops *a, const k_vec_ops *b) {
+    return a->dot_keys == b->dot_keys && a->axpy_rows == b->axpy_rows && a->dot_keys_f16 == b->dot_keys_f16 &&
+           a->axpy_rows_f16 == b->axpy_rows_f16;
+}
+static bool st_same_softmax(const k_vec_ops *a, const k_vec_ops *b) { return a->softmax == b->softmax; }
+
+// Whether set's kernels of a group (same) are still to check: no set before it that this CPU
+// runs has them; otherwise says which one checked them.
+static bool st_vec_unchecked(k_set set, const char *group, bool (*same)(const k_vec_ops *, const k_vec_ops *)) {
+    for (int s = K_SET_REF + 1; s < (int)set; s++)
+        if (k_set_supported((k_set)s, plat_cpu_get()) && same(k_vec_of_set((k_set)s), k_vec_of_set(set))) {
+            printf("%s %s: the %s set's kernels, checked with it\n", k_set_names[set], group, k_set_names[s]);
+            return false;
+        }
+    return true;
+}
+
 static void st_check_vec(k_set set) {
     const k_vec_ops *ref = k_vec_of_set(K_SET_REF), *sk = k_vec_of_set(set);
+    const bool exp_todo = st_vec_unchecked(set, "exp and swiglu", st_same_exp);
     enum { CAP = 1 << 20 };
     float *x = malloc(CAP * sizeof *x), *u = malloc(CAP * sizeof *u), *a = malloc(CAP * sizeof *a),
           *b = malloc(CAP * sizeof *b), *kb = malloc(CAP * sizeof *kb);
     PSV_ASSERT(x && u && a && b && kb);
     int64_t checked = 0, bad_exp = 0, bad_glu = 0;
-    for (int pass = 0; pass < 53; pass++) {
+    for (int pass = 0; pass < 53 && exp_todo; pass++) {
         int64_t n = 0;
         if (pass < 49) { // binade 2^(pass - 41)
             uint32_t e = (uint32_t)(127 + pass - 41) << 23;
@@ -882,16 +904,18 @@ static void st_check_vec(k_set set) {
             if (pass < 49) break;
         }
     }
-    // in place
-    for (int i = 0; i < 100; i++) x[i] = a[i] = st_sym() * 20.0f;
-    ref->expf(b, x, 100);
-    sk->expf(a, a, 100);
-    CHECK(memcmp(a, b, 100 * sizeof *a) == 0);
-    CHECKF(bad_exp == 0, "%s exp: %lld of %lld differ", k_set_names[set], (long long)bad_exp, (long long)checked);
+    if (exp_todo) { // in place
+        for (int i = 0; i < 100; i++) x[i] = a[i] = st_sym() * 20.0f;
+        ref->expf(b, x, 100);
+        sk->expf(a, a, 100);
+        CHECK(memcmp(a, b, 100 * sizeof *a) == 0);
+        CHECKF(bad_exp == 0, "%s exp: %lld of %lld differ", k_set_names[set], (long long)bad_exp, (long long)checked);
+        CHECKF(bad_glu == 0, "%s swiglu: %lld of %lld differ", k_set_names[set], (long long)bad_glu, (long long)checked);
+    }
     // the sampler's exp(x - shift) in double: logits of every size against several shifts (the
     // fast lanes' bounds -708 and 693 on both sides, half-way points of x / ln 2, specials), at
     // every position of a vector and with odd tails
-    {
+    if (st_vec_unchecked(set, "exp_shift", st_same_exp_shift)) {
         double *ya = malloc(CAP * sizeof *ya), *yb = malloc(CAP * sizeof *yb);
         PSV_ASSERT(ya && yb);
         int64_t n = 0, bad = 0, total = 0;
@@ -933,7 +957,6 @@ static void st_check_vec(k_set set) {
         free(ya);
         free(yb);
     }
-    CHECKF(bad_glu == 0, "%s swiglu: %lld of %lld differ", k_set_names[set], (long long)bad_glu, (long long)checked);
     // attention's products over KV rows: many lengths (tails of every size, long rows), key
     // counts around the kernels' groups of eight, a row stride wider than the rows, values of
     // every magnitude, sometimes non-finite
@@ -943,7 +966,8 @@ static void st_check_vec(k_set set) {
     uint16_t *kh = malloc(CAP * sizeof *kh), *xh = malloc(CAP * sizeof *xh);
     float *kr = malloc(CAP * sizeof *kr), *xr = malloc(CAP * sizeof *xr), *c16 = malloc(CAP * sizeof *c16);
     PSV_ASSERT(kh && xh && kr && xr && c16);
-    for (size_t li = 0; li < PSV_ARRAY_LEN(lens); li++)
+    const bool att_todo = st_vec_unchecked(set, "attention products", st_same_attention);
+    for (size_t li = 0; li < PSV_ARRAY_LEN(lens) && att_todo; li++)
         for (size_t ci = 0; ci < PSV_ARRAY_LEN(counts); ci++) {
             int64_t n = lens[li], nk = counts[ci];
             size_t stride = (size_t)n + 8 * (ci % 3);
@@ -1027,7 +1051,7 @@ static void st_check_vec(k_set set) {
             for (size_t i = 0; i < (size_t)nq * y_stride; i++) bad_axpy16 += !st_same(y1[i], y2[i]) || !st_same(y2[i], y3[i]);
             checked_att += nq * nk + n;
         }
-    { // nothing written beyond the n values of y
+    if (att_todo) { // nothing written beyond the n values of y
         for (int i = 0; i < 16; i++) a[i] = b[i] = -7.0f;
         x[0] = 1.0f;
         xh[0] = psv_f32_to_fp16(1.0f);
@@ -1035,12 +1059,13 @@ static void st_check_vec(k_set set) {
         sk->axpy_rows(a, 16, &w1, 1, 1, x, 5, 1, 5);
         sk->axpy_rows_f16(b, 16, &w1, 1, 1, xh, 5, 1, 5);
         for (int i = 5; i < 16; i++) CHECK(a[i] == -7.0f && b[i] == -7.0f);
+        CHECKF(bad_keys == 0 && bad_axpy == 0, "%s attention products: %lld dot_keys and %lld axpy_rows of %lld differ",
+               k_set_names[set], (long long)bad_keys, (long long)bad_axpy, (long long)checked_att);
+        CHECKF(bad_keys16 == 0 && bad_axpy16 == 0,
+               "%s attention products over halves: %lld dot_keys_f16 and %lld axpy_rows_f16 of %lld differ",
+               k_set_names[set], (long long)bad_keys16, (long long)bad_axpy16, (long long)checked_att);
     }
-    CHECKF(bad_keys == 0 && bad_axpy == 0, "%s attention products: %lld dot_keys and %lld axpy_rows of %lld differ",
-           k_set_names[set], (long long)bad_keys, (long long)bad_axpy, (long long)checked_att);
-    CHECKF(bad_keys16 == 0 && bad_axpy16 == 0, "%s attention products over halves: %lld dot_keys_f16 and %lld axpy_rows_f16 of %lld differ",
-           k_set_names[set], (long long)bad_keys16, (long long)bad_axpy16, (long long)checked_att);
-    { // attention's softmax: lengths around the vectors of 8, scores of ordinary size, with a
+    if (st_vec_unchecked(set, "softmax", st_same_softmax)) { // attention's softmax: lengths around the vectors of 8, scores of ordinary size, with a
       // spread that underflows exp (its slow lanes), or with infinities, NaNs and ties
         static const int64_t lens2[] = {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 257, 1000};
         int64_t bad_sm = 0, checked_sm = 0;
@@ -1146,7 +1171,7 @@ static void test_choose(void) {
         {"auto", &none, K_SET_REF, false},   {"ref", &none, K_SET_REF, false},
         {"avx2", &none, K_SET_REF, true},    {"avx512", &none, K_SET_REF, true},
         {"bogus", &none, K_SET_REF, true},
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
         {NULL, &v3, K_SET_AVX2, false},      {"ref", &v3, K_SET_REF, false},
         {"avx2", &v3, K_SET_AVX2, false},    {"avx512", &v3, K_SET_AVX2, true},
         {NULL, &v4, K_SET_AVX512, false},    {"auto", &v4, K_SET_AVX512, false},
@@ -1159,7 +1184,7 @@ static void test_choose(void) {
         {"avxvnni", &v3_vnni, K_SET_AVXVNNI, false}, {"avxvnni", &v3, K_SET_AVX2, true},
         {"avxvnni", &v4, K_SET_AVX512, true}, {NULL, &v4_avxvnni, K_SET_AVX512, false},
         {"avxvnni", &v4_avxvnni, K_SET_AVXVNNI, false}, {"avx512", &v3_vnni, K_SET_AVXVNNI, true},
-#elif defined(PSV_ARM64)
+#elif defined(PSV_ARM64_KERNELS)
         {NULL, &arm, K_SET_NEON, false},     {NULL, &arm_dp, K_SET_DOTPROD, false},
         {"auto", &arm_dp, K_SET_DOTPROD, false}, {"neon", &arm_dp, K_SET_NEON, false},
         {"ref", &arm_dp, K_SET_REF, false},  {"dotprod", &arm_dp, K_SET_DOTPROD, false},
@@ -1191,7 +1216,7 @@ static void test_choose(void) {
     }
     CHECK(k_traits_of_set(K_SET_REF, T_Q4_0)->vec_dot == k_dot_q4_0_q8_0_ref);
     CHECK(k_traits_of_set(K_SET_COUNT, T_Q4_0) == NULL && k_traits_get(T_COUNT) == NULL && k_traits_get(T_IQ2_XXS) == NULL);
-#if defined(PSV_X86)
+#if defined(PSV_X86_KERNELS)
     // generation's prefetch distances on Zen 3 and 4 (AMD family 25) and elsewhere, each this
     // CPU's as its function says once the sets are set up: every row's (k_gemv1_pf), the AVX-512
     // kernels' into the level-1 cache (k_gemv1_pf_l1: none elsewhere), and in rows too long for
