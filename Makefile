@@ -169,9 +169,9 @@ check-arm64-v86-clang:
 	$(ARM_CLANG) -march=armv8.6-a $(WARN) -O1 -Werror -c pensieve.c -o /dev/null
 
 # Every build CI's stages use, compiled up front: `make -j2 ci-build` keeps both cores busy (the
-# sub-makes share make's job slots), where each stage's own build would leave one idle for minutes
-# (the fuzz program is one long compile). The fuzz program comes first, being the longest.
-ci-build: fuzz test-asan-build test-arm64-build tsan-build test-build check-arm64-flags
+# sub-makes share make's job slots), where a stage's own builds would often leave one idle (the
+# TSan binary and the fuzz program are one compile each). The longest (ASan's) come first.
+ci-build: test-asan-build test-arm64-build test-build tsan-build fuzz check-arm64-flags
 
 # Benchmarks print measurements; they assert nothing (tests never time anything).
 $(BUILD)/bench_tokenizer: tests/bench_tokenizer.c pensieve.c pensieve.h

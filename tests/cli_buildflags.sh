@@ -28,7 +28,8 @@ trap 'exit 1' INT TERM HUP
 # Built with no flags, gcc optimises the file itself (a pragma: -O0 is its default), so that
 # `cc pensieve.c -o pensieve` is fast; clang cannot be told to, and such a build says so. These
 # builds also have -Wall -Wextra -Werror (which change no code): the house rule is no warnings.
-# All four builds (these two, and -O2 below) run side by side: they are most of this test's time.
+# The builds (these two, the -O2 ones and the one without SIMD kernels, all checked below) run side
+# by side: they are most of this test's time.
 # build OUT COMPILER ARGS...: $tmp/OUT, the compiler's messages in $tmp/OUT.err, its status in
 # $tmp/OUT.rc.
 build() {
@@ -93,19 +94,21 @@ for b in gcc clang nosimd; do
 done
 built flagless-gcc && cp "$tmp/flagless-gcc" "$tmp/pensieve-flagless-gcc" && builds="$builds flagless-gcc"
 
+# logits BIN...: the top logits BIN computes for model $name's ids $ids
+logits() { "$@" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 2>&1; }
 for exp in "$ref"/expected/*.json; do
     name=$(basename "$exp" .json)
     # the first case's prompt and generated ids, with the contract's context and KV type
     ids=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(",".join(map(str, c["prompt_ids"] + c["gen_ids"])))' "$exp") ||
         { bad "$name: cannot read $exp"; continue; }
-    logits() { "$@" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 2>&1; }
     logits "$PSV_BIN" >"$tmp/want.out"
     PSV_KERNELS=ref logits "$PSV_BIN" >"$tmp/want-nosimd.out"
     for b in $builds; do
-        want=$tmp/want.out; [ $b = nosimd ] && want=$tmp/want-nosimd.out
+        want=$tmp/want.out than=$PSV_BIN
+        [ $b = nosimd ] && want=$tmp/want-nosimd.out than="$PSV_BIN with PSV_KERNELS=ref"
         logits "$tmp/pensieve-$b" >"$tmp/got.out"
         if cmp -s "$want" "$tmp/got.out"; then ok
-        else bad "$name: the '$b' build computes other logits than $PSV_BIN"; diff "$want" "$tmp/got.out" | head -n 4
+        else bad "$name: the '$b' build computes other logits than $than"; diff "$want" "$tmp/got.out" | head -n 4
         fi
     done
 done
