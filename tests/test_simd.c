@@ -837,9 +837,6 @@ static void st_check_quantizers(k_set set) {
 
 // ---- element-wise kernels --------------------------------------------------------------------
 
-// Every float of a dense sample (each binade from 2^-40 to 2^8 at a mantissa step of 61, both
-// signs), every float in [85, 90] and [-90, -85] (where the fast path hands over to the scalar
-// one), and the specials, through exp and SwiGLU: bit-identical to the reference.
 // Sets share element-wise kernels (avxvnni and avx512 take avx2's exp, the ARM sets all the neon
 // set's): a group of them is checked with the first set this CPU runs that has them, once.
 static bool st_same_exp(const k_vec_ops *a, const k_vec_ops *b) { return a->expf == b->expf && a->swiglu == b->swiglu; }
@@ -861,6 +858,9 @@ static bool st_vec_unchecked(k_set set, const char *group, bool (*same)(const k_
     return true;
 }
 
+// Every float of a dense sample (each binade from 2^-40 to 2^8 at a mantissa step of 61, both
+// signs), every float in [85, 90] and [-90, -85] (where the fast path hands over to the scalar
+// one), and the specials, through exp and SwiGLU: bit-identical to the reference.
 static void st_check_vec(k_set set) {
     const k_vec_ops *ref = k_vec_of_set(K_SET_REF), *sk = k_vec_of_set(set);
     const bool exp_todo = st_vec_unchecked(set, "exp and swiglu", st_same_exp);
