@@ -17,24 +17,24 @@ total_p=0; total_f=0; total_s=0
 dir=$(mktemp -d "${TMPDIR:-/tmp}/psv_run.XXXXXX") || { echo "run.sh: mktemp -d failed"; exit 2; }
 trap 'rm -rf "$dir"' EXIT
 
-# The tests, numbered: $dir/N.name, and $dir/N.kind (prog or script) with $dir/N.path.
+# The tests, numbered, each one's path in $dir/N.path: first the $nprog programs, then the scripts.
 n=0
-add() {
-    echo "$1" >"$dir/$n.name"; echo "$2" >"$dir/$n.kind"; echo "$3" >"$dir/$n.path"; n=$((n + 1))
-}
+add() { echo "$1" >"$dir/$n.path"; n=$((n + 1)); }
 for t in "$bindir"/test_*; do
-    [ -x "$t" ] && add "$(basename "$t")" prog "$t"
+    [ -x "$t" ] && add "$t"
 done
+nprog=$n
 for s in "$@"; do
-    add "$(basename "$s")" script "$s"
+    add "$s"
 done
+name_of() { basename "$(cat "$dir/$1.path")"; }
 skipped() { case " ${PSV_TEST_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # Runs test N: its output in $dir/N.log, then "EXIT_STATUS SECONDS" in $dir/N.done; its process
 # id in $dir/N.pid while it runs (a background job ignores Ctrl-C, so stop_all ends them).
 run_one() {
     t0=$(date +%s)
-    if [ "$(cat "$dir/$1.kind")" = prog ]; then
+    if [ "$1" -lt "$nprog" ]; then
         $tmo ${PSV_TEST_WRAPPER:-} "$(cat "$dir/$1.path")" >"$dir/$1.log" 2>&1 3>&- &
     else
         $tmo sh "$(cat "$dir/$1.path")" >"$dir/$1.log" 2>&1 3>&- &
@@ -57,7 +57,7 @@ i=0; while [ $i -lt "$jobs" ]; do echo >&3; i=$((i + 1)); done
 (
     i=0
     while [ $i -lt $n ]; do
-        if ! skipped "$(cat "$dir/$i.name")"; then
+        if ! skipped "$(name_of $i)"; then
             read -r _ <&3
             (run_one $i; echo >&3) &
         fi
@@ -71,7 +71,7 @@ trap 'stop_all; exit 1' INT TERM HUP
 # The report, in order.
 i=0
 while [ $i -lt $n ]; do
-    name=$(cat "$dir/$i.name")
+    name=$(name_of $i)
     echo "== $name"
     if skipped "$name"; then
         echo "skipped: $name (PSV_TEST_SKIP)"; total_s=$((total_s + 1)); i=$((i + 1)); continue
