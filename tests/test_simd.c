@@ -6,7 +6,8 @@
 // their extremes including -128 activations, inconsistent Q8_K bsums) for many lengths, the
 // multi-row variants for every row count, and the activation quantizers on random, tie-breaking
 // and non-finite inputs. Also the kernel-set choice (PSV_KERNELS) on simulated CPUs. Sets the
-// CPU lacks are skipped with the reason.
+// CPU lacks are skipped with the reason. PSV_TEST_SETS (names, comma-separated) checks only those
+// sets (tests/cli_armcpus.sh: the one set an emulated CPU chooses); the others are skipped.
 #define PSV_TESTING
 #define PSV_NO_MAIN
 #include "pensieve.c"
@@ -847,11 +848,25 @@ static bool st_same_attention(const k_vec_ops *a, const k_vec_ops *b) {
 }
 static bool st_same_softmax(const k_vec_ops *a, const k_vec_ops *b) { return a->softmax == b->softmax; }
 
-// Whether set's kernels of a group (same) are still to check: no set before it that this CPU
-// runs has them; otherwise says which one checked them.
+// Whether this run checks set: this CPU runs it, and PSV_TEST_SETS (if set) names it.
+static bool st_set_checked(k_set set) {
+    if (!k_set_supported(set, plat_cpu_get())) return false;
+    const char *want = getenv("PSV_TEST_SETS");
+    if (!want) return true;
+    const size_t len = strlen(k_set_names[set]);
+    for (const char *p = want; *p; p += *p == ',') {
+        const size_t n = strcspn(p, ",");
+        if (n == len && !strncmp(p, k_set_names[set], len)) return true;
+        p += n;
+    }
+    return false;
+}
+
+// Whether set's kernels of a group (same) are still to check: no set before it that this run
+// checks has them; otherwise says which one checked them.
 static bool st_vec_unchecked(k_set set, const char *group, bool (*same)(const k_vec_ops *, const k_vec_ops *)) {
     for (int s = K_SET_REF + 1; s < (int)set; s++)
-        if (k_set_supported((k_set)s, plat_cpu_get()) && same(k_vec_of_set((k_set)s), k_vec_of_set(set))) {
+        if (st_set_checked((k_set)s) && same(k_vec_of_set((k_set)s), k_vec_of_set(set))) {
             printf("%s %s: the %s set's kernels, checked with it\n", k_set_names[set], group, k_set_names[s]);
             return false;
         }
@@ -1296,6 +1311,10 @@ int main(void) {
     for (int s = K_SET_REF + 1; s < K_SET_COUNT; s++) {
         if (!k_set_supported((k_set)s, cpu)) {
             SKIP("kernel set %s: not supported by this CPU/build", k_set_names[s]);
+            continue;
+        }
+        if (!st_set_checked((k_set)s)) {
+            SKIP("kernel set %s: not among PSV_TEST_SETS (%s)", k_set_names[s], getenv("PSV_TEST_SETS"));
             continue;
         }
         st_check_dots((k_set)s);
