@@ -28,7 +28,7 @@ count() {
     $QEMU -d in_asm,exec,nochain -D "$out/log" "$out/arm_icount" "$@" || return $?
     awk '/^IN:/ { blk = 1; start = ""; n = 0; next }
          blk && /^0x[0-9a-f]+:/ { if (start == "") { start = substr($1, 3, length($1) - 3); sub(/^0+/, "", start) } n++; next }
-         blk { size[start] = n; blk = 0 }
+         blk && (/^$/ || /^Trace / || /^-/) { size[start] = n; blk = 0 }
          /^Trace / { split($4, f, "/"); pc = f[2]; sub(/^0+/, "", pc); if (!(pc in size)) bad = 1; total += size[pc] }
          END { if (bad) { print "arm_icount.sh: a block ran that the log did not show translated" > "/dev/stderr"; exit 1 }
                print total }' "$out/log"
