@@ -10600,6 +10600,17 @@ K_AVX2 K_INLINE __m256i k_bcast4_avx2(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
+// Zeroes a GEMM call's accumulators (n doubles, a multiple of 4) with vector stores, where memset
+// made them a `rep stosq` (3 % of a qwen2-0.5b Q4_0 prompt's samples with the AVX2 set on Zen 4, in
+// calls of 28 blocks). The zero goes through an empty asm so that gcc does not see a memset in the
+// loop and make it one again.
+K_AVX2 K_INLINE void k_zero_acc_avx2(double *acc, int n) {
+    __m256d z = _mm256_setzero_pd();
+    __asm__("" : "+x"(z));
+    K_UNROLL
+    for (int i = 0; i < n; i += 4) _mm256_storeu_pd(acc + i, z);
+}
+
 // Adds the block's term for 8 weight rows (dx, dm: rows 0-3 and 4-7) to acc[0..7].
 K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, __m256d t0, __m256d t1) {
     _mm256_storeu_pd(acc, _mm256_add_pd(_mm256_loadu_pd(acc), k_no_fuse_pd_avx2(t0)));
@@ -10782,7 +10793,7 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, bool vnni, int R, int64_t n
     const double *dr[2];
     const int32_t *ao[2];
     double acc[K_BLOCK_LANES][2 * 8]; // lane l of row r's eight results at acc[l][8r ..]
-    memset(acc, 0, sizeof acc);
+    k_zero_acc_avx2(&acc[0][0], K_BLOCK_LANES * 2 * 8);
     for (int r = 0; r < R; r++)
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
     for (int64_t b = 0; b < nb; b++) {
@@ -10954,7 +10965,7 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
     const uint8_t *aw[4];
     const double *dr[4];
     double acc[K_BLOCK_LANES][4 * 8]; // lane l of row r's eight results at acc[l][8r ..]
-    memset(acc, 0, sizeof acc);
+    k_zero_acc_avx2(&acc[0][0], K_BLOCK_LANES * 4 * 8);
     K_UNROLL
     for (int r = 0; r < R; r++) {
         aw[r] = side + (size_t)r * side_stride + k_act_side_x(n);
