@@ -16,9 +16,10 @@
 //   PSV_SERVER      with PSV_NO_MAIN, keep the HTTP server (its tests and fuzz harnesses)
 //   PSV_STATIC      make the public API `static` (for people who #include "pensieve.c")
 //   PSV_TESTING     expose internals to tests/ (they #include this file)
-//   PSV_NO_SIMD_KERNELS  the reference kernels only, no SIMD kernel sets: for programs that
-//                   run no model (the downloader, the fuzz harnesses), which then compile in a
-//                   tenth of the time (SHA-256 keeps its SHA-NI and ARMv8 code)
+//   PSV_NO_SIMD_KERNELS  the reference kernels only, no SIMD kernel sets: for builds that need
+//                   no speed (the downloader, the fuzz harnesses, make test-asan's library
+//                   object), which then compile in a tenth of the time (SHA-256 keeps its SHA-NI
+//                   and ARMv8 code)
 //   PSV_*_MAX_*     limits, each documented where it is defined (section 1)
 //
 // Contents (leaf to root):
@@ -10793,7 +10794,7 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, bool vnni, int R, int64_t n
     const double *dr[2];
     const int32_t *ao[2];
     double acc[K_BLOCK_LANES][2 * 8]; // lane l of row r's eight results at acc[l][8r ..]
-    k_zero_acc_avx2(&acc[0][0], K_BLOCK_LANES * 2 * 8);
+    k_zero_acc_avx2(&acc[0][0], (int)(sizeof acc / sizeof acc[0][0]));
     for (int r = 0; r < R; r++)
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
     for (int64_t b = 0; b < nb; b++) {
@@ -10965,7 +10966,7 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
     const uint8_t *aw[4];
     const double *dr[4];
     double acc[K_BLOCK_LANES][4 * 8]; // lane l of row r's eight results at acc[l][8r ..]
-    k_zero_acc_avx2(&acc[0][0], K_BLOCK_LANES * 4 * 8);
+    k_zero_acc_avx2(&acc[0][0], (int)(sizeof acc / sizeof acc[0][0]));
     K_UNROLL
     for (int r = 0; r < R; r++) {
         aw[r] = side + (size_t)r * side_stride + k_act_side_x(n);

@@ -42,7 +42,8 @@ for cc in gcc clang; do
     build flagless-$cc $cc -Wall -Wextra -Werror "$src" &
     [ -d "$ref/expected" ] && build pensieve-$cc $cc -O2 "$src" &
 done
-# PSV_NO_SIMD_KERNELS (the downloader's and the fuzz program's): the reference kernels only.
+# PSV_NO_SIMD_KERNELS (the downloader's, the fuzz program's and the ASan library object's): the
+# reference kernels only.
 command -v gcc >/dev/null 2>&1 && build pensieve-nosimd gcc -O2 -DPSV_NO_SIMD_KERNELS -Wall -Wextra -Werror "$src" &
 wait
 for cc in gcc clang; do
