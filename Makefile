@@ -97,10 +97,14 @@ debug: pensieve.c pensieve.h
 # the sanitizers in the unit tests (every set) and in the binary.
 ASAN_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 ASAN_LIB_CFLAGS = -DPSV_NO_SIMD_KERNELS
+# Its unit tests also check the avxvnni set's kernels on AVX-512 VNNI CPUs, in the AVX-512 encoding
+# of the same instructions (PSV_VNNI_EVEX): otherwise only an AVX-VNNI CPU (Intel client CPUs from
+# Alder Lake on, some Xeons) would run them.
+ASAN_TEST_CFLAGS = -DPSV_VNNI_EVEX
 test-asan:
-	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="$(ASAN_CFLAGS)" LIB_CFLAGS="$(ASAN_LIB_CFLAGS)"
+	$(MAKE) test BUILD=$(BUILD)/asan CFLAGS="$(ASAN_CFLAGS)" LIB_CFLAGS="$(ASAN_LIB_CFLAGS)" TEST_CFLAGS="$(ASAN_TEST_CFLAGS)"
 test-asan-build:
-	$(MAKE) test-build BUILD=$(BUILD)/asan CFLAGS="$(ASAN_CFLAGS)" LIB_CFLAGS="$(ASAN_LIB_CFLAGS)"
+	$(MAKE) test-build BUILD=$(BUILD)/asan CFLAGS="$(ASAN_CFLAGS)" LIB_CFLAGS="$(ASAN_LIB_CFLAGS)" TEST_CFLAGS="$(ASAN_TEST_CFLAGS)"
 
 # The binary CI runs the server tests with under ThreadSanitizer.
 TSAN_CC ?= clang

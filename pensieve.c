@@ -8527,6 +8527,17 @@ static const k_traits *k_traits_ref(uint32_t type) {
 // reference set only.
 
 typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVXVNNI, K_SET_AVX512, K_SET_AMX, K_SET_NEON, K_SET_DOTPROD, K_SET_I8MM, K_SET_COUNT } k_set;
+// PSV_VNNI_EVEX (a test build's flag: make test-asan's): the avxvnni set's vpdpbusd and vpdpwssd
+// in their AVX512-VNNI (EVEX) encoding, which does the same on 256-bit vectors, and the set taken
+// as supported where that runs (AVX512-VNNI and VL), so that its kernels are checked on AVX-512
+// CPUs too, not only on the AVX-VNNI CPUs (Intel from Alder Lake on) that choose it.
+#if defined(PSV_VNNI_EVEX)
+#define K_VNNI_ENC ""
+#define K_VNNI_EVEX 1
+#else
+#define K_VNNI_ENC "%{vex%} "
+#define K_VNNI_EVEX 0
+#endif
 static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avxvnni", "avx512", "amx", "neon", "dotprod", "i8mm"};
 
 // Whether a CPU can run a kernel set (and this build has it).
@@ -8535,7 +8546,7 @@ static bool k_set_supported(k_set s, const plat_cpu *c) {
     case K_SET_REF: return true;
 #if defined(PSV_X86_KERNELS)
     case K_SET_AVX2: return c->avx2 && c->fma && c->f16c;
-    case K_SET_AVXVNNI: return c->avx2 && c->fma && c->f16c && c->avxvnni;
+    case K_SET_AVXVNNI: return c->avx2 && c->fma && c->f16c && (c->avxvnni || (K_VNNI_EVEX && c->avx512vnni && c->avx512vl));
     case K_SET_AVX512:
         return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
 #endif
@@ -9663,11 +9674,11 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
 // as inline assembly: the AVX2 code around them needs no other target, and only the avxvnni
 // set's kernels (vnni: true) reach them.
 K_AVX2 K_INLINE __m256i k_dpbusd_vex(__m256i acc, __m256i a, __m256i b) {
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    __asm__(K_VNNI_ENC "vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
     return acc;
 }
 K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
-    __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    __asm__(K_VNNI_ENC "vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
     return acc;
 }
 // acc + vpmaddwd(a, b), in one vpdpwssd with vnni (the same int32 sums)

@@ -1197,7 +1197,11 @@ static void test_choose(void) {
         {"i8mm", &v4, K_SET_AVX512, true},   {NULL, &arm_mm, K_SET_REF, false},
         {NULL, &v3_vnni, K_SET_AVXVNNI, false}, {"avx2", &v3_vnni, K_SET_AVX2, false},
         {"avxvnni", &v3_vnni, K_SET_AVXVNNI, false}, {"avxvnni", &v3, K_SET_AVX2, true},
+#if defined(PSV_VNNI_EVEX) // (the avxvnni set runs on AVX512-VNNI CPUs in such a build)
+        {"avxvnni", &v4, K_SET_AVXVNNI, false}, {NULL, &v4_avxvnni, K_SET_AVX512, false},
+#else
         {"avxvnni", &v4, K_SET_AVX512, true}, {NULL, &v4_avxvnni, K_SET_AVX512, false},
+#endif
         {"avxvnni", &v4_avxvnni, K_SET_AVXVNNI, false}, {"avx512", &v3_vnni, K_SET_AVXVNNI, true},
 #elif defined(PSV_ARM64_KERNELS)
         {NULL, &arm, K_SET_NEON, false},     {NULL, &arm_dp, K_SET_DOTPROD, false},
