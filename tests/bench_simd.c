@@ -10,6 +10,8 @@
 //   gemv1  the same matrix against one activation row as generation of one sequence computes
 //          it (the set's gemv1 kernels: the whole matrix a call, four rows a step, one from each
 //          quarter of it), for sets and types that have them.
+//   g1hot  the gemv1 kernel on the matrix's first 64 rows, in the cache: its arithmetic alone
+//          (gemv1 against g1hot shows how much of the streamed time is memory).
 // and, for sets with GEMM kernels:
 //   pack   packing a panel's rows of the matrix (k_traits.panel_rows: 8, or the amx set's 16), in
 //          L1/L2, per weight value;
@@ -110,6 +112,11 @@ static void bs_gemv1(void *p) {
     bs_ctx *c = p;
     c->tr->gemv1(c->n, c->out, c->w, c->xs, (int)c->n_out, 0, k_gemv1_groups((int)c->n_out), c->a, c->side);
 }
+#define BS_HOT_ROWS 64
+static void bs_gemv1_hot(void *p) {
+    bs_ctx *c = p;
+    c->tr->gemv1(c->n, c->out, c->w, c->xs, BS_HOT_ROWS, 0, k_gemv1_groups(BS_HOT_ROWS), c->a, c->side);
+}
 static void bs_pack(void *p) {
     bs_ctx *c = p;
     c->tr->pack(c->n, c->w, c->xs, c->tr->panel_rows, c->panel);
@@ -154,8 +161,8 @@ int main(int argc, char **argv) {
     printf("kernel sets on this CPU:");
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
-    printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
-           "gemv1 ns/v", "pack ns/v", "gemmR ns/v", "mat4 ns/v");
+    printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
+           "gemv1 ns/v", "g1hot ns/v", "pack ns/v", "gemmR ns/v", "mat4 ns/v");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t wt = types[ti], at = k_traits_ref(wt)->vec_dot_type;
         bool chosen = argc <= 2;
@@ -179,10 +186,11 @@ int main(int argc, char **argv) {
                 PSV_ASSERT(c.side);
                 k_act_side(at, k_panel_off(wt), a, n, c.side, true);
                 printf(" %10.4f", bs_time(bs_gemv1, &c, secs) * 1e9 / (double)(n * n_out));
+                printf(" %10.4f", bs_time(bs_gemv1_hot, &c, secs) * 1e9 / (double)(n * BS_HOT_ROWS));
                 free(c.side);
                 c.side = NULL;
             } else if (c.tr->gemm) {
-                printf(" %10s", "-");
+                printf(" %10s %10s", "-", "-");
             }
             if (c.tr->gemm) {
                 c.side_stride = k_act_side_stride(c.tr, n, true);
