@@ -9749,8 +9749,9 @@ K_AVX2 K_INLINE void k_gemv1_terms_avx2(const bool one, const int nr, int64_t g,
 // vpaddw and vpmaddwd took three steps; Q8_0's quants go in unsigned (q + 128: xor 0x80, no
 // widening) and the offset comes off as Q4_0's does, through the side data's -128 * sum(a).
 // Without it, the 4-bit and 5-bit types' int16 pair sums go into the transpose-and-add as they
-// are (k_sum4_i16_lanes_avx2: half the vpmaddwd). A group's terms are added after the next
-// group's integer work (k_gemv1_terms_avx2), so that their conversions and FMAs overlap it.
+// are (k_sum4_i16_lanes_avx2: half the vpmaddwd). With one or two activation rows a group's
+// terms are added after the next group's integer work (k_gemv1_terms_avx2), so that their
+// conversions and FMAs overlap it.
 // Zen 4, Q4_0 rows of 4096 in the cache: 3.27 -> 2.77 cycles a row and block with these and
 // k_f16x4_bits's register gather (20 -> 23.5 GB/s).
 K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n, float *const *s, const uint8_t *x,
@@ -9926,11 +9927,16 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                     hm[p] = hd[p];
                 }
             // the previous group's terms, now that this group's integer work is under way
+            if (nr > 2) { // (three and four activation rows: no registers to spare for it; Zen 4, Q4_0
+                          // in the cache, four rows 0.78 ns a row, block and activation row late, 0.72 not)
+                k_gemv1_terms_avx2(one, nr, g, nb, side, side_stride, k_act_side_x(n), dy, hd, hm, is01, is23, acc);
+                continue;
+            }
             if (g > 0) k_gemv1_terms_avx2(one, nr, g - 1, nb, side, side_stride, k_act_side_x(n), dy, ph, pm, pis01, pis23, acc);
             ph[0] = hd[0], ph[1] = hd[1], pm[0] = hm[0], pm[1] = hm[1];
             for (int i = 0; i < nr; i++) pis01[i] = is01[i], pis23[i] = is23[i];
         }
-        if (ng > 0) k_gemv1_terms_avx2(one, nr, ng - 1, nb, side, side_stride, k_act_side_x(n), dy, ph, pm, pis01, pis23, acc);
+        if (ng > 0 && nr <= 2) k_gemv1_terms_avx2(one, nr, ng - 1, nb, side, side_stride, k_act_side_x(n), dy, ph, pm, pis01, pis23, acc);
         for (int i = 0; i < nr; i++) {
             double a[K_BLOCK_LANES][4]; // [lane][row]
             for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[i][l]);
