@@ -9789,7 +9789,10 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
         __m256d acc[K_GEMVN_MAX][K_BLOCK_LANES]; // activation row i's lane l of the four rows
         for (int i = 0; i < nr; i++)
             for (int l = 0; l < K_BLOCK_LANES; l++) acc[i][l] = _mm256_setzero_pd();
-        // the previous group's isums and scales (k_gemv1_terms_avx2 adds its terms one group late)
+        // the previous group's isums and scales, where k_gemv1_terms_avx2 adds the terms one group
+        // late: with one or two activation rows (three and four have no registers to spare for it;
+        // Zen 4, Q4_0 in the cache, four rows 0.78 ns a row, block and activation row late, 0.72 not)
+        const bool late = nr <= 2;
         __m256i pis01[K_GEMVN_MAX], pis23[K_GEMVN_MAX];
         __m128i ph[2] = {_mm_setzero_si128(), _mm_setzero_si128()}, pm[2] = {ph[0], ph[1]};
         for (int i = 0; i < nr; i++) pis01[i] = pis23[i] = _mm256_setzero_si256();
@@ -9926,17 +9929,16 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                                            (long long)k_f16x4_bits(xr[0] + o0, xr[1] + o0, xr[2] + o0, xr[3] + o0));
                     hm[p] = hd[p];
                 }
-            // the previous group's terms, now that this group's integer work is under way
-            if (nr > 2) { // (three and four activation rows: no registers to spare for it; Zen 4, Q4_0
-                          // in the cache, four rows 0.78 ns a row, block and activation row late, 0.72 not)
+            if (!late) {
                 k_gemv1_terms_avx2(one, nr, g, nb, side, side_stride, k_act_side_x(n), dy, hd, hm, is01, is23, acc);
                 continue;
             }
+            // the previous group's terms, now that this group's integer work is under way
             if (g > 0) k_gemv1_terms_avx2(one, nr, g - 1, nb, side, side_stride, k_act_side_x(n), dy, ph, pm, pis01, pis23, acc);
             ph[0] = hd[0], ph[1] = hd[1], pm[0] = hm[0], pm[1] = hm[1];
             for (int i = 0; i < nr; i++) pis01[i] = is01[i], pis23[i] = is23[i];
         }
-        if (ng > 0 && nr <= 2) k_gemv1_terms_avx2(one, nr, ng - 1, nb, side, side_stride, k_act_side_x(n), dy, ph, pm, pis01, pis23, acc);
+        if (late && ng > 0) k_gemv1_terms_avx2(one, nr, ng - 1, nb, side, side_stride, k_act_side_x(n), dy, ph, pm, pis01, pis23, acc);
         for (int i = 0; i < nr; i++) {
             double a[K_BLOCK_LANES][4]; // [lane][row]
             for (int l = 0; l < K_BLOCK_LANES; l++) _mm256_storeu_pd(a[l], acc[i][l]);
