@@ -19,9 +19,16 @@
 //          rows against that panel, per weight value and activation row;
 //   mat4   the whole matrix against 4 activation rows as a decode step of 4 sequences does it
 //          (mm_gemm_task: pack a panel, prefetch the next while computing), per weight value and row.
+//   pp128  the matrix's first 256 rows against 128 different activation rows as a prompt's
+//          product does it (mm_gemm_task: each panel packed once, then the rows in calls of the
+//          set's gemm_rows, each call's from the L2 cache), per weight value and row. gemmR
+//          takes the same few rows again and again, from L1: a kernel change that only gemmR
+//          shows faster may be no faster in a prompt (pp128 is what a prompt sees).
 // Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
 // Times are this thread's CPU time, the best of several trials (the machine may be shared).
 // Usage: bench_simd [seconds per measurement, default 0.5] [type ...: only these, e.g. Q4_K Q6_K]
+// PSV_BENCH_N=N sets the row length (default 4096; e.g. 896, qwen2-0.5b's): the types whose
+// blocks do not divide it are skipped.
 #define PSV_TESTING
 #define PSV_NO_MAIN
 #include "pensieve.c"
@@ -93,6 +100,8 @@ typedef struct {
     uint8_t *panel, *side; // GEMM: a panel buffer, the activation rows' k_act_side
     size_t side_stride;
     uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows as one group (k_act_vnni)
+    const uint8_t *a_pp; // pp128: BS_PP_ROWS activation rows, their side data and k_act_vnni groups
+    uint8_t *side_pp, *vnni_pp;
 } bs_ctx;
 
 static void bs_hot(void *p) {
@@ -135,6 +144,16 @@ static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on 
                 .sides = c->side, .side_stride = c->side_stride, .panels = c->panel, .panel_size = k_panel_bytes(c->tr, c->wt, c->n)};
     mm_gemm_task(&j, 0, 1);
 }
+#define BS_PP_ROWS 128
+#define BS_PP_OUT 256
+static void bs_pp(void *p) { // a prompt's product (mm_gemm_task), one thread
+    bs_ctx *c = p;
+    mtensor w = {.data = c->w, .type = c->wt, .n_in = c->n, .n_out = BS_PP_OUT, .row_size = c->xs, .name = "bench"};
+    mm_job j = {.w = &w, .xq = c->a_pp, .xq_row = c->ys, .n_tok = BS_PP_ROWS, .y = c->out, .y_stride = BS_PP_OUT,
+                .tr = mm_traits(c->tr, BS_PP_ROWS), .sides = c->side_pp, .side_stride = c->side_stride, .panels = c->panel,
+                .panel_size = k_panel_bytes(c->tr, c->wt, c->n), .vnni = c->vnni_pp};
+    mm_gemm_task(&j, 0, 1);
+}
 typedef struct {
     const k_vec_ops *ops;
     int op;
@@ -157,26 +176,36 @@ int main(int argc, char **argv) {
     const plat_cpu *cpu = plat_cpu_get();
     static const uint32_t types[] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K, T_Q3_K,
                                      T_Q4_K, T_Q5_K, T_Q6_K, T_F16, T_BF16, T_F32};
-    const int64_t n = 4096, n_out = 16384;
+    const char *ne = getenv("PSV_BENCH_N");
+    const int64_t n = ne ? atoll(ne) : 4096, n_out = 16384;
+    if (n < 32 || n % 32 != 0 || n > (1 << 20)) {
+        fprintf(stderr, "bench_simd: PSV_BENCH_N=%s: need a multiple of 32 from 32 to 1048576\n", ne);
+        return 2;
+    }
     printf("kernel sets on this CPU:");
     for (int s = 0; s < K_SET_COUNT; s++)
         if (k_set_supported((k_set)s, cpu)) printf(" %s", k_set_names[s]);
-    printf("\n%-6s %-7s %10s %10s %10s %10s %10s %10s %10s %10s\n", "type", "set", "hot ns/v", "gemv ns/v", "rows4 ns/v",
-           "gemv1 ns/v", "g1hot ns/v", "pack ns/v", "gemmR ns/v", "mat4 ns/v");
+    printf(" (rows of %lld values)\n%-6s %-7s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n", (long long)n, "type", "set",
+           "hot ns/v", "gemv ns/v", "rows4 ns/v", "gemv1 ns/v", "g1hot ns/v", "pack ns/v", "gemmR ns/v", "mat4 ns/v", "pp128 ns/v");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t wt = types[ti], at = k_traits_ref(wt)->vec_dot_type;
         bool chosen = argc <= 2;
         for (int i = 2; i < argc; i++) chosen |= strcmp(argv[i], type_get(wt)->name) == 0;
         if (!chosen) continue;
+        if (n % type_table[wt].blck_size != 0) {
+            printf("%-6s (skipped: its blocks of %d do not divide %lld)\n", type_get(wt)->name, (int)type_table[wt].blck_size,
+                   (long long)n);
+            continue;
+        }
         uint64_t xs = 0, ys = 0;
         type_row_size(wt, (uint64_t)n, &xs);
         type_row_size(at, (uint64_t)n, &ys);
-        uint8_t *w = bs_row(wt, n, n_out), *a = bs_row(at, n, K_GEMM_ROWS_MAX);
+        uint8_t *w = bs_row(wt, n, n_out), *a = bs_row(at, n, BS_PP_ROWS); // (rows 0.. K_GEMM_ROWS_MAX - 1: gemmR's)
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
             static float out[4 * 16384];
-            bs_ctx c = {k_traits_of_set((k_set)s, wt), wt, n, n_out, w, a, (size_t)xs, (size_t)ys, out, NULL, NULL,
-                        NULL, NULL, 0, NULL};
+            bs_ctx c = {.tr = k_traits_of_set((k_set)s, wt), .wt = wt, .n = n, .n_out = n_out, .w = w, .a = a,
+                        .xs = (size_t)xs, .ys = (size_t)ys, .out = out};
             double hot = bs_time(bs_hot, &c, secs) * 1e9 / (double)(64 * n);
             double gemv = bs_time(bs_gemv, &c, secs) * 1e9 / (double)(n * n_out);
             double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
@@ -195,24 +224,27 @@ int main(int argc, char **argv) {
             if (c.tr->gemm) {
                 c.side_stride = k_act_side_stride(c.tr, n, true);
                 c.panel = aligned_alloc(64, (k_panel_bytes(c.tr, wt, n) + 63) & ~(size_t)63); // as the engine's
-                c.side = malloc(K_GEMM_ROWS_MAX * c.side_stride);
+                c.side = malloc(BS_PP_ROWS * c.side_stride);
                 PSV_ASSERT(c.panel && c.side);
-                for (int r = 0; r < K_GEMM_ROWS_MAX; r++) {
+                for (int r = 0; r < BS_PP_ROWS; r++) {
                     k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
                     if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
                 }
-                if (c.tr->act_vnni) {
-                    PSV_ASSERT(c.tr->gemm_rows == 16 && (c.vnni = aligned_alloc(64, k_act_vnni_size(n))));
-                    for (int r = 0; r < 16; r++) k_act_vnni(a + (size_t)r * ys, n, r, c.vnni);
+                c.a_pp = a, c.side_pp = c.side;
+                if (c.tr->act_vnni) { // (gemmR's group: rows 0-15; pp128's: all of them, 16 a group)
+                    PSV_ASSERT(c.tr->gemm_rows == 16 && (c.vnni_pp = aligned_alloc(64, BS_PP_ROWS / 16 * k_act_vnni_size(n))));
+                    for (int r = 0; r < BS_PP_ROWS; r++) k_act_vnni(a + (size_t)r * ys, n, r % 16, k_act_vnni_at(c.vnni_pp, n, r));
+                    c.vnni = c.vnni_pp;
                 }
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows);
                 double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows * c.tr->gemm_rows);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
-                printf(" %10.4f %10.4f %10.4f", pack, gemm, mat4);
+                double pp = bs_time(bs_pp, &c, secs) * 1e9 / (double)(n * BS_PP_OUT * BS_PP_ROWS);
+                printf(" %10.4f %10.4f %10.4f %10.4f", pack, gemm, mat4, pp);
                 free(c.panel);
                 free(c.side);
-                free(c.vnni);
-                c.vnni = NULL;
+                free(c.vnni_pp);
+                c.vnni = c.vnni_pp = NULL;
             }
             printf("\n");
             bs_sink = out[0];
@@ -221,29 +253,30 @@ int main(int argc, char **argv) {
         free(a);
     }
     if (argc > 2) return 0; // (types named: only their rows)
+    const int64_t nq = 4096; // (whatever PSV_BENCH_N says)
     // activation quantizers: ns per value on a 4096-value row
     printf("\n%-6s %-7s %10s\n", "quant", "set", "ns/v");
     static const uint32_t acts[] = {T_Q8_0, T_Q8_1, T_Q8_K, T_F16, T_BF16};
-    float *x = malloc((size_t)n * sizeof *x);
-    uint8_t *q = malloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) x[i] = (float)((int64_t)(bs_rng() >> 40) - (1 << 23)) / (float)(1 << 20);
+    float *x = malloc((size_t)nq * sizeof *x);
+    uint8_t *q = malloc((size_t)nq * 4);
+    for (int64_t i = 0; i < nq; i++) x[i] = (float)((int64_t)(bs_rng() >> 40) - (1 << 23)) / (float)(1 << 20);
     for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
-            bs_ctx c = {k_traits_of_set((k_set)s, acts[ai]), acts[ai], n, 0, NULL, NULL, 0, 0, NULL, x, q, NULL, NULL, 0, NULL};
+            bs_ctx c = {.tr = k_traits_of_set((k_set)s, acts[ai]), .wt = acts[ai], .n = nq, .x = x, .q = q};
             double t = bs_time(bs_quant, &c, secs);
-            printf("%-6s %-7s %10.4f\n", type_get(acts[ai])->name, k_set_names[s], t * 1e9 / (double)n);
+            printf("%-6s %-7s %10.4f\n", type_get(acts[ai])->name, k_set_names[s], t * 1e9 / (double)nq);
         }
     // element-wise kernels: ns per value on 4096 values in [-8, 8)
     printf("\n%-6s %-7s %10s\n", "vec", "set", "ns/v");
-    float *g = malloc((size_t)n * sizeof *g), *o = malloc((size_t)n * sizeof *o);
-    for (int64_t i = 0; i < n; i++) g[i] = x[i] * 0.005f;
+    float *g = malloc((size_t)nq * sizeof *g), *o = malloc((size_t)nq * sizeof *o);
+    for (int64_t i = 0; i < nq; i++) g[i] = x[i] * 0.005f;
     for (int op = 0; op < 2; op++)
         for (int s = 0; s < K_SET_COUNT; s++) {
             if (!k_set_supported((k_set)s, cpu)) continue;
-            bs_vec_ctx c = {k_vec_of_set((k_set)s), op, n, g, x, o};
+            bs_vec_ctx c = {k_vec_of_set((k_set)s), op, nq, g, x, o};
             double t = bs_time(bs_vec, &c, secs);
-            printf("%-6s %-7s %10.4f\n", op ? "swiglu" : "exp", k_set_names[s], t * 1e9 / (double)n);
+            printf("%-6s %-7s %10.4f\n", op ? "swiglu" : "exp", k_set_names[s], t * 1e9 / (double)nq);
         }
     free(g);
     free(o);
