@@ -22,8 +22,9 @@
 //   pp128  the matrix's first 256 rows against 128 different activation rows as a prompt's
 //          product does it (mm_gemm_task: each panel packed once, then the rows in calls of the
 //          set's gemm_rows, each call's from the L2 cache), per weight value and row. gemmR
-//          takes the same few rows again and again, from L1: a kernel change that only gemmR
-//          shows faster may be no faster in a prompt (pp128 is what a prompt sees).
+//          takes the same few rows again and again, from L1. Neither is the whole of a prompt:
+//          a kernel change both showed 4 % faster made qwen2-0.5b's prompts 4 % slower (README,
+//          the forty-fourth session), so a change is judged by `pensieve bench`, alternated.
 // Then the activation quantizers and the element-wise kernels (exp, SwiGLU), ns per value.
 // Times are this thread's CPU time, the best of several trials (the machine may be shared).
 // Usage: bench_simd [seconds per measurement, default 0.5] [type ...: only these, e.g. Q4_K Q6_K]
