@@ -100,9 +100,7 @@ typedef struct {
     uint8_t *q;
     uint8_t *panel, *side; // GEMM: a panel buffer, the activation rows' k_act_side
     size_t side_stride;
-    uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows as one group (k_act_vnni)
-    const uint8_t *a_pp; // pp128: BS_PP_ROWS activation rows, their side data and k_act_vnni groups
-    uint8_t *side_pp, *vnni_pp;
+    uint8_t *vnni; // GEMM on traits with act_vnni: the activation rows in k_act_vnni groups of 16
 } bs_ctx;
 
 static void bs_hot(void *p) {
@@ -150,9 +148,9 @@ static void bs_mat4(void *p) { // the engine's own GEMM loop (mm_gemm_task), on 
 static void bs_pp(void *p) { // a prompt's product (mm_gemm_task), one thread
     bs_ctx *c = p;
     mtensor w = {.data = c->w, .type = c->wt, .n_in = c->n, .n_out = BS_PP_OUT, .row_size = c->xs, .name = "bench"};
-    mm_job j = {.w = &w, .xq = c->a_pp, .xq_row = c->ys, .n_tok = BS_PP_ROWS, .y = c->out, .y_stride = BS_PP_OUT,
-                .tr = mm_traits(c->tr, BS_PP_ROWS), .sides = c->side_pp, .side_stride = c->side_stride, .panels = c->panel,
-                .panel_size = k_panel_bytes(c->tr, c->wt, c->n), .vnni = c->vnni_pp};
+    mm_job j = {.w = &w, .xq = c->a, .xq_row = c->ys, .n_tok = BS_PP_ROWS, .y = c->out, .y_stride = BS_PP_OUT,
+                .tr = mm_traits(c->tr, BS_PP_ROWS), .sides = c->side, .side_stride = c->side_stride, .panels = c->panel,
+                .panel_size = k_panel_bytes(c->tr, c->wt, c->n), .vnni = c->vnni};
     mm_gemm_task(&j, 0, 1);
 }
 typedef struct {
@@ -231,11 +229,9 @@ int main(int argc, char **argv) {
                     k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
                     if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
                 }
-                c.a_pp = a, c.side_pp = c.side;
                 if (c.tr->act_vnni) { // (gemmR's group: rows 0-15; pp128's: all of them, 16 a group)
-                    PSV_ASSERT(c.tr->gemm_rows == 16 && (c.vnni_pp = aligned_alloc(64, BS_PP_ROWS / 16 * k_act_vnni_size(n))));
-                    for (int r = 0; r < BS_PP_ROWS; r++) k_act_vnni(a + (size_t)r * ys, n, r % 16, k_act_vnni_at(c.vnni_pp, n, r));
-                    c.vnni = c.vnni_pp;
+                    PSV_ASSERT(c.tr->gemm_rows == 16 && (c.vnni = aligned_alloc(64, BS_PP_ROWS / 16 * k_act_vnni_size(n))));
+                    for (int r = 0; r < BS_PP_ROWS; r++) k_act_vnni(a + (size_t)r * ys, n, r % 16, k_act_vnni_at(c.vnni, n, r));
                 }
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows);
                 double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows * c.tr->gemm_rows);
@@ -244,8 +240,8 @@ int main(int argc, char **argv) {
                 printf(" %10.4f %10.4f %10.4f %10.4f", pack, gemm, mat4, pp);
                 free(c.panel);
                 free(c.side);
-                free(c.vnni_pp);
-                c.vnni = c.vnni_pp = NULL;
+                free(c.vnni);
+                c.vnni = NULL;
             }
             printf("\n");
             bs_sink = out[0];
