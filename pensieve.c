@@ -11082,6 +11082,134 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
     }
 }
 
+// ---- AVX2: Q4_0 and Q8_0 GEMM on 16-row panels --------------------------------------------------
+// The AVX2 set's Q4_0 and Q8_0 GEMM take 16 weight rows a panel (k_traits.panel_rows): two of the
+// 8-row panels above, rows 0-7 then rows 8-15 (Q4_0: k_panel_pack's bytes; Q8_0: int16,
+// K_PANEL_W16_BLK), against up to K_GEMM16_ROWS activation rows a call. Each broadcast of an
+// activation's four bytes (Q8_0: two int16) then feeds a multiply of each half, where the 8-row
+// kernels broadcast for every multiply; vpbroadcastd from memory takes a load slot as a full
+// vector load does (Zen 4: two a cycle), and the 8-row kernels were bound by them. A Q4_0 block
+// of 16 weight rows and six activation rows is 16 panel loads and 48 broadcasts for 96
+// vpmaddubsw, where the 8-row kernel (k_gemm_blk_avx2, two activation rows) took 8 and 16 for
+// 16. Q4_0's eight steps add up in one int16 run (at most 8 * 3840) before vpmaddwd widens them;
+// Q8_0's vpmaddwd sums go to int32 at once. The terms are formed as k_gemm_blk_avx2 forms them,
+// lane by lane in block order, with the accumulators in memory. Measured on Zen 4 with
+// `PSV_KERNELS=avx2`, qwen2-0.5b, one thread, alternated: Q4_0 pp128 160-167 -> 208-213 t/s
+// (16 rows and four activation rows: 191-197), Q8_0 pp128 130-132 -> 144-152. Q8_0's kernel is
+// then bound by its arithmetic (two vector operations a pair of products, vpmaddwd and vpaddd,
+// against vpmaddubsw's four products: about 13.5 cycles for 8 x 32 products of a row).
+#define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
+
+#define K_DEF_PACK16(name, half_blk)                                                                     \
+    K_AVX2 static void k_pack16_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
+        const size_t half = (size_t)(n / 32) * (half_blk);                                               \
+        k_pack_##name##_avx2(n, w, ws, PSV_MIN(nw, K_PANEL), panel);                                     \
+        if (nw > K_PANEL) k_pack_##name##_avx2(n, w + K_PANEL * ws, ws, nw - K_PANEL, panel + half);     \
+        else memset(panel + half, 0, half); /* (not read: the 8-row kernel takes such a panel) */        \
+    }
+K_DEF_PACK16(q4_0, k_panel_blk(T_Q4_0))
+K_DEF_PACK16(q8_0, K_PANEL_W16_BLK)
+
+// One step of k_gemm16_core_avx2: a vector of each half (wa, wb) against R activation rows' four
+// bytes (Q8_0: two int16) at yr[r] + at, added to p[r].
+K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, const uint8_t *wa_p, const uint8_t *wb_p, const uint8_t *const *yr, size_t at,
+                                        __m256i p[][2]) {
+    const __m256i wa = k_load256(wa_p), wb = k_load256(wb_p);
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        const __m256i a = k_bcast4_avx2(yr[r] + at);
+        if (q8) {
+            p[r][0] = _mm256_add_epi32(p[r][0], _mm256_madd_epi16(wa, a));
+            p[r][1] = _mm256_add_epi32(p[r][1], _mm256_madd_epi16(wb, a));
+        } else {
+            p[r][0] = _mm256_add_epi16(p[r][0], _mm256_maddubs_epi16(wa, a));
+            p[r][1] = _mm256_add_epi16(p[r][1], _mm256_maddubs_epi16(wb, a));
+        }
+        // (summed here: gcc otherwise reassociates the sums into trees and spills the products)
+        __asm__("" : "+x"(p[r][0]));
+        __asm__("" : "+x"(p[r][1]));
+    }
+}
+
+// Rows 0..nw-1 (9..16) of a 16-row panel of `type` (T_Q4_0 or T_Q8_0) against R activation rows.
+K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                        const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
+    const bool q8 = type == T_Q8_0;
+    const int64_t nb = n / 32;
+    const size_t bb = q8 ? K_PANEL_W16_BLK : k_panel_blk(T_Q4_0), dxo = q8 ? 512 : k_panel_dx(T_Q4_0);
+    const uint8_t *const pa = panel, *const pb = panel + (size_t)nb * bb;
+    const uint8_t *yr[K_GEMM16_ROWS]; // Q4_0: the quants; Q8_0: their int16 copy (k_act_side_w16)
+    const int16_t *ar[K_GEMM16_ROWS];
+    const double *dr[K_GEMM16_ROWS];
+    const int32_t *ao[K_GEMM16_ROWS];
+    double acc[K_GEMM16_ROWS][K_BLOCK_LANES][16]; // lane l of row r's 16 results at acc[r][l]
+    k_zero_acc_avx2(&acc[0][0][0], R * K_BLOCK_LANES * 16);
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
+        if (q8) yr[r] = side + (size_t)r * side_stride + k_act_side_x(n);
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf) k_prefetch_blks(pf, b, 1);
+        const uint8_t *qa = pa + (size_t)b * bb, *qb = pb + (size_t)b * bb;
+        __m256i p[K_GEMM16_ROWS][2]; // Q4_0: int16 pair sums; Q8_0: int32 sums
+        K_UNROLL
+        for (int r = 0; r < R; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
+        if (q8) {
+            K_UNROLL16
+            for (int s = 0; s < 16; s++) k_gemm16_step_avx2(true, R, qa + 32 * s, qb + 32 * s, yr, 64 * b + 4 * s, p);
+        } else {
+            K_UNROLL
+            for (int s = 0; s < 8; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
+        }
+        K_UNROLL
+        for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum
+            const __m256d dy = _mm256_set1_pd(dr[r][b]);
+            const __m256i off = q8 ? _mm256_setzero_si256() : k_bcast4_avx2(ao[r] + b); // Q4_0's quant offset (k_act_side)
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const double *dx = (const double *)(const void *)((h ? qb : qa) + dxo);
+                const __m256i is = q8 ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
+                // the product is exact (11 + 11 + 20 bits at most): one FMA rounds the sum as the add does
+                k_gemm_fma_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, _mm256_mul_pd(_mm256_loadu_pd(dx), dy),
+                                _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), _mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy),
+                                _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1)));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        for (int i = 0; i < nw; i++) {
+            const double l[K_BLOCK_LANES] = {acc[r][0][i], acc[r][1][i], acc[r][2][i], acc[r][3][i]};
+            out[r][i] = k_lanes_sum(l, K_BLOCK_LANES);
+        }
+}
+
+// A panel of up to eight rows (the last of a matrix) is an 8-row panel: the 8-row kernel takes it,
+// K_GEMM_ROWS activation rows at a time.
+#define K_DEF_GEMM16(name, type)                                                                          \
+    K_AVX2 static void k_gemm16_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
+                                              const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
+                                              const k_prefetch *pf) {                                     \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM16_ROWS && nw >= 1 && nw <= 2 * K_PANEL);                        \
+        if (nw <= K_PANEL) {                                                                              \
+            for (int r = 0; r < nr; r += K_GEMM_ROWS, pf = NULL)                                          \
+                k_gemm_##name##_avx2(n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, \
+                                     PSV_MIN(K_GEMM_ROWS, nr - r), out + r, nw, pf);                      \
+            return;                                                                                       \
+        }                                                                                                 \
+        switch (nr) { /* (a constant row count for each, so that the loops unroll) */                     \
+        case 1: k_gemm16_core_avx2(type, 1, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 2: k_gemm16_core_avx2(type, 2, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 3: k_gemm16_core_avx2(type, 3, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 4: k_gemm16_core_avx2(type, 4, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 5: k_gemm16_core_avx2(type, 5, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        default: k_gemm16_core_avx2(type, 6, n, panel, y, ys, side, side_stride, out, nw, pf); break;      \
+        }                                                                                                 \
+    }
+K_DEF_GEMM16(q4_0, T_Q4_0)
+K_DEF_GEMM16(q8_0, T_Q8_0)
+
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
 // F32: the K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
 // acc[i]); each product is exact in double, so an FMA rounds exactly where the reference's `+=`
@@ -17256,6 +17384,11 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
+    // Q4_0 and Q8_0: 16-row panels (k_gemm16_core_avx2)
+    t[T_Q4_0].gemm = k_gemm16_q4_0_avx2, t[T_Q4_0].pack = k_pack16_q4_0_avx2, t[T_Q4_0].panel_blk = 2 * k_panel_blk(T_Q4_0);
+    t[T_Q8_0].gemm = k_gemm16_q8_0_avx2, t[T_Q8_0].pack = k_pack16_q8_0_avx2, t[T_Q8_0].panel_blk = 2 * K_PANEL_W16_BLK;
+    t[T_Q4_0].panel_rows = t[T_Q8_0].panel_rows = 2 * K_PANEL;
+    t[T_Q4_0].gemm_rows = t[T_Q8_0].gemm_rows = K_GEMM16_ROWS;
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
     // F16's GEMM (either set's) packs every weight value to a float for each product, which a few
