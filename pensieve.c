@@ -11082,21 +11082,22 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
     }
 }
 
-// ---- AVX2: Q4_0 and Q8_0 GEMM on 16-row panels --------------------------------------------------
-// The AVX2 set's Q4_0 and Q8_0 GEMM take 16 weight rows a panel (k_traits.panel_rows): two of the
-// 8-row panels above, rows 0-7 then rows 8-15 (Q4_0: k_panel_pack's bytes; Q8_0: int16,
-// K_PANEL_W16_BLK), against up to K_GEMM16_ROWS activation rows a call. Each broadcast of an
+// ---- AVX2: Q4_0, Q5_0 and Q8_0 GEMM on 16-row panels -------------------------------------------
+// The AVX2 set's Q4_0, Q5_0 and Q8_0 GEMM take 16 weight rows a panel (k_traits.panel_rows): two
+// of the 8-row panels above, rows 0-7 then rows 8-15 (Q4_0, Q5_0: k_panel_pack's bytes; Q8_0:
+// int16, K_PANEL_W16_BLK), against up to K_GEMM16_ROWS activation rows a call. Each broadcast of an
 // activation's four bytes (Q8_0: two int16) then feeds a multiply of each half, where the 8-row
 // kernels broadcast for every multiply; vpbroadcastd from memory takes a load slot as a full
 // vector load does (Zen 4: two a cycle), and the 8-row kernels were bound by them. A Q4_0 block
 // of 16 weight rows and six activation rows is 16 panel loads and 48 broadcasts for 96
 // vpmaddubsw, where the 8-row kernel (k_gemm_blk_avx2, two activation rows) took 8 and 16 for
-// 16. Q4_0's eight steps add up in one int16 run (at most 8 * 3840) before vpmaddwd widens them;
-// Q8_0's vpmaddwd sums go to int32 at once. The terms are formed as k_gemm_blk_avx2 forms them,
-// lane by lane in block order, with the accumulators in memory. Measured on Zen 4 with
-// `PSV_KERNELS=avx2`, qwen2-0.5b, one thread, alternated: Q4_0 pp128 160-167 -> 208-213 t/s
-// (16 rows and four activation rows: 191-197), Q8_0 pp128 130-132 -> 144-152. Q8_0's kernel is
-// then bound by its arithmetic (two vector operations a pair of products, vpmaddwd and vpaddd,
+// 16. Q4_0's eight steps add up in one int16 run (at most 8 * 3840) before vpmaddwd widens them,
+// Q5_0's in two of four; Q8_0's vpmaddwd sums go to int32 at once. The terms are formed as
+// k_gemm_blk_avx2 forms them, lane by lane in block order, with the accumulators in memory.
+// Measured on Zen 4 with `PSV_KERNELS=avx2`, qwen2-0.5b, one thread, alternated: Q4_0 pp128
+// 160-167 -> 208-213 t/s (16 rows and four activation rows: 191-197), Q8_0 pp128 130-132 ->
+// 144-152, and Q4_K_M (mostly Q5_0 in qwen2-0.5b, whose rows are not a multiple of 256) 173-175
+// -> 188-195. Q8_0's kernel is then bound by its arithmetic (two vector operations a pair of products, vpmaddwd and vpaddd,
 // against vpmaddubsw's four products: about 13.5 cycles for 8 x 32 products of a row).
 #define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
 
@@ -11108,6 +11109,7 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
         else memset(panel + half, 0, half); /* (not read: the 8-row kernel takes such a panel) */        \
     }
 K_DEF_PACK16(q4_0, k_panel_blk(T_Q4_0))
+K_DEF_PACK16(q5_0, k_panel_blk(T_Q5_0))
 K_DEF_PACK16(q8_0, K_PANEL_W16_BLK)
 
 // One step of k_gemm16_core_avx2: a vector of each half (wa, wb) against R activation rows' four
@@ -11131,12 +11133,12 @@ K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, const uint8_t *wa_p, con
     }
 }
 
-// Rows 0..nw-1 (9..16) of a 16-row panel of `type` (T_Q4_0 or T_Q8_0) against R activation rows.
+// Rows 0..nw-1 (9..16) of a 16-row panel of `type` (T_Q4_0, T_Q5_0 or T_Q8_0) against R activation rows.
 K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
                                         const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
     const bool q8 = type == T_Q8_0;
     const int64_t nb = n / 32;
-    const size_t bb = q8 ? K_PANEL_W16_BLK : k_panel_blk(T_Q4_0), dxo = q8 ? 512 : k_panel_dx(T_Q4_0);
+    const size_t bb = q8 ? K_PANEL_W16_BLK : k_panel_blk(type), dxo = q8 ? 512 : k_panel_dx(type);
     const uint8_t *const pa = panel, *const pb = panel + (size_t)nb * bb;
     const uint8_t *yr[K_GEMM16_ROWS]; // Q4_0: the quants; Q8_0: their int16 copy (k_act_side_w16)
     const int16_t *ar[K_GEMM16_ROWS];
@@ -11156,9 +11158,20 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
         __m256i p[K_GEMM16_ROWS][2]; // Q4_0: int16 pair sums; Q8_0: int32 sums
         K_UNROLL
         for (int r = 0; r < R; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
+        __m256i is5[K_GEMM16_ROWS][2]; // Q5_0: the int32 sums of its first run of four steps
         if (q8) {
             K_UNROLL16
             for (int s = 0; s < 16; s++) k_gemm16_step_avx2(true, R, qa + 32 * s, qb + 32 * s, yr, 64 * b + 4 * s, p);
+        } else if (type == T_Q5_0) { // two int16 runs of four steps (at most 4 * 7936)
+            K_UNROLL
+            for (int s = 0; s < 4; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
+            K_UNROLL
+            for (int r = 0; r < R; r++) {
+                is5[r][0] = _mm256_madd_epi16(p[r][0], ones), is5[r][1] = _mm256_madd_epi16(p[r][1], ones);
+                p[r][0] = p[r][1] = _mm256_setzero_si256();
+            }
+            K_UNROLL
+            for (int s = 4; s < 8; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
         } else {
             K_UNROLL
             for (int s = 0; s < 8; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
@@ -11170,7 +11183,8 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
             K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const double *dx = (const double *)(const void *)((h ? qb : qa) + dxo);
-                const __m256i is = q8 ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
+                __m256i is = q8 ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
+                if (type == T_Q5_0) is = _mm256_add_epi32(is, is5[r][h]);
                 // the product is exact (11 + 11 + 20 bits at most): one FMA rounds the sum as the add does
                 k_gemm_fma_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, _mm256_mul_pd(_mm256_loadu_pd(dx), dy),
                                 _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), _mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy),
@@ -11208,6 +11222,7 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
         }                                                                                                 \
     }
 K_DEF_GEMM16(q4_0, T_Q4_0)
+K_DEF_GEMM16(q5_0, T_Q5_0)
 K_DEF_GEMM16(q8_0, T_Q8_0)
 
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
@@ -17384,11 +17399,16 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
-    // Q4_0 and Q8_0: 16-row panels (k_gemm16_core_avx2)
-    t[T_Q4_0].gemm = k_gemm16_q4_0_avx2, t[T_Q4_0].pack = k_pack16_q4_0_avx2, t[T_Q4_0].panel_blk = 2 * k_panel_blk(T_Q4_0);
-    t[T_Q8_0].gemm = k_gemm16_q8_0_avx2, t[T_Q8_0].pack = k_pack16_q8_0_avx2, t[T_Q8_0].panel_blk = 2 * K_PANEL_W16_BLK;
-    t[T_Q4_0].panel_rows = t[T_Q8_0].panel_rows = 2 * K_PANEL;
-    t[T_Q4_0].gemm_rows = t[T_Q8_0].gemm_rows = K_GEMM16_ROWS;
+    // Q4_0, Q5_0 and Q8_0: 16-row panels (k_gemm16_core_avx2), two of the 8-row ones
+    static const k_gemm_entry gemm16[] = {
+        {T_Q4_0, k_gemm16_q4_0_avx2, k_pack16_q4_0_avx2}, {T_Q5_0, k_gemm16_q5_0_avx2, k_pack16_q5_0_avx2},
+        {T_Q8_0, k_gemm16_q8_0_avx2, k_pack16_q8_0_avx2},
+    };
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemm16); i++) {
+        k_traits *k = &t[gemm16[i].type];
+        k->gemm = gemm16[i].gemm, k->pack = gemm16[i].pack;
+        k->panel_rows = 2 * K_PANEL, k->gemm_rows = K_GEMM16_ROWS, k->panel_blk = 2 * k->panel_blk;
+    }
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
     // F16's GEMM (either set's) packs every weight value to a float for each product, which a few
