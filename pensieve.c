@@ -11097,8 +11097,9 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 // Measured on Zen 4 with `PSV_KERNELS=avx2`, qwen2-0.5b, one thread, alternated: Q4_0 pp128
 // 160-167 -> 208-213 t/s (16 rows and four activation rows: 191-197), Q8_0 pp128 130-132 ->
 // 144-152, and Q4_K_M (mostly Q5_0 in qwen2-0.5b, whose rows are not a multiple of 256) 173-175
-// -> 188-195. Q8_0's kernel is then bound by its arithmetic (two vector operations a pair of products, vpmaddwd and vpaddd,
-// against vpmaddubsw's four products: about 13.5 cycles for 8 x 32 products of a row).
+// -> 188-195. Q8_0's kernel is then bound by its arithmetic (two vector operations a pair of
+// products, vpmaddwd and vpaddd, against vpmaddubsw's four products: about 13.5 cycles for
+// 8 x 32 products of a row).
 #define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
 
 #define K_DEF_PACK16(name, half_blk)                                                                     \
@@ -11162,19 +11163,17 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
         if (q8) {
             K_UNROLL16
             for (int s = 0; s < 16; s++) k_gemm16_step_avx2(true, R, qa + 32 * s, qb + 32 * s, yr, 64 * b + 4 * s, p);
-        } else if (type == T_Q5_0) { // two int16 runs of four steps (at most 4 * 7936)
-            K_UNROLL
-            for (int s = 0; s < 4; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
-            K_UNROLL
-            for (int r = 0; r < R; r++) {
-                is5[r][0] = _mm256_madd_epi16(p[r][0], ones), is5[r][1] = _mm256_madd_epi16(p[r][1], ones);
-                p[r][0] = p[r][1] = _mm256_setzero_si256();
-            }
-            K_UNROLL
-            for (int s = 4; s < 8; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
         } else {
             K_UNROLL
-            for (int s = 0; s < 8; s++) k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
+            for (int s = 0; s < 8; s++) {
+                if (type == T_Q5_0 && s == 4) // Q5_0: two int16 runs of four steps (at most 4 * 7936)
+                    K_UNROLL
+                    for (int r = 0; r < R; r++) {
+                        is5[r][0] = _mm256_madd_epi16(p[r][0], ones), is5[r][1] = _mm256_madd_epi16(p[r][1], ones);
+                        p[r][0] = p[r][1] = _mm256_setzero_si256();
+                    }
+                k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
+            }
         }
         K_UNROLL
         for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum
