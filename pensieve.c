@@ -7496,7 +7496,7 @@ typedef struct k_traits_s {
     bool side_w16;                  // gemm reads the activation's int16 quants (k_act_side_w16)
     bool act_vnni;                  // gemm takes the activation rows 16 at a time in k_act_vnni's layout
     void (*gemm_done)(void);        // optional: what a thread calls once done with gemm calls for now
-    int panel_rows;                 // the weight rows of pack's panels (set with gemm; K_PANEL, or the amx set's 16)
+    int panel_rows;                 // the weight rows of pack's panels (set with gemm; K_PANEL, or 16: amx, most AVX2 types)
     // products of fewer than gemm_min rows take the traits gemm_few (same results; the amx set's
     // Q4_K: the AVX-512 set's, whose GEMM costs less for a few rows); NULL: none
     const struct k_traits_s *gemm_few;
@@ -11102,16 +11102,16 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 // 8 x 32 products of a row).
 #define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
 
-#define K_DEF_PACK16(name, half_blk)                                                                     \
+#define K_DEF_PACK16(name, type, half_blk)                                                               \
     K_AVX2 static void k_pack16_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
-        const size_t half = (size_t)(n / 32) * (half_blk);                                               \
+        const size_t half = (size_t)(n / type_table[type].blck_size) * (half_blk);                         \
         k_pack_##name##_avx2(n, w, ws, PSV_MIN(nw, K_PANEL), panel);                                     \
         if (nw > K_PANEL) k_pack_##name##_avx2(n, w + K_PANEL * ws, ws, nw - K_PANEL, panel + half);     \
         else memset(panel + half, 0, half); /* (not read: the 8-row kernel takes such a panel) */        \
     }
-K_DEF_PACK16(q4_0, k_panel_blk(T_Q4_0))
-K_DEF_PACK16(q5_0, k_panel_blk(T_Q5_0))
-K_DEF_PACK16(q8_0, K_PANEL_W16_BLK)
+K_DEF_PACK16(q4_0, T_Q4_0, k_panel_blk(T_Q4_0))
+K_DEF_PACK16(q5_0, T_Q5_0, k_panel_blk(T_Q5_0))
+K_DEF_PACK16(q8_0, T_Q8_0, K_PANEL_W16_BLK)
 
 // One step of k_gemm16_core_avx2: a vector of each half (wa, wb) against R activation rows' four
 // bytes (Q8_0: two int16) at yr[r] + at, added to p[r].
@@ -11223,6 +11223,134 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
 K_DEF_GEMM16(q4_0, T_Q4_0)
 K_DEF_GEMM16(q5_0, T_Q5_0)
 K_DEF_GEMM16(q8_0, T_Q8_0)
+
+// ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
+// The k-quants' GEMM (k_gemm_blk_avx2's k-quant sums) on 16-row panels too: two of the 8-row
+// panels (k_pack_core_avx2's layout), rows 0-7 then rows 8-15, each broadcast of an activation's
+// four bytes feeding a vpmaddubsw of each half, each int16 run widened by vpmaddwd against each
+// half's scales, the offset (Q3_K, Q6_K) and minimum (Q2_K, Q4_K, Q5_K) sums and the terms as
+// k_gemm_blk_avx2 forms them, the accumulators in memory as k_gemm16_core_avx2 keeps them. Three
+// activation rows a pass: their int16 runs and int32 sums, two each a row, and the two panel
+// vectors and a broadcast fill the 16 registers (six rows spilled the sums: bench_simd Q4_K
+// gemmR 0.0087 ns a value and row against 0.0082 with three, Zen 4), and the multiplies, not
+// the loads, bound a pass of three; four rows (a decode step of four sequences) go in one pass of
+// four (mat4 0.0187 against 0.0195 as three and one, 0.0205 as two and two). Measured on Zen 4
+// with `PSV_KERNELS=avx2`, one thread, against the 8-row kernel: bench_simd Q4_K gemmR 0.0117 ->
+// 0.0082, Q6_K 0.0122 -> 0.0101; phi4-mini Q4_K_M pp128 23.4 -> 30.1 t/s (two threads 44.6 ->
+// 57.3), qwen2-0.5b Q4_K_M (mostly Q5_0) pp128 198.8 -> 209.1, medians of alternated runs.
+#define K_GEMM16K_ROWS 6 // k_traits.gemm_rows: passes of three (four at once)
+
+K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+                                         const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
+    const uint32_t lt = k_panel_layout(K_SET_AVX2, type);
+    const bool min = k_panel_min(type), cor = type == T_Q3_K || type == T_Q6_K;
+    const int64_t nb = n / QK_K;
+    const size_t bb = k_panel_blk(lt), dxo = k_panel_dx(lt);
+    const uint8_t *const half[2] = {panel, panel + (size_t)nb * bb};
+    const uint8_t *yr[4];
+    const int16_t *ar[4];
+    const double *dr[4];
+    const int32_t *ao[4];
+    double acc[4][K_BLOCK_LANES][16]; // lane l of row r's 16 results at acc[r][l]
+    k_zero_acc_avx2(&acc[0][0][0], R * K_BLOCK_LANES * 16);
+    K_UNROLL
+    for (int r = 0; r < R; r++) k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
+    // as k_gemm_blk_avx2: `per` steps of four values to a scale vector, in int16 runs of `run` steps
+    const int run = type == T_Q6_K ? 2 : type == T_Q4_K ? 8 : 4, per = type == T_Q4_K ? 8 : 4;
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf) k_prefetch_blks(pf, b, 1);
+        const uint8_t *q[2] = {half[0] + (size_t)b * bb, half[1] + (size_t)b * bb};
+        __m256i is[4][2], ms[4][2];
+        K_UNROLL
+        for (int r = 0; r < R; r++) is[r][0] = is[r][1] = ms[r][0] = ms[r][1] = _mm256_setzero_si256();
+        for (int k = 0; k < QK_K / 4 / per; k++) {
+            const size_t sco = k_panel_sc(lt) + 32 * (size_t)(k * per / 4); // (k_panel_sc16)
+            for (int h = 0; h < per / run; h++) {
+                __m256i p[4][2];
+                K_UNROLL
+                for (int r = 0; r < R; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
+                K_UNROLL
+                for (int s = 0; s < run; s++) {
+                    const int step = per * k + run * h + s;
+                    k_gemm16_step_avx2(false, R, q[0] + 32 * step, q[1] + 32 * step, yr, (size_t)b * K_Q8_K_SIZE + 4 + 4 * (size_t)step, p);
+                }
+                K_UNROLL
+                for (int r = 0; r < R; r++)
+                    for (int hh = 0; hh < 2; hh++) is[r][hh] = _mm256_add_epi32(is[r][hh], _mm256_madd_epi16(p[r][hh], k_load256(q[hh] + sco)));
+            }
+        }
+        K_UNROLL
+        for (int j = 0; j < 8; j++)
+            for (int hh = 0; hh < 2; hh++) {
+                if (cor) {
+                    const __m256i c = k_load256(q[hh] + k_panel_cor(lt) + 32 * j);
+                    K_UNROLL
+                    for (int r = 0; r < R; r++) is[r][hh] = _mm256_add_epi32(is[r][hh], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
+                }
+                if (min) {
+                    const __m256i c = k_load256(q[hh] + k_panel_mco(lt) + 32 * j);
+                    K_UNROLL
+                    for (int r = 0; r < R; r++)
+                        ms[r][hh] = _mm256_add_epi32(ms[r][hh], _mm256_madd_epi16(c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j)));
+                }
+            }
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m256d dy = _mm256_set1_pd(dr[r][b]);
+            for (int hh = 0; hh < 2; hh++) {
+                const double *dx = (const double *)(const void *)(q[hh] + dxo), *dm = dx + 8;
+                const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r][hh])), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r][hh], 1));
+                __m256d t0, t1;
+                if (min) { // reference: dy * (dx * isum - dmin * msum)
+                    const __m256d m0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ms[r][hh])), m1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(ms[r][hh], 1));
+                    t0 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(dx), i0), _mm256_mul_pd(_mm256_loadu_pd(dm), m0)));
+                    t1 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(dx + 4), i1), _mm256_mul_pd(_mm256_loadu_pd(dm + 4), m1)));
+                } else { // reference: dx * dy * isum
+                    t0 = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx), dy), i0);
+                    t1 = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy), i1);
+                }
+                k_gemm_term_avx2(acc[r][b % K_BLOCK_LANES] + 8 * hh, t0, t1);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
+        for (int i = 0; i < nw; i++) {
+            const double l[K_BLOCK_LANES] = {acc[r][0][i], acc[r][1][i], acc[r][2][i], acc[r][3][i]};
+            out[r][i] = k_lanes_sum(l, K_BLOCK_LANES);
+        }
+}
+
+#define K_DEF_GEMM16K(name, type)                                                                         \
+    K_AVX2 static void k_gemm16_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
+                                              const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
+                                              const k_prefetch *pf) {                                     \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM16K_ROWS && nw >= 1 && nw <= 2 * K_PANEL);                       \
+        if (nw <= K_PANEL) {                                                                              \
+            for (int r = 0; r < nr; r += K_GEMM_ROWS, pf = NULL)                                          \
+                k_gemm_##name##_avx2(n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, \
+                                     PSV_MIN(K_GEMM_ROWS, nr - r), out + r, nw, pf);                      \
+            return;                                                                                       \
+        }                                                                                                 \
+        for (int r = 0; r < nr;) { /* calls of three rows (four at once) */                               \
+            const int c = nr - r == 4 ? 4 : PSV_MIN(3, nr - r);                                            \
+            const uint8_t *yc = y + (size_t)r * ys, *sc = side + (size_t)r * side_stride;                  \
+            if (c == 1) k_gemm16k_core_avx2(type, 1, n, panel, yc, ys, sc, side_stride, out + r, nw, pf);  \
+            else if (c == 2) k_gemm16k_core_avx2(type, 2, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+            else if (c == 3) k_gemm16k_core_avx2(type, 3, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+            else k_gemm16k_core_avx2(type, 4, n, panel, yc, ys, sc, side_stride, out + r, nw, pf);         \
+            r += c, pf = NULL;                                                                            \
+        }                                                                                                 \
+    }
+K_DEF_GEMM16K(q2_k, T_Q2_K)
+K_DEF_GEMM16K(q3_k, T_Q3_K)
+K_DEF_GEMM16K(q4_k, T_Q4_K)
+K_DEF_GEMM16K(q5_k, T_Q5_K)
+K_DEF_GEMM16K(q6_k, T_Q6_K)
+K_DEF_PACK16(q2_k, T_Q2_K, k_panel_blk(T_Q2_K))
+K_DEF_PACK16(q3_k, T_Q3_K, k_panel_blk(T_Q3_K))
+K_DEF_PACK16(q4_k, T_Q4_K, k_panel_blk(k_panel_layout(K_SET_AVX2, T_Q4_K)))
+K_DEF_PACK16(q5_k, T_Q5_K, k_panel_blk(T_Q5_K))
+K_DEF_PACK16(q6_k, T_Q6_K, k_panel_blk(T_Q6_K))
 
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
 // F32: the K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
@@ -17398,15 +17526,18 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
-    // Q4_0, Q5_0 and Q8_0: 16-row panels (k_gemm16_core_avx2), two of the 8-row ones
+    // all but Q4_1 and Q5_1: 16-row panels (k_gemm16_core_avx2, k_gemm16k_core_avx2), two of the 8-row ones
     static const k_gemm_entry gemm16[] = {
         {T_Q4_0, k_gemm16_q4_0_avx2, k_pack16_q4_0_avx2}, {T_Q5_0, k_gemm16_q5_0_avx2, k_pack16_q5_0_avx2},
-        {T_Q8_0, k_gemm16_q8_0_avx2, k_pack16_q8_0_avx2},
+        {T_Q8_0, k_gemm16_q8_0_avx2, k_pack16_q8_0_avx2}, {T_Q2_K, k_gemm16_q2_k_avx2, k_pack16_q2_k_avx2},
+        {T_Q3_K, k_gemm16_q3_k_avx2, k_pack16_q3_k_avx2}, {T_Q4_K, k_gemm16_q4_k_avx2, k_pack16_q4_k_avx2},
+        {T_Q5_K, k_gemm16_q5_k_avx2, k_pack16_q5_k_avx2}, {T_Q6_K, k_gemm16_q6_k_avx2, k_pack16_q6_k_avx2},
     };
     for (size_t i = 0; i < PSV_ARRAY_LEN(gemm16); i++) {
         k_traits *k = &t[gemm16[i].type];
         k->gemm = gemm16[i].gemm, k->pack = gemm16[i].pack;
-        k->panel_rows = 2 * K_PANEL, k->gemm_rows = K_GEMM16_ROWS, k->panel_blk = 2 * k->panel_blk;
+        k->panel_rows = 2 * K_PANEL, k->panel_blk = 2 * k->panel_blk;
+        k->gemm_rows = type_table[gemm16[i].type].blck_size == QK_K ? K_GEMM16K_ROWS : K_GEMM16_ROWS;
     }
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);

@@ -302,7 +302,7 @@ static void st_check_gemm(k_set set) {
             const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
             const int P = sk->panel_rows; // the set's panel width
             CHECK(P == K_PANEL || (set == K_SET_AMX && P == 16) ||
-                  (set == K_SET_AVX2 && (wt == T_Q4_0 || wt == T_Q5_0 || wt == T_Q8_0) && P == 2 * K_PANEL));
+                  (set == K_SET_AVX2 && wt != T_Q4_1 && wt != T_Q5_1 && P == 2 * K_PANEL));
             // the panel of the portable packer (of Q5_1 for a set that packs Q4_1 so: k_panel_layout)
             const bool q41as51 = wt == T_Q4_1 && k_panel_layout(set, wt) == T_Q5_1;
             uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow),
@@ -337,8 +337,9 @@ static void st_check_gemm(k_set set) {
                 } else if (!flt && P == K_PANEL) {
                     k_panel_pack(wt, n, x, xs, nw, panel);
                 }
-                if (P != K_PANEL && set == K_SET_AVX2) { // its Q4_0, Q5_0 and Q8_0: two 8-row panels, rows 0-7 then rows 8-15
-                    CHECK(pz == 2 * (wt == T_Q8_0 ? (size_t)(n / 32) * K_PANEL_W16_BLK : k_panel_size(wt, n)));
+                if (P != K_PANEL && set == K_SET_AVX2) { // all but Q4_1 and Q5_1: two 8-row panels, rows 0-7 then rows 8-15
+                    const uint32_t lt = k_panel_layout(set, wt); // (Q4_K: Q5_K's, its quants as bytes)
+                    CHECK(pz == 2 * (wt == T_Q8_0 ? (size_t)(n / 32) * K_PANEL_W16_BLK : k_panel_size(lt, n)));
                     for (int h = 0; h < 2; h++) {
                         const int rows = h ? nw - K_PANEL : PSV_MIN(nw, K_PANEL);
                         uint8_t *dst = want + h * (pz / 2);
@@ -348,7 +349,9 @@ static void st_check_gemm(k_set set) {
                         }
                         k_panel_pack(wt, n, x + (size_t)h * K_PANEL * xs, xs, rows, panel);
                         if (wt == T_Q8_0) k_panel_widen16(n, rows, panel, dst);
+                        else if (lt != wt) k_panel_split4(n, panel, dst);
                         else memcpy(dst, panel, pz / 2);
+                        if (type_get(wt)->blck_size == QK_K) k_panel_dup16(lt, n, dst); // (k_panel_sc16)
                     }
                 } else if (P != K_PANEL) { // the amx set's: 16 rows (k-quants: the quants times parts of their scales)
 #if defined(PSV_AMX)
@@ -378,7 +381,7 @@ static void st_check_gemm(k_set set) {
                     memcpy(want, panel, pz);
                 }
                 if (!flt && P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(k_panel_layout(set, wt), n, want); // groups of eight
-                if (k_panel_sc16(set) && type_get(wt)->blck_size == QK_K) k_panel_dup16(k_panel_layout(set, wt), n, want);
+                if (k_panel_sc16(set) && type_get(wt)->blck_size == QK_K && P == K_PANEL) k_panel_dup16(k_panel_layout(set, wt), n, want);
                 if (k_panel_by16(set) && type_get(wt)->blck_size == QK_K) k_panel_regroup16(k_panel_layout(set, wt), n, want);
                 if (k_panel_signed8(set, wt)) k_panel_flip8(n, nw, want); // the dotprod set's Q8_0: signed
                 // the set's packer writes the same bytes (every lane, padding included)
