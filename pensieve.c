@@ -7496,7 +7496,7 @@ typedef struct k_traits_s {
     bool side_w16;                  // gemm reads the activation's int16 quants (k_act_side_w16)
     bool act_vnni;                  // gemm takes the activation rows 16 at a time in k_act_vnni's layout
     void (*gemm_done)(void);        // optional: what a thread calls once done with gemm calls for now
-    int panel_rows;                 // the weight rows of pack's panels (set with gemm; K_PANEL, or 16: amx, most AVX2 types)
+    int panel_rows;                 // the weight rows of pack's panels (set with gemm; K_PANEL, or 16: amx, AVX2's quantized)
     // products of fewer than gemm_min rows take the traits gemm_few (same results; the amx set's
     // Q4_K: the AVX-512 set's, whose GEMM costs less for a few rows); NULL: none
     const struct k_traits_s *gemm_few;
@@ -11099,7 +11099,11 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 // 144-152, and Q4_K_M (mostly Q5_0 in qwen2-0.5b, whose rows are not a multiple of 256) 173-175
 // -> 188-195. Q8_0's kernel is then bound by its arithmetic (two vector operations a pair of
 // products, vpmaddwd and vpaddd, against vpmaddubsw's four products: about 13.5 cycles for
-// 8 x 32 products of a row).
+// 8 x 32 products of a row). Q4_1 and Q5_1 take the same panels (forty-sixth session): Q5_1's
+// steps as Q5_0's, Q4_1's nibbles split in each panel vector, the low ones' four steps and then
+// the high ones' as eight steps of bytes, and the reference's term dx * dy * isum + mx * sy (the
+// 8-row kernel's); bench_simd at n = 896, gemmR, 0.0168 -> 0.0119 and 0.0153 -> 0.0122, and
+// qwen2-0.5b pp128 143 -> 182 and 154 -> 180 t/s (Zen 4, one thread, medians of alternated runs).
 #define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
 
 #define K_DEF_PACK16(name, type, half_blk)                                                               \
@@ -11112,12 +11116,12 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 K_DEF_PACK16(q4_0, T_Q4_0, k_panel_blk(T_Q4_0))
 K_DEF_PACK16(q5_0, T_Q5_0, k_panel_blk(T_Q5_0))
 K_DEF_PACK16(q8_0, T_Q8_0, K_PANEL_W16_BLK)
+K_DEF_PACK16(q4_1, T_Q4_1, k_panel_blk(T_Q4_1))
+K_DEF_PACK16(q5_1, T_Q5_1, k_panel_blk(T_Q5_1))
 
 // One step of k_gemm16_core_avx2: a vector of each half (wa, wb) against R activation rows' four
 // bytes (Q8_0: two int16) at yr[r] + at, added to p[r].
-K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, const uint8_t *wa_p, const uint8_t *wb_p, const uint8_t *const *yr, size_t at,
-                                        __m256i p[][2]) {
-    const __m256i wa = k_load256(wa_p), wb = k_load256(wb_p);
+K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, __m256i wa, __m256i wb, const uint8_t *const *yr, size_t at, __m256i p[][2]) {
     K_UNROLL
     for (int r = 0; r < R; r++) {
         const __m256i a = k_bcast4_avx2(yr[r] + at);
@@ -11134,12 +11138,14 @@ K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, const uint8_t *wa_p, con
     }
 }
 
-// Rows 0..nw-1 (9..16) of a 16-row panel of `type` (T_Q4_0, T_Q5_0 or T_Q8_0) against R activation rows.
+// Rows 0..nw-1 (9..16) of a 16-row panel of `type` (T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1 or T_Q8_0) against R
+// activation rows.
 K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
                                         const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
-    const bool q8 = type == T_Q8_0;
+    const bool q8 = type == T_Q8_0, q81 = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
     const int64_t nb = n / 32;
     const size_t bb = q8 ? K_PANEL_W16_BLK : k_panel_blk(type), dxo = q8 ? 512 : k_panel_dx(type);
+    const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2; // the activation blocks, their quants
     const uint8_t *const pa = panel, *const pb = panel + (size_t)nb * bb;
     const uint8_t *yr[K_GEMM16_ROWS]; // Q4_0: the quants; Q8_0: their int16 copy (k_act_side_w16)
     const int16_t *ar[K_GEMM16_ROWS];
@@ -11152,42 +11158,58 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
         if (q8) yr[r] = side + (size_t)r * side_stride + k_act_side_x(n);
     }
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
         const uint8_t *qa = pa + (size_t)b * bb, *qb = pb + (size_t)b * bb;
         __m256i p[K_GEMM16_ROWS][2]; // Q4_0: int16 pair sums; Q8_0: int32 sums
         K_UNROLL
         for (int r = 0; r < R; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
-        __m256i is5[K_GEMM16_ROWS][2]; // Q5_0: the int32 sums of its first run of four steps
+        __m256i is5[K_GEMM16_ROWS][2]; // Q5_0, Q5_1: the int32 sums of the first run of four steps
         if (q8) {
             K_UNROLL16
-            for (int s = 0; s < 16; s++) k_gemm16_step_avx2(true, R, qa + 32 * s, qb + 32 * s, yr, 64 * b + 4 * s, p);
+            for (int s = 0; s < 16; s++) k_gemm16_step_avx2(true, R, k_load256(qa + 32 * s), k_load256(qb + 32 * s), yr, 64 * b + 4 * s, p);
+        } else if (type == T_Q4_1) { // nibbles (k_panel_nibbles): the low ones' four steps, then the high ones'
+            K_UNROLL
+            for (int s = 0; s < 8; s++) {
+                const int sh = s < 4 ? 0 : 4;
+                const __m256i va = k_load256(qa + 32 * (s % 4)), vb = k_load256(qb + 32 * (s % 4));
+                k_gemm16_step_avx2(false, R, _mm256_and_si256(_mm256_srli_epi16(va, sh), m4), _mm256_and_si256(_mm256_srli_epi16(vb, sh), m4),
+                                   yr, (size_t)b * as + qo + (s < 4 ? 0 : 16) + 4 * (size_t)(s % 4), p);
+            }
         } else {
             K_UNROLL
             for (int s = 0; s < 8; s++) {
-                if (type == T_Q5_0 && s == 4) // Q5_0: two int16 runs of four steps (at most 4 * 7936)
+                if (five && s == 4) // Q5_0, Q5_1: two int16 runs of four steps (at most 4 * 7936)
                     K_UNROLL
                     for (int r = 0; r < R; r++) {
                         is5[r][0] = _mm256_madd_epi16(p[r][0], ones), is5[r][1] = _mm256_madd_epi16(p[r][1], ones);
                         p[r][0] = p[r][1] = _mm256_setzero_si256();
                     }
-                k_gemm16_step_avx2(false, R, qa + 32 * s, qb + 32 * s, yr, (size_t)b * K_Q8_0_SIZE + 2 + 4 * s, p);
+                k_gemm16_step_avx2(false, R, k_load256(qa + 32 * s), k_load256(qb + 32 * s), yr, (size_t)b * as + qo + 4 * (size_t)s, p);
             }
         }
         K_UNROLL
-        for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum
+        for (int r = 0; r < R; r++) {
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            const __m256i off = q8 ? _mm256_setzero_si256() : k_bcast4_avx2(ao[r] + b); // Q4_0's quant offset (k_act_side)
+            const __m256i off = k_panel_off(type) && !q8 ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // the quant offset (k_act_side)
             K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const double *dx = (const double *)(const void *)((h ? qb : qa) + dxo);
                 __m256i is = q8 ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
-                if (type == T_Q5_0) is = _mm256_add_epi32(is, is5[r][h]);
-                // the product is exact (11 + 11 + 20 bits at most): one FMA rounds the sum as the add does
-                k_gemm_fma_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, _mm256_mul_pd(_mm256_loadu_pd(dx), dy),
-                                _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), _mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy),
-                                _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1)));
+                if (five) is = _mm256_add_epi32(is, is5[r][h]);
+                const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1));
+                if (q81) { // reference: (double)dx * (double)dy * (double)isum + (double)mx * (double)sy
+                    const __m256d sy = _mm256_set1_pd(dr[r][nb + b]);
+                    const __m256d t0 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx), dy), i0), _mm256_mul_pd(_mm256_loadu_pd(dx + 8), sy));
+                    const __m256d t1 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy), i1), _mm256_mul_pd(_mm256_loadu_pd(dx + 12), sy));
+                    k_gemm_term_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, t0, t1);
+                    continue;
+                }
+                // reference: (double)dx * (double)dy * (double)isum; the product is exact (11 + 11 + 20
+                // bits at most): one FMA rounds the sum as the add does
+                k_gemm_fma_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, _mm256_mul_pd(_mm256_loadu_pd(dx), dy), i0,
+                                _mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy), i1);
             }
         }
     }
@@ -11223,6 +11245,8 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
 K_DEF_GEMM16(q4_0, T_Q4_0)
 K_DEF_GEMM16(q5_0, T_Q5_0)
 K_DEF_GEMM16(q8_0, T_Q8_0)
+K_DEF_GEMM16(q4_1, T_Q4_1)
+K_DEF_GEMM16(q5_1, T_Q5_1)
 
 // ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
 // The k-quants' GEMM (k_gemm_blk_avx2's k-quant sums) on 16-row panels too: two of the 8-row
@@ -11272,7 +11296,8 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
                 K_UNROLL
                 for (int s = 0; s < run; s++) {
                     const int step = per * k + run * h + s;
-                    k_gemm16_step_avx2(false, R, q[0] + 32 * step, q[1] + 32 * step, yr, (size_t)b * K_Q8_K_SIZE + 4 + 4 * (size_t)step, p);
+                    k_gemm16_step_avx2(false, R, k_load256(q[0] + 32 * step), k_load256(q[1] + 32 * step), yr,
+                                       (size_t)b * K_Q8_K_SIZE + 4 + 4 * (size_t)step, p);
                 }
                 K_UNROLL
                 for (int r = 0; r < R; r++)
@@ -17526,10 +17551,11 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
-    // all but Q4_1 and Q5_1: 16-row panels (k_gemm16_core_avx2, k_gemm16k_core_avx2), two of the 8-row ones
+    // the quantized types: 16-row panels (k_gemm16_core_avx2, k_gemm16k_core_avx2), two of the 8-row ones
     static const k_gemm_entry gemm16[] = {
         {T_Q4_0, k_gemm16_q4_0_avx2, k_pack16_q4_0_avx2}, {T_Q5_0, k_gemm16_q5_0_avx2, k_pack16_q5_0_avx2},
-        {T_Q8_0, k_gemm16_q8_0_avx2, k_pack16_q8_0_avx2}, {T_Q2_K, k_gemm16_q2_k_avx2, k_pack16_q2_k_avx2},
+        {T_Q8_0, k_gemm16_q8_0_avx2, k_pack16_q8_0_avx2}, {T_Q4_1, k_gemm16_q4_1_avx2, k_pack16_q4_1_avx2},
+        {T_Q5_1, k_gemm16_q5_1_avx2, k_pack16_q5_1_avx2}, {T_Q2_K, k_gemm16_q2_k_avx2, k_pack16_q2_k_avx2},
         {T_Q3_K, k_gemm16_q3_k_avx2, k_pack16_q3_k_avx2}, {T_Q4_K, k_gemm16_q4_k_avx2, k_pack16_q4_k_avx2},
         {T_Q5_K, k_gemm16_q5_k_avx2, k_pack16_q5_k_avx2}, {T_Q6_K, k_gemm16_q6_k_avx2, k_pack16_q6_k_avx2},
     };

@@ -14,7 +14,7 @@
 //          (gemv1 against g1hot shows how much of the streamed time is memory).
 // and, for sets with GEMM kernels:
 //   pack   packing a panel's rows of the matrix (k_traits.panel_rows: 8; 16 for the amx set and the
-//          AVX2 set's types but Q4_1 and Q5_1), in L1/L2, per weight value;
+//          AVX2 set's quantized types), in L1/L2, per weight value;
 //   gemmR  the set's rows a call (k_traits.gemm_rows, R = 4 to 6, the amx set's 32) of activation
 //          rows against that panel, per weight value and activation row;
 //   mat4   the whole matrix against 4 activation rows as a decode step of 4 sequences does it

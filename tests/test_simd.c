@@ -302,7 +302,7 @@ static void st_check_gemm(k_set set) {
             const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
             const int P = sk->panel_rows; // the set's panel width
             CHECK(P == K_PANEL || (set == K_SET_AMX && P == 16) ||
-                  (set == K_SET_AVX2 && wt != T_Q4_1 && wt != T_Q5_1 && P == 2 * K_PANEL));
+                  (set == K_SET_AVX2 && !flt && P == 2 * K_PANEL));
             // the panel of the portable packer (of Q5_1 for a set that packs Q4_1 so: k_panel_layout)
             const bool q41as51 = wt == T_Q4_1 && k_panel_layout(set, wt) == T_Q5_1;
             uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow),
@@ -337,7 +337,7 @@ static void st_check_gemm(k_set set) {
                 } else if (!flt && P == K_PANEL) {
                     k_panel_pack(wt, n, x, xs, nw, panel);
                 }
-                if (P != K_PANEL && set == K_SET_AVX2) { // all but Q4_1 and Q5_1: two 8-row panels, rows 0-7 then rows 8-15
+                if (P != K_PANEL && set == K_SET_AVX2) { // two 8-row panels, rows 0-7 then rows 8-15
                     const uint32_t lt = k_panel_layout(set, wt); // (Q4_K: Q5_K's, its quants as bytes)
                     CHECK(pz == 2 * (wt == T_Q8_0 ? (size_t)(n / 32) * K_PANEL_W16_BLK : k_panel_size(lt, n)));
                     for (int h = 0; h < 2; h++) {
