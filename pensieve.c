@@ -11220,33 +11220,6 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
         }
 }
 
-// A panel of up to eight rows (the last of a matrix) is an 8-row panel: the 8-row kernel takes it,
-// K_GEMM_ROWS activation rows at a time.
-#define K_DEF_GEMM16(name, type)                                                                          \
-    K_AVX2 static void k_gemm16_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
-                                              const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
-                                              const k_prefetch *pf) {                                     \
-        PSV_ASSERT(nr >= 1 && nr <= K_GEMM16_ROWS && nw >= 1 && nw <= 2 * K_PANEL);                        \
-        if (nw <= K_PANEL) {                                                                              \
-            for (int r = 0; r < nr; r += K_GEMM_ROWS, pf = NULL)                                          \
-                k_gemm_##name##_avx2(n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, \
-                                     PSV_MIN(K_GEMM_ROWS, nr - r), out + r, nw, pf);                      \
-            return;                                                                                       \
-        }                                                                                                 \
-        switch (nr) { /* (a constant row count for each, so that the loops unroll) */                     \
-        case 1: k_gemm16_core_avx2(type, 1, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 2: k_gemm16_core_avx2(type, 2, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 3: k_gemm16_core_avx2(type, 3, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 4: k_gemm16_core_avx2(type, 4, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 5: k_gemm16_core_avx2(type, 5, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        default: k_gemm16_core_avx2(type, 6, n, panel, y, ys, side, side_stride, out, nw, pf); break;      \
-        }                                                                                                 \
-    }
-K_DEF_GEMM16(q4_0, T_Q4_0)
-K_DEF_GEMM16(q5_0, T_Q5_0)
-K_DEF_GEMM16(q8_0, T_Q8_0)
-K_DEF_GEMM16(q4_1, T_Q4_1)
-K_DEF_GEMM16(q5_1, T_Q5_1)
 
 // ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
 // The k-quants' GEMM (k_gemm_blk_avx2's k-quant sums) on 16-row panels too: two of the 8-row
@@ -11262,7 +11235,6 @@ K_DEF_GEMM16(q5_1, T_Q5_1)
 // with `PSV_KERNELS=avx2`, one thread, against the 8-row kernel: bench_simd Q4_K gemmR 0.0117 ->
 // 0.0082, Q6_K 0.0122 -> 0.0101; phi4-mini Q4_K_M pp128 23.4 -> 30.1 t/s (two threads 44.6 ->
 // 57.3), qwen2-0.5b Q4_K_M (mostly Q5_0) pp128 198.8 -> 209.1, medians of alternated runs.
-#define K_GEMM16K_ROWS 6 // k_traits.gemm_rows: passes of three (four at once)
 
 K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
                                          const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
@@ -11345,32 +11317,50 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
         }
 }
 
-#define K_DEF_GEMM16K(name, type)                                                                         \
+// A panel of up to eight rows (the last of a matrix) is an 8-row panel: the 8-row kernel takes it,
+// K_GEMM_ROWS activation rows at a time. The k-quants' 16-row kernel takes passes of three.
+#define K_DEF_GEMM16(name, type)                                                                          \
     K_AVX2 static void k_gemm16_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
                                               const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
                                               const k_prefetch *pf) {                                     \
-        PSV_ASSERT(nr >= 1 && nr <= K_GEMM16K_ROWS && nw >= 1 && nw <= 2 * K_PANEL);                       \
+        PSV_ASSERT(nr >= 1 && nr <= K_GEMM16_ROWS && nw >= 1 && nw <= 2 * K_PANEL);                        \
         if (nw <= K_PANEL) {                                                                              \
             for (int r = 0; r < nr; r += K_GEMM_ROWS, pf = NULL)                                          \
                 k_gemm_##name##_avx2(n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, \
                                      PSV_MIN(K_GEMM_ROWS, nr - r), out + r, nw, pf);                      \
             return;                                                                                       \
         }                                                                                                 \
-        for (int r = 0; r < nr;) { /* calls of three rows (four at once) */                               \
-            const int c = nr - r == 4 ? 4 : PSV_MIN(3, nr - r);                                            \
-            const uint8_t *yc = y + (size_t)r * ys, *sc = side + (size_t)r * side_stride;                  \
-            if (c == 1) k_gemm16k_core_avx2(type, 1, n, panel, yc, ys, sc, side_stride, out + r, nw, pf);  \
-            else if (c == 2) k_gemm16k_core_avx2(type, 2, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
-            else if (c == 3) k_gemm16k_core_avx2(type, 3, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
-            else k_gemm16k_core_avx2(type, 4, n, panel, yc, ys, sc, side_stride, out + r, nw, pf);         \
-            r += c, pf = NULL;                                                                            \
+        if (type_table[type].blck_size == QK_K) {                                                         \
+            for (int r = 0; r < nr;) { /* passes of three rows (four at once) */                          \
+                const int c = nr - r == 4 ? 4 : PSV_MIN(3, nr - r);                                        \
+                const uint8_t *yc = y + (size_t)r * ys, *sc = side + (size_t)r * side_stride;              \
+                if (c == 1) k_gemm16k_core_avx2(type, 1, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+                else if (c == 2) k_gemm16k_core_avx2(type, 2, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+                else if (c == 3) k_gemm16k_core_avx2(type, 3, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+                else k_gemm16k_core_avx2(type, 4, n, panel, yc, ys, sc, side_stride, out + r, nw, pf);     \
+                r += c, pf = NULL;                                                                        \
+            }                                                                                             \
+            return;                                                                                       \
+        }                                                                                                 \
+        switch (nr) { /* (a constant row count for each, so that the loops unroll) */                     \
+        case 1: k_gemm16_core_avx2(type, 1, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 2: k_gemm16_core_avx2(type, 2, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 3: k_gemm16_core_avx2(type, 3, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 4: k_gemm16_core_avx2(type, 4, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        case 5: k_gemm16_core_avx2(type, 5, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
+        default: k_gemm16_core_avx2(type, 6, n, panel, y, ys, side, side_stride, out, nw, pf); break;      \
         }                                                                                                 \
     }
-K_DEF_GEMM16K(q2_k, T_Q2_K)
-K_DEF_GEMM16K(q3_k, T_Q3_K)
-K_DEF_GEMM16K(q4_k, T_Q4_K)
-K_DEF_GEMM16K(q5_k, T_Q5_K)
-K_DEF_GEMM16K(q6_k, T_Q6_K)
+K_DEF_GEMM16(q4_0, T_Q4_0)
+K_DEF_GEMM16(q5_0, T_Q5_0)
+K_DEF_GEMM16(q8_0, T_Q8_0)
+K_DEF_GEMM16(q4_1, T_Q4_1)
+K_DEF_GEMM16(q5_1, T_Q5_1)
+K_DEF_GEMM16(q2_k, T_Q2_K)
+K_DEF_GEMM16(q3_k, T_Q3_K)
+K_DEF_GEMM16(q4_k, T_Q4_K)
+K_DEF_GEMM16(q5_k, T_Q5_K)
+K_DEF_GEMM16(q6_k, T_Q6_K)
 K_DEF_PACK16(q2_k, T_Q2_K, k_panel_blk(T_Q2_K))
 K_DEF_PACK16(q3_k, T_Q3_K, k_panel_blk(T_Q3_K))
 K_DEF_PACK16(q4_k, T_Q4_K, k_panel_blk(k_panel_layout(K_SET_AVX2, T_Q4_K)))
@@ -17543,27 +17533,19 @@ static void k_fill_avx2(k_traits *t) {
         t[dots[i].type].vec_dot = dots[i].dot;
         t[dots[i].type].vec_dot_rows = dots[i].rows;
     }
+    // GEMM on 16-row panels (k_gemm16_core_avx2, k_gemm16k_core_avx2), two of the 8-row ones, whose
+    // kernels (k_gemm_*_avx2) take a matrix's last panel when it has eight rows or fewer
     static const k_gemm_entry gemms[] = {
-        {T_Q4_0, k_gemm_q4_0_avx2, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_avx2, k_pack_q4_1_avx2},
-        {T_Q5_0, k_gemm_q5_0_avx2, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_avx2, k_pack_q5_1_avx2},
-        {T_Q2_K, k_gemm_q2_k_avx2, k_pack_q2_k_avx2}, {T_Q3_K, k_gemm_q3_k_avx2, k_pack_q3_k_avx2},
-        {T_Q4_K, k_gemm_q4_k_avx2, k_pack_q4_k_avx2}, {T_Q5_K, k_gemm_q5_k_avx2, k_pack_q5_k_avx2},
-        {T_Q6_K, k_gemm_q6_k_avx2, k_pack_q6_k_avx2}, {T_Q8_0, k_gemm_q8_0_avx2, k_pack_q8_0_avx2},
-    };
-    k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
-    // the quantized types: 16-row panels (k_gemm16_core_avx2, k_gemm16k_core_avx2), two of the 8-row ones
-    static const k_gemm_entry gemm16[] = {
         {T_Q4_0, k_gemm16_q4_0_avx2, k_pack16_q4_0_avx2}, {T_Q5_0, k_gemm16_q5_0_avx2, k_pack16_q5_0_avx2},
         {T_Q8_0, k_gemm16_q8_0_avx2, k_pack16_q8_0_avx2}, {T_Q4_1, k_gemm16_q4_1_avx2, k_pack16_q4_1_avx2},
         {T_Q5_1, k_gemm16_q5_1_avx2, k_pack16_q5_1_avx2}, {T_Q2_K, k_gemm16_q2_k_avx2, k_pack16_q2_k_avx2},
         {T_Q3_K, k_gemm16_q3_k_avx2, k_pack16_q3_k_avx2}, {T_Q4_K, k_gemm16_q4_k_avx2, k_pack16_q4_k_avx2},
         {T_Q5_K, k_gemm16_q5_k_avx2, k_pack16_q5_k_avx2}, {T_Q6_K, k_gemm16_q6_k_avx2, k_pack16_q6_k_avx2},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemm16); i++) {
-        k_traits *k = &t[gemm16[i].type];
-        k->gemm = gemm16[i].gemm, k->pack = gemm16[i].pack;
-        k->panel_rows = 2 * K_PANEL, k->panel_blk = 2 * k->panel_blk;
-        k->gemm_rows = type_table[gemm16[i].type].blck_size == QK_K ? K_GEMM16K_ROWS : K_GEMM16_ROWS;
+    k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
+        k_traits *k = &t[gemms[i].type];
+        k->panel_rows = 2 * K_PANEL, k->gemm_rows = K_GEMM16_ROWS, k->panel_blk = 2 * k->panel_blk;
     }
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
