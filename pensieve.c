@@ -10692,6 +10692,24 @@ K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256
     _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(acc + 4)));
 }
 
+// Adds a k-quant block's terms of 8 weight rows (scales dx0, dx1: rows 0-3 and 4-7; their minimums'
+// dm0, dm1) against an activation row (scale dy; the integer sums is and, with a minimum, ms) to
+// acc[0..7]: the reference's dy * (dx * isum - dmin * msum), or dx * dy * isum.
+K_AVX2 K_INLINE void k_gemm_kterm_avx2(bool min, double *acc, __m256d dy, __m256d dx0, __m256d dx1, __m256d dm0, __m256d dm1,
+                                       __m256i is, __m256i ms) {
+    const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1));
+    __m256d t0, t1;
+    if (min) {
+        const __m256d m0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ms)), m1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(ms, 1));
+        t0 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx0, i0), _mm256_mul_pd(dm0, m0)));
+        t1 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx1, i1), _mm256_mul_pd(dm1, m1)));
+    } else {
+        t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0);
+        t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1);
+    }
+    k_gemm_term_avx2(acc, t0, t1);
+}
+
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
 // vnni: the avxvnni set's kernel (its panels: k_panel_layout, without k_panel_sc16), where
 // vpdpbusd sums the products into int32 at once, with no int16 runs and no vpmaddwd to widen
@@ -10836,19 +10854,9 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
     }
     const double *dmp = dxp + 8;
     K_UNROLL
-    for (int r = 0; r < R; r++) {
-        __m256d dy = _mm256_set1_pd(dr[r][b]), t0, t1;
-        __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1));
-        if (min) { // reference: dy * (dx * isum - dmin * msum)
-            __m256d m0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ms[r])), m1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(ms[r], 1));
-            t0 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx0, i0), _mm256_mul_pd(_mm256_loadu_pd(dmp), m0)));
-            t1 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(dx1, i1), _mm256_mul_pd(_mm256_loadu_pd(dmp + 4), m1)));
-        } else { // reference: dx * dy * isum
-            t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0);
-            t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1);
-        }
-        k_gemm_term_avx2(acc + 8 * r, t0, t1);
-    }
+    for (int r = 0; r < R; r++)
+        k_gemm_kterm_avx2(min, acc + 8 * r, _mm256_set1_pd(dr[r][b]), dx0, dx1, min ? _mm256_loadu_pd(dmp) : dx0,
+                          min ? _mm256_loadu_pd(dmp + 4) : dx1, is[r], ms[r]);
 }
 
 K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, bool vnni, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
@@ -11292,23 +11300,12 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
                 }
             }
         K_UNROLL
-        for (int r = 0; r < R; r++) {
-            const __m256d dy = _mm256_set1_pd(dr[r][b]);
+        for (int r = 0; r < R; r++)
             for (int hh = 0; hh < 2; hh++) {
-                const double *dx = (const double *)(const void *)(q[hh] + dxo), *dm = dx + 8;
-                const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r][hh])), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r][hh], 1));
-                __m256d t0, t1;
-                if (min) { // reference: dy * (dx * isum - dmin * msum)
-                    const __m256d m0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ms[r][hh])), m1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(ms[r][hh], 1));
-                    t0 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(dx), i0), _mm256_mul_pd(_mm256_loadu_pd(dm), m0)));
-                    t1 = _mm256_mul_pd(dy, _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(dx + 4), i1), _mm256_mul_pd(_mm256_loadu_pd(dm + 4), m1)));
-                } else { // reference: dx * dy * isum
-                    t0 = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx), dy), i0);
-                    t1 = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy), i1);
-                }
-                k_gemm_term_avx2(acc[r][b % K_BLOCK_LANES] + 8 * hh, t0, t1);
+                const double *dx = (const double *)(const void *)(q[hh] + dxo), *dm = min ? dx + 8 : dx;
+                k_gemm_kterm_avx2(min, acc[r][b % K_BLOCK_LANES] + 8 * hh, _mm256_set1_pd(dr[r][b]), _mm256_loadu_pd(dx),
+                                  _mm256_loadu_pd(dx + 4), _mm256_loadu_pd(dm), _mm256_loadu_pd(dm + 4), is[r][hh], ms[r][hh]);
             }
-        }
     }
     for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
         for (int i = 0; i < nw; i++) {
