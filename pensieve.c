@@ -10692,6 +10692,23 @@ K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256
     _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(acc + 4)));
 }
 
+// Adds a 32-value block's terms of 8 weight rows (scales dx0, dx1: rows 0-3 and 4-7; Q4_1 and Q5_1
+// (q81): their minimums' dm0, dm1) against an activation row (scale dy, q81: its sum's sy; the
+// integer sums is) to acc[0..7]: the reference's (double)dx * (double)dy * (double)isum, whose
+// product is exact (11 + 11 + 20 bits at most), so that one FMA rounds the sum as the add does;
+// q81: that plus (double)mx * (double)sy, added as the reference adds it.
+K_AVX2 K_INLINE void k_gemm_term32_avx2(bool q81, double *acc, __m256d dy, __m256d sy, __m256d dx0, __m256d dx1, __m256d dm0,
+                                        __m256d dm1, __m256i is) {
+    const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1));
+    if (!q81) {
+        k_gemm_fma_avx2(acc, _mm256_mul_pd(dx0, dy), i0, _mm256_mul_pd(dx1, dy), i1);
+        return;
+    }
+    const __m256d t0 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0), _mm256_mul_pd(dm0, sy));
+    const __m256d t1 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1), _mm256_mul_pd(dm1, sy));
+    k_gemm_term_avx2(acc, t0, t1);
+}
+
 // Adds a k-quant block's terms of 8 weight rows (scales dx0, dx1: rows 0-3 and 4-7; their minimums'
 // dm0, dm1) against an activation row (scale dy; the integer sums is and, with a minimum, ms) to
 // acc[0..7]: the reference's dy * (dx * isum - dmin * msum), or dx * dy * isum.
@@ -10780,17 +10797,9 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
         for (int r = 0; r < R; r++) {
             if (off) // the term that takes the quants' offset off (k_act_side)
                 is[r] = _mm256_add_epi32(is[r], k_bcast4_avx2(ao[r] + b));
-            // reference: (double)dx * (double)dy * (double)isum [+ (double)mx * (double)sy]
-            __m256d dy = _mm256_set1_pd(dr[r][b]);
-            __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1));
-            if (!q81) { // the product is exact (11 + 11 + 17 bits): one FMA rounds the sum as the add does
-                k_gemm_fma_avx2(acc + 8 * r, _mm256_mul_pd(dx0, dy), i0, _mm256_mul_pd(dx1, dy), i1);
-                continue;
-            }
-            __m256d sy = _mm256_set1_pd(dr[r][nb + b]);
-            __m256d t0 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0), _mm256_mul_pd(_mm256_loadu_pd(dmp), sy));
-            __m256d t1 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1), _mm256_mul_pd(_mm256_loadu_pd(dmp + 4), sy));
-            k_gemm_term_avx2(acc + 8 * r, t0, t1);
+            const __m256d dy = _mm256_set1_pd(dr[r][b]);
+            k_gemm_term32_avx2(q81, acc + 8 * r, dy, q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy, dx0, dx1,
+                               q81 ? _mm256_loadu_pd(dmp) : dx0, q81 ? _mm256_loadu_pd(dmp + 4) : dx1, is[r]);
         }
         return;
     }
@@ -11062,10 +11071,9 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
         const __m256d dx0 = _mm256_loadu_pd((const double *)(const void *)(pb + 512));
         const __m256d dx1 = _mm256_loadu_pd((const double *)(const void *)(pb + 544));
         K_UNROLL
-        for (int r = 0; r < R; r++) { // reference: (double)dx * (double)dy * (double)isum, exact (11 + 11 + 20 bits)
+        for (int r = 0; r < R; r++) {
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            k_gemm_fma_avx2(acc[b % K_BLOCK_LANES] + 8 * r, _mm256_mul_pd(dx0, dy), _mm256_cvtepi32_pd(_mm256_castsi256_si128(is[r])),
-                            _mm256_mul_pd(dx1, dy), _mm256_cvtepi32_pd(_mm256_extracti128_si256(is[r], 1)));
+            k_gemm_term32_avx2(false, acc[b % K_BLOCK_LANES] + 8 * r, dy, dy, dx0, dx1, dx0, dx1, is[r]);
         }
     }
     for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
@@ -11206,18 +11214,9 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
                 const double *dx = (const double *)(const void *)((h ? qb : qa) + dxo);
                 __m256i is = q8 ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
                 if (five) is = _mm256_add_epi32(is, is5[r][h]);
-                const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1));
-                if (q81) { // reference: (double)dx * (double)dy * (double)isum + (double)mx * (double)sy
-                    const __m256d sy = _mm256_set1_pd(dr[r][nb + b]);
-                    const __m256d t0 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx), dy), i0), _mm256_mul_pd(_mm256_loadu_pd(dx + 8), sy));
-                    const __m256d t1 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy), i1), _mm256_mul_pd(_mm256_loadu_pd(dx + 12), sy));
-                    k_gemm_term_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, t0, t1);
-                    continue;
-                }
-                // reference: (double)dx * (double)dy * (double)isum; the product is exact (11 + 11 + 20
-                // bits at most): one FMA rounds the sum as the add does
-                k_gemm_fma_avx2(acc[r][b % K_BLOCK_LANES] + 8 * h, _mm256_mul_pd(_mm256_loadu_pd(dx), dy), i0,
-                                _mm256_mul_pd(_mm256_loadu_pd(dx + 4), dy), i1);
+                const double *dm = q81 ? dx + 8 : dx; // (Q4_1, Q5_1: the minimums' scales)
+                k_gemm_term32_avx2(q81, acc[r][b % K_BLOCK_LANES] + 8 * h, dy, q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy,
+                                   _mm256_loadu_pd(dx), _mm256_loadu_pd(dx + 4), _mm256_loadu_pd(dm), _mm256_loadu_pd(dm + 4), is);
             }
         }
     }
@@ -11227,7 +11226,6 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
             out[r][i] = k_lanes_sum(l, K_BLOCK_LANES);
         }
 }
-
 
 // ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
 // The k-quants' GEMM (k_gemm_blk_avx2's k-quant sums) on 16-row panels too: two of the 8-row

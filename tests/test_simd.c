@@ -275,8 +275,8 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack, regrouped, split or widened where the set wants it; the AVX2 set's Q4_0,
-// Q5_0 and Q8_0: 1..16 rows, two such panels of 8; the amx set's k-quants:
+// packed by k_panel_pack, regrouped, split or widened where the set wants it; the AVX2 set's
+// quantized types: 1..16 rows, two such panels of 8; the amx set's k-quants:
 // 1..16 rows, k_panel_pack_amx (Q2_K, Q4_K, Q5_K) and _amx6 (Q3_K, Q6_K); its Q4_0, Q5_0 and Q8_0: k_panel_pack_amx0, with the
 // activation rows as a group of k_act_vnni, its rows past the last zero) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
