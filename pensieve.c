@@ -8499,7 +8499,8 @@ static const k_traits *k_traits_ref(uint32_t type) {
 //   avx2    AVX2 + FMA + F16C (Haswell, Zen 1 and later)
 //   avxvnni avx2 whose GEMM kernels use AVX-VNNI's vpdpbusd/vpdpwssd on 256-bit vectors (Intel
 //           from Alder Lake on, where there is no AVX-512; inline assembly, "{vex}": see
-//           k_dpbusd_vex), and Q8_0 from k_panel_pack's panels, as avx512; the rest is avx2's
+//           k_dpbusd_vex), on avx2's 16-row panels (Q8_0's: k_panel_pack's bytes, as avx512);
+//           the rest is avx2's
 //   avx512  avx2 plus AVX-512 F/BW/VL and VNNI (Ice Lake, Zen 4 and later): the integer dot
 //           products use VNNI's vpdpbusd/vpdpwssd, on 256-bit vectors. Blocks are 32 bytes, and
 //           Zen 4 runs a 512-bit operation as two 256-bit halves: a two-blocks-per-zmm variant of
@@ -10730,7 +10731,8 @@ K_AVX2 K_INLINE void k_gemm_kterm_avx2(bool min, double *acc, __m256d dy, __m256
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
 // vnni: the avxvnni set's kernel (its panels: k_panel_layout, without k_panel_sc16), where
 // vpdpbusd sums the products into int32 at once, with no int16 runs and no vpmaddwd to widen
-// them (its Q4_0, Q5_0 and Q8_0 have a kernel of their own, k_gemm_g_core_vnni).
+// them (its Q4_0, Q5_0 and Q8_0 have a kernel of their own, k_gemm_g_core_vnni). The 16-row
+// kernels (k_gemm16_*) take every panel of more than eight rows; these, a matrix's last.
 K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                      const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
                                      int64_t nb, double *acc) {
@@ -10925,7 +10927,8 @@ K_DEF_GEMM2(q6_k, T_Q6_K, vnni, true)
 // ---- AVX-VNNI: GEMM of Q4_0, Q5_0 and Q8_0 ------------------------------------------------------
 // The avxvnni set's kernel for the types whose activation rows are Q8_0, on k_panel_pack's byte
 // panels (four quants of each of the eight rows a vector; the dx at k_panel_dx), four activation
-// rows a call. k_gemm_blk_avx2's sums, with cheaper terms:
+// rows a call; since the 16-row kernels (k_gemm16_*_vnni), for a matrix's last panel of eight rows
+// or fewer. k_gemm_blk_avx2's sums, with cheaper terms:
 // - Each row's block comes from its K_ACT_G_BLK-byte block (k_act_side_g: quants, scale and
 //   2^52 + 2^31 - o), as in the AVX-512 kernel.
 // - The vpdpbusd sums start from 2^31, so that an int32 lane ends as the sum with its sign bit
@@ -11120,28 +11123,47 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 // the high ones' as eight steps of bytes, and the reference's term dx * dy * isum + mx * sy (the
 // 8-row kernel's); bench_simd at n = 896, gemmR, 0.0168 -> 0.0119 and 0.0153 -> 0.0122, and
 // qwen2-0.5b pp128 143 -> 182 and 154 -> 180 t/s (Zen 4, one thread, medians of alternated runs).
+// The avxvnni set takes the same panels (its Q8_0's: k_panel_pack's bytes, the quants plus 128,
+// whose offset term is added as Q4_0's) through the same kernels with vnni (K_STEP_VNNI): each
+// step's products go into the int32 sums at once by vpdpbusd, with no int16 runs and no vpmaddwd;
+// its k-quants sum 16 values at a time and weight them by their scale as k_gemm_blk_avx2's vnni
+// path does (forty-seventh session). Measured on Zen 4 in a PSV_VNNI_EVEX build (the same
+// instructions in their AVX-512 encoding: no CPU here has AVX-VNNI), `PSV_KERNELS=avxvnni`, one
+// thread, against its 8-row kernels (k_gemm_g_core_vnni for Q4_0, Q5_0 and Q8_0): bench_simd pp128
+// ns a value and row Q4_0 0.0121 -> 0.0087, Q8_0 0.0123 -> 0.0087, Q4_1 0.0159 -> 0.0103, Q4_K
+// 0.0113 -> 0.0080, Q6_K 0.0115 -> 0.0080 (the AVX2 set's: 0.0101, 0.0156, 0.0121, 0.0089,
+// 0.0108); qwen2-0.5b pp128 Q4_0 213 -> 248 t/s, Q8_0 210 -> 233, Q4_K_M 214 -> 242, phi4-mini
+// Q4_K_M pp64 25.1 -> 33.6 (medians of alternated runs).
 #define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
 
-#define K_DEF_PACK16(name, type, half_blk)                                                               \
-    K_AVX2 static void k_pack16_##name##_avx2(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
+#define K_DEF_PACK16(name, type, set, half_blk) /* set: the 8-row packer's (avx2 or vnni) */               \
+    K_AVX2 static void k_pack16_##name##_##set(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
         const size_t half = (size_t)(n / type_table[type].blck_size) * (half_blk);                         \
-        k_pack_##name##_avx2(n, w, ws, PSV_MIN(nw, K_PANEL), panel);                                     \
-        if (nw > K_PANEL) k_pack_##name##_avx2(n, w + K_PANEL * ws, ws, nw - K_PANEL, panel + half);     \
+        k_pack_##name##_##set(n, w, ws, PSV_MIN(nw, K_PANEL), panel);                                    \
+        if (nw > K_PANEL) k_pack_##name##_##set(n, w + K_PANEL * ws, ws, nw - K_PANEL, panel + half);    \
         else memset(panel + half, 0, half); /* (not read: the 8-row kernel takes such a panel) */        \
     }
-K_DEF_PACK16(q4_0, T_Q4_0, k_panel_blk(T_Q4_0))
-K_DEF_PACK16(q5_0, T_Q5_0, k_panel_blk(T_Q5_0))
-K_DEF_PACK16(q8_0, T_Q8_0, K_PANEL_W16_BLK)
-K_DEF_PACK16(q4_1, T_Q4_1, k_panel_blk(T_Q4_1))
-K_DEF_PACK16(q5_1, T_Q5_1, k_panel_blk(T_Q5_1))
+K_DEF_PACK16(q4_0, T_Q4_0, avx2, k_panel_blk(T_Q4_0))
+K_DEF_PACK16(q5_0, T_Q5_0, avx2, k_panel_blk(T_Q5_0))
+K_DEF_PACK16(q8_0, T_Q8_0, avx2, K_PANEL_W16_BLK)
+K_DEF_PACK16(q4_1, T_Q4_1, avx2, k_panel_blk(T_Q4_1))
+K_DEF_PACK16(q5_1, T_Q5_1, avx2, k_panel_blk(T_Q5_1))
 
 // One step of k_gemm16_core_avx2: a vector of each half (wa, wb) against R activation rows' four
-// bytes (Q8_0: two int16) at yr[r] + at, added to p[r].
-K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, __m256i wa, __m256i wb, const uint8_t *const *yr, size_t at, __m256i p[][2]) {
+// bytes (Q8_0's int16 panels: two int16) at yr[r] + at, added to p[r]: as int16 pair sums of
+// vpmaddubsw (K_STEP_U8), or as int32 sums of vpmaddwd (K_STEP_W16) or of the avxvnni set's
+// vpdpbusd (K_STEP_VNNI).
+enum { K_STEP_U8, K_STEP_W16, K_STEP_VNNI };
+K_AVX2 K_INLINE void k_gemm16_step_avx2(int how, int R, __m256i wa, __m256i wb, const uint8_t *const *yr, size_t at, __m256i p[][2]) {
     K_UNROLL
     for (int r = 0; r < R; r++) {
         const __m256i a = k_bcast4_avx2(yr[r] + at);
-        if (q8) {
+        if (how == K_STEP_VNNI) {
+            p[r][0] = k_dpbusd_vex(p[r][0], wa, a);
+            p[r][1] = k_dpbusd_vex(p[r][1], wb, a);
+            continue;
+        }
+        if (how == K_STEP_W16) {
             p[r][0] = _mm256_add_epi32(p[r][0], _mm256_madd_epi16(wa, a));
             p[r][1] = _mm256_add_epi32(p[r][1], _mm256_madd_epi16(wb, a));
         } else {
@@ -11155,15 +11177,17 @@ K_AVX2 K_INLINE void k_gemm16_step_avx2(bool q8, int R, __m256i wa, __m256i wb, 
 }
 
 // Rows 0..nw-1 (9..16) of a 16-row panel of `type` (T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1 or T_Q8_0) against R
-// activation rows.
-K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
+// activation rows; vnni: the avxvnni set's (vpdpbusd's int32 sums; Q8_0 on k_panel_pack's bytes).
+K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
                                         const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
-    const bool q8 = type == T_Q8_0, q81 = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+    const bool w16 = type == T_Q8_0 && !vnni; // the AVX2 set's Q8_0: int16 panels
+    const bool q81 = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+    const int how = vnni ? K_STEP_VNNI : K_STEP_U8;
     const int64_t nb = n / 32;
-    const size_t bb = q8 ? K_PANEL_W16_BLK : k_panel_blk(type), dxo = q8 ? 512 : k_panel_dx(type);
+    const size_t bb = w16 ? K_PANEL_W16_BLK : k_panel_blk(type), dxo = w16 ? 512 : k_panel_dx(type);
     const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2; // the activation blocks, their quants
     const uint8_t *const pa = panel, *const pb = panel + (size_t)nb * bb;
-    const uint8_t *yr[K_GEMM16_ROWS]; // Q4_0: the quants; Q8_0: their int16 copy (k_act_side_w16)
+    const uint8_t *yr[K_GEMM16_ROWS]; // the quants; w16: their int16 copy (k_act_side_w16)
     const int16_t *ar[K_GEMM16_ROWS];
     const double *dr[K_GEMM16_ROWS];
     const int32_t *ao[K_GEMM16_ROWS];
@@ -11172,48 +11196,48 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
     K_UNROLL
     for (int r = 0; r < R; r++) {
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
-        if (q8) yr[r] = side + (size_t)r * side_stride + k_act_side_x(n);
+        if (w16) yr[r] = side + (size_t)r * side_stride + k_act_side_x(n);
     }
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
         const uint8_t *qa = pa + (size_t)b * bb, *qb = pb + (size_t)b * bb;
-        __m256i p[K_GEMM16_ROWS][2]; // Q4_0: int16 pair sums; Q8_0: int32 sums
+        __m256i p[K_GEMM16_ROWS][2]; // int16 pair sums (K_STEP_U8) or int32 sums
         K_UNROLL
         for (int r = 0; r < R; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
         __m256i is5[K_GEMM16_ROWS][2]; // Q5_0, Q5_1: the int32 sums of the first run of four steps
-        if (q8) {
+        if (w16) {
             K_UNROLL16
-            for (int s = 0; s < 16; s++) k_gemm16_step_avx2(true, R, k_load256(qa + 32 * s), k_load256(qb + 32 * s), yr, 64 * b + 4 * s, p);
+            for (int s = 0; s < 16; s++) k_gemm16_step_avx2(K_STEP_W16, R, k_load256(qa + 32 * s), k_load256(qb + 32 * s), yr, 64 * b + 4 * s, p);
         } else if (type == T_Q4_1) { // nibbles (k_panel_nibbles): the low ones' four steps, then the high ones'
             K_UNROLL
             for (int s = 0; s < 8; s++) {
                 const int sh = s < 4 ? 0 : 4;
                 const __m256i va = k_load256(qa + 32 * (s % 4)), vb = k_load256(qb + 32 * (s % 4));
-                k_gemm16_step_avx2(false, R, _mm256_and_si256(_mm256_srli_epi16(va, sh), m4), _mm256_and_si256(_mm256_srli_epi16(vb, sh), m4),
+                k_gemm16_step_avx2(how, R, _mm256_and_si256(_mm256_srli_epi16(va, sh), m4), _mm256_and_si256(_mm256_srli_epi16(vb, sh), m4),
                                    yr, (size_t)b * as + qo + (s < 4 ? 0 : 16) + 4 * (size_t)(s % 4), p);
             }
         } else {
             K_UNROLL
             for (int s = 0; s < 8; s++) {
-                if (five && s == 4) // Q5_0, Q5_1: two int16 runs of four steps (at most 4 * 7936)
+                if (five && !vnni && s == 4) // Q5_0, Q5_1: two int16 runs of four steps (at most 4 * 7936)
                     K_UNROLL
                     for (int r = 0; r < R; r++) {
                         is5[r][0] = _mm256_madd_epi16(p[r][0], ones), is5[r][1] = _mm256_madd_epi16(p[r][1], ones);
                         p[r][0] = p[r][1] = _mm256_setzero_si256();
                     }
-                k_gemm16_step_avx2(false, R, k_load256(qa + 32 * s), k_load256(qb + 32 * s), yr, (size_t)b * as + qo + 4 * (size_t)s, p);
+                k_gemm16_step_avx2(how, R, k_load256(qa + 32 * s), k_load256(qb + 32 * s), yr, (size_t)b * as + qo + 4 * (size_t)s, p);
             }
         }
         K_UNROLL
         for (int r = 0; r < R; r++) {
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            const __m256i off = k_panel_off(type) && !q8 ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // the quant offset (k_act_side)
+            const __m256i off = k_panel_off(type) && !w16 ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // the quant offset (k_act_side)
             K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const double *dx = (const double *)(const void *)((h ? qb : qa) + dxo);
-                __m256i is = q8 ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
-                if (five) is = _mm256_add_epi32(is, is5[r][h]);
+                __m256i is = w16 ? p[r][h] : _mm256_add_epi32(vnni ? p[r][h] : _mm256_madd_epi16(p[r][h], ones), off);
+                if (five && !vnni) is = _mm256_add_epi32(is, is5[r][h]);
                 const double *dm = q81 ? dx + 8 : dx; // (Q4_1, Q5_1: the minimums' scales)
                 k_gemm_term32_avx2(q81, acc[r][b % K_BLOCK_LANES] + 8 * h, dy, q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy,
                                    _mm256_loadu_pd(dx), _mm256_loadu_pd(dx + 4), _mm256_loadu_pd(dm), _mm256_loadu_pd(dm + 4), is);
@@ -11230,7 +11254,8 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
 // ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
 // The k-quants' GEMM (k_gemm_blk_avx2's k-quant sums) on 16-row panels too: two of the 8-row
 // panels (k_pack_core_avx2's layout), rows 0-7 then rows 8-15, each broadcast of an activation's
-// four bytes feeding a vpmaddubsw of each half, each int16 run widened by vpmaddwd against each
+// four bytes feeding a vpmaddubsw of each half (vnni, the avxvnni set's: a vpdpbusd, and the
+// sums of 16 values weighted as k_gemm_blk_avx2's vnni path weights them), each int16 run widened by vpmaddwd against each
 // half's scales, the offset (Q3_K, Q6_K) and minimum (Q2_K, Q4_K, Q5_K) sums and the terms as
 // k_gemm_blk_avx2 forms them, the accumulators in memory as k_gemm16_core_avx2 keeps them. Three
 // activation rows a pass: their int16 runs and int32 sums, two each a row, and the two panel
@@ -11242,9 +11267,10 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, int R, int64_t n, const u
 // 0.0082, Q6_K 0.0122 -> 0.0101; phi4-mini Q4_K_M pp128 23.4 -> 30.1 t/s (two threads 44.6 ->
 // 57.3), qwen2-0.5b Q4_K_M (mostly Q5_0) pp128 198.8 -> 209.1, medians of alternated runs.
 
-K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
-                                         const uint8_t *side, size_t side_stride, float *const *out, int nw, const k_prefetch *pf) {
-    const uint32_t lt = k_panel_layout(K_SET_AVX2, type);
+K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, bool vnni, int R, int64_t n, const uint8_t *panel, const uint8_t *y,
+                                         size_t ys, const uint8_t *side, size_t side_stride, float *const *out, int nw,
+                                         const k_prefetch *pf) {
+    const uint32_t lt = k_panel_layout(vnni ? K_SET_AVXVNNI : K_SET_AVX2, type);
     const bool min = k_panel_min(type), cor = type == T_Q3_K || type == T_Q6_K;
     const int64_t nb = n / QK_K;
     const size_t bb = k_panel_blk(lt), dxo = k_panel_dx(lt);
@@ -11265,7 +11291,24 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
         __m256i is[4][2], ms[4][2];
         K_UNROLL
         for (int r = 0; r < R; r++) is[r][0] = is[r][1] = ms[r][0] = ms[r][1] = _mm256_setzero_si256();
-        for (int k = 0; k < QK_K / 4 / per; k++) {
+        for (int k = 0; vnni && k < 16; k++) { // as k_gemm_blk_avx2's: int32 sums of 16 values, each times its scale
+            __m256i d[4][2];
+            K_UNROLL
+            for (int r = 0; r < R; r++) d[r][0] = d[r][1] = _mm256_setzero_si256();
+            K_UNROLL
+            for (int s = 0; s < 4; s++)
+                k_gemm16_step_avx2(K_STEP_VNNI, R, k_load256(q[0] + 32 * (4 * k + s)), k_load256(q[1] + 32 * (4 * k + s)), yr,
+                                   (size_t)b * K_Q8_K_SIZE + 4 + 16 * (size_t)k + 4 * (size_t)s, d);
+            K_UNROLL
+            for (int hh = 0; hh < 2; hh++) {
+                const __m256i sc = k_load256(q[hh] + k_panel_sc(lt) + 32 * k);
+                K_UNROLL
+                for (int r = 0; r < R; r++) // (Q4_K, Q2_K: as there, a sum fits in int16 and the scale is not negative)
+                    is[r][hh] = type == T_Q4_K || type == T_Q2_K ? k_dpwssd_vex(is[r][hh], d[r][hh], sc)
+                                                                 : _mm256_add_epi32(is[r][hh], _mm256_mullo_epi32(d[r][hh], sc));
+            }
+        }
+        for (int k = 0; !vnni && k < QK_K / 4 / per; k++) {
             const size_t sco = k_panel_sc(lt) + 32 * (size_t)(k * per / 4); // (k_panel_sc16)
             for (int h = 0; h < per / run; h++) {
                 __m256i p[4][2];
@@ -11274,7 +11317,7 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
                 K_UNROLL
                 for (int s = 0; s < run; s++) {
                     const int step = per * k + run * h + s;
-                    k_gemm16_step_avx2(false, R, k_load256(q[0] + 32 * step), k_load256(q[1] + 32 * step), yr,
+                    k_gemm16_step_avx2(K_STEP_U8, R, k_load256(q[0] + 32 * step), k_load256(q[1] + 32 * step), yr,
                                        (size_t)b * K_Q8_K_SIZE + 4 + 4 * (size_t)step, p);
                 }
                 K_UNROLL
@@ -11288,13 +11331,13 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
                 if (cor) {
                     const __m256i c = k_load256(q[hh] + k_panel_cor(lt) + 32 * j);
                     K_UNROLL
-                    for (int r = 0; r < R; r++) is[r][hh] = _mm256_add_epi32(is[r][hh], _mm256_madd_epi16(c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j)));
+                    for (int r = 0; r < R; r++) is[r][hh] = k_madd_add_avx2(vnni, is[r][hh], c, k_bcast4_avx2(ar[r] + 16 * b + 2 * j));
                 }
                 if (min) {
                     const __m256i c = k_load256(q[hh] + k_panel_mco(lt) + 32 * j);
                     K_UNROLL
                     for (int r = 0; r < R; r++)
-                        ms[r][hh] = _mm256_add_epi32(ms[r][hh], _mm256_madd_epi16(c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j)));
+                        ms[r][hh] = k_madd_add_avx2(vnni, ms[r][hh], c, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 260 + 4 * j));
                 }
             }
         K_UNROLL
@@ -11313,54 +11356,62 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, int R, int64_t n, const 
 }
 
 // A panel of up to eight rows (the last of a matrix) is an 8-row panel: the 8-row kernel takes it,
-// K_GEMM_ROWS activation rows at a time. The k-quants' 16-row kernel takes passes of three.
-#define K_DEF_GEMM16(name, type)                                                                          \
-    K_AVX2 static void k_gemm16_##name##_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
-                                              const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
-                                              const k_prefetch *pf) {                                     \
+// K_GEMM_ROWS activation rows at a time. The k-quants' 16-row kernel takes passes of three. set:
+// avx2, or vnni (the avxvnni set's: its 8-row kernels are k_gemm_*_vnni).
+#define K_DEF_GEMM16(name, type, set, vnni)                                                               \
+    K_AVX2 static void k_gemm16_##name##_##set(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,  \
+                                               const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, \
+                                               const k_prefetch *pf) {                                    \
         PSV_ASSERT(nr >= 1 && nr <= K_GEMM16_ROWS && nw >= 1 && nw <= 2 * K_PANEL);                        \
         if (nw <= K_PANEL) {                                                                              \
             for (int r = 0; r < nr; r += K_GEMM_ROWS, pf = NULL)                                          \
-                k_gemm_##name##_avx2(n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, \
-                                     PSV_MIN(K_GEMM_ROWS, nr - r), out + r, nw, pf);                      \
+                k_gemm_##name##_##set(n, panel, y + (size_t)r * ys, ys, side + (size_t)r * side_stride, side_stride, \
+                                      PSV_MIN(K_GEMM_ROWS, nr - r), out + r, nw, pf);                     \
             return;                                                                                       \
         }                                                                                                 \
         if (type_table[type].blck_size == QK_K) {                                                         \
             for (int r = 0; r < nr;) { /* passes of three rows (four at once) */                          \
                 const int c = nr - r == 4 ? 4 : PSV_MIN(3, nr - r);                                        \
                 const uint8_t *yc = y + (size_t)r * ys, *sc = side + (size_t)r * side_stride;              \
-                if (c == 1) k_gemm16k_core_avx2(type, 1, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
-                else if (c == 2) k_gemm16k_core_avx2(type, 2, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
-                else if (c == 3) k_gemm16k_core_avx2(type, 3, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
-                else k_gemm16k_core_avx2(type, 4, n, panel, yc, ys, sc, side_stride, out + r, nw, pf);     \
+                if (c == 1) k_gemm16k_core_avx2(type, vnni, 1, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+                else if (c == 2) k_gemm16k_core_avx2(type, vnni, 2, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+                else if (c == 3) k_gemm16k_core_avx2(type, vnni, 3, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
+                else k_gemm16k_core_avx2(type, vnni, 4, n, panel, yc, ys, sc, side_stride, out + r, nw, pf); \
                 r += c, pf = NULL;                                                                        \
             }                                                                                             \
             return;                                                                                       \
         }                                                                                                 \
         switch (nr) { /* (a constant row count for each, so that the loops unroll) */                     \
-        case 1: k_gemm16_core_avx2(type, 1, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 2: k_gemm16_core_avx2(type, 2, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 3: k_gemm16_core_avx2(type, 3, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 4: k_gemm16_core_avx2(type, 4, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        case 5: k_gemm16_core_avx2(type, 5, n, panel, y, ys, side, side_stride, out, nw, pf); break;       \
-        default: k_gemm16_core_avx2(type, 6, n, panel, y, ys, side, side_stride, out, nw, pf); break;      \
+        case 1: k_gemm16_core_avx2(type, vnni, 1, n, panel, y, ys, side, side_stride, out, nw, pf); break; \
+        case 2: k_gemm16_core_avx2(type, vnni, 2, n, panel, y, ys, side, side_stride, out, nw, pf); break; \
+        case 3: k_gemm16_core_avx2(type, vnni, 3, n, panel, y, ys, side, side_stride, out, nw, pf); break; \
+        case 4: k_gemm16_core_avx2(type, vnni, 4, n, panel, y, ys, side, side_stride, out, nw, pf); break; \
+        case 5: k_gemm16_core_avx2(type, vnni, 5, n, panel, y, ys, side, side_stride, out, nw, pf); break; \
+        default: k_gemm16_core_avx2(type, vnni, 6, n, panel, y, ys, side, side_stride, out, nw, pf); break; \
         }                                                                                                 \
     }
-K_DEF_GEMM16(q4_0, T_Q4_0)
-K_DEF_GEMM16(q5_0, T_Q5_0)
-K_DEF_GEMM16(q8_0, T_Q8_0)
-K_DEF_GEMM16(q4_1, T_Q4_1)
-K_DEF_GEMM16(q5_1, T_Q5_1)
-K_DEF_GEMM16(q2_k, T_Q2_K)
-K_DEF_GEMM16(q3_k, T_Q3_K)
-K_DEF_GEMM16(q4_k, T_Q4_K)
-K_DEF_GEMM16(q5_k, T_Q5_K)
-K_DEF_GEMM16(q6_k, T_Q6_K)
-K_DEF_PACK16(q2_k, T_Q2_K, k_panel_blk(T_Q2_K))
-K_DEF_PACK16(q3_k, T_Q3_K, k_panel_blk(T_Q3_K))
-K_DEF_PACK16(q4_k, T_Q4_K, k_panel_blk(k_panel_layout(K_SET_AVX2, T_Q4_K)))
-K_DEF_PACK16(q5_k, T_Q5_K, k_panel_blk(T_Q5_K))
-K_DEF_PACK16(q6_k, T_Q6_K, k_panel_blk(T_Q6_K))
+#define K_DEF_GEMM16_BOTH(name, type) K_DEF_GEMM16(name, type, avx2, false) K_DEF_GEMM16(name, type, vnni, true)
+K_DEF_GEMM16_BOTH(q4_0, T_Q4_0)
+K_DEF_GEMM16_BOTH(q5_0, T_Q5_0)
+K_DEF_GEMM16_BOTH(q8_0, T_Q8_0)
+K_DEF_GEMM16_BOTH(q4_1, T_Q4_1)
+K_DEF_GEMM16_BOTH(q5_1, T_Q5_1)
+K_DEF_GEMM16_BOTH(q2_k, T_Q2_K)
+K_DEF_GEMM16_BOTH(q3_k, T_Q3_K)
+K_DEF_GEMM16_BOTH(q4_k, T_Q4_K)
+K_DEF_GEMM16_BOTH(q5_k, T_Q5_K)
+K_DEF_GEMM16_BOTH(q6_k, T_Q6_K)
+K_DEF_PACK16(q2_k, T_Q2_K, avx2, k_panel_blk(T_Q2_K))
+K_DEF_PACK16(q3_k, T_Q3_K, avx2, k_panel_blk(T_Q3_K))
+K_DEF_PACK16(q4_k, T_Q4_K, avx2, k_panel_blk(k_panel_layout(K_SET_AVX2, T_Q4_K)))
+K_DEF_PACK16(q5_k, T_Q5_K, avx2, k_panel_blk(T_Q5_K))
+K_DEF_PACK16(q6_k, T_Q6_K, avx2, k_panel_blk(T_Q6_K))
+K_DEF_PACK16(q8_0, T_Q8_0, vnni, k_panel_blk(T_Q8_0)) // (the avxvnni set's, where its layout differs)
+K_DEF_PACK16(q2_k, T_Q2_K, vnni, k_panel_blk(T_Q2_K))
+K_DEF_PACK16(q3_k, T_Q3_K, vnni, k_panel_blk(T_Q3_K))
+K_DEF_PACK16(q4_k, T_Q4_K, vnni, k_panel_blk(k_panel_layout(K_SET_AVXVNNI, T_Q4_K)))
+K_DEF_PACK16(q5_k, T_Q5_K, vnni, k_panel_blk(T_Q5_K))
+K_DEF_PACK16(q6_k, T_Q6_K, vnni, k_panel_blk(T_Q6_K))
 
 // ---- AVX2: F32, F16, BF16 ------------------------------------------------------------------------
 // F32: the K_LANES = 16 double lanes of the reference live in four registers (lanes 4i .. 4i+3 in
@@ -17583,17 +17634,22 @@ static void k_fill_avx2(k_traits *t) {
 }
 
 // The avxvnni set: the AVX2 set with GEMM kernels on AVX-VNNI's vpdpbusd and vpdpwssd (Intel
-// CPUs from Alder Lake on without AVX-512; k_gemm_blk_avx2 with vnni).
+// CPUs from Alder Lake on without AVX-512): the AVX2 set's 16-row kernels with vnni, and for a
+// matrix's last panel of up to eight rows k_gemm_blk_avx2 with vnni and k_gemm_g_core_vnni.
 static void k_fill_avxvnni(k_traits *t) {
     k_fill_avx2(t);
     static const k_gemm_entry gemms[] = {
-        {T_Q4_0, k_gemm_q4_0_vnni, k_pack_q4_0_avx2}, {T_Q4_1, k_gemm_q4_1_vnni, k_pack_q4_1_avx2},
-        {T_Q5_0, k_gemm_q5_0_vnni, k_pack_q5_0_avx2}, {T_Q5_1, k_gemm_q5_1_vnni, k_pack_q5_1_avx2},
-        {T_Q8_0, k_gemm_q8_0_vnni, k_pack_q8_0_vnni}, {T_Q2_K, k_gemm_q2_k_vnni, k_pack_q2_k_vnni},
-        {T_Q3_K, k_gemm_q3_k_vnni, k_pack_q3_k_vnni}, {T_Q4_K, k_gemm_q4_k_vnni, k_pack_q4_k_vnni},
-        {T_Q5_K, k_gemm_q5_k_vnni, k_pack_q5_k_vnni}, {T_Q6_K, k_gemm_q6_k_vnni, k_pack_q6_k_vnni},
+        {T_Q4_0, k_gemm16_q4_0_vnni, k_pack16_q4_0_avx2}, {T_Q4_1, k_gemm16_q4_1_vnni, k_pack16_q4_1_avx2},
+        {T_Q5_0, k_gemm16_q5_0_vnni, k_pack16_q5_0_avx2}, {T_Q5_1, k_gemm16_q5_1_vnni, k_pack16_q5_1_avx2},
+        {T_Q8_0, k_gemm16_q8_0_vnni, k_pack16_q8_0_vnni}, {T_Q2_K, k_gemm16_q2_k_vnni, k_pack16_q2_k_vnni},
+        {T_Q3_K, k_gemm16_q3_k_vnni, k_pack16_q3_k_vnni}, {T_Q4_K, k_gemm16_q4_k_vnni, k_pack16_q4_k_vnni},
+        {T_Q5_K, k_gemm16_q5_k_vnni, k_pack16_q5_k_vnni}, {T_Q6_K, k_gemm16_q6_k_vnni, k_pack16_q6_k_vnni},
     };
     k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms));
+    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) { // 16-row panels, as the AVX2 set's
+        k_traits *k = &t[gemms[i].type];
+        k->panel_rows = 2 * K_PANEL, k->gemm_rows = K_GEMM16_ROWS, k->panel_blk = 2 * k->panel_blk;
+    }
     // and its one-row and multi-row kernels (k_gemv1_vnni, and the k-quants' with vpdpwssd; up to
     // four rows, as the AVX2 set's)
     static const struct { uint32_t type; k_gemv1_fn one; k_gemvn_fn few; } rows[] = {

@@ -275,8 +275,8 @@ static void st_check_dots(k_set set) {
 }
 
 // One set's GEMM kernels against the reference: panels of every width (1..K_PANEL weight rows,
-// packed by k_panel_pack, regrouped, split or widened where the set wants it; the AVX2 set's
-// quantized types: 1..16 rows, two such panels of 8; the amx set's k-quants:
+// packed by k_panel_pack, regrouped, split or widened where the set wants it; the AVX2 and
+// avxvnni sets' quantized types: 1..16 rows, two such panels of 8; the amx set's k-quants:
 // 1..16 rows, k_panel_pack_amx (Q2_K, Q4_K, Q5_K) and _amx6 (Q3_K, Q6_K); its Q4_0, Q5_0 and Q8_0: k_panel_pack_amx0, with the
 // activation rows as a group of k_act_vnni, its rows past the last zero) against every
 // count of activation rows, each result compared with the reference vec_dot of its pair; nothing
@@ -302,7 +302,7 @@ static void st_check_gemm(k_set set) {
             const size_t pz = k_panel_bytes(sk, wt, n); // the set's layout
             const int P = sk->panel_rows; // the set's panel width
             CHECK(P == K_PANEL || (set == K_SET_AMX && P == 16) ||
-                  (set == K_SET_AVX2 && !flt && P == 2 * K_PANEL));
+                  ((set == K_SET_AVX2 || set == K_SET_AVXVNNI) && !flt && P == 2 * K_PANEL));
             // the panel of the portable packer (of Q5_1 for a set that packs Q4_1 so: k_panel_layout)
             const bool q41as51 = wt == T_Q4_1 && k_panel_layout(set, wt) == T_Q5_1;
             uint8_t *x = malloc(xs * (size_t)P), *y = malloc(ys * nrow),
@@ -337,9 +337,10 @@ static void st_check_gemm(k_set set) {
                 } else if (!flt && P == K_PANEL) {
                     k_panel_pack(wt, n, x, xs, nw, panel);
                 }
-                if (P != K_PANEL && set == K_SET_AVX2) { // two 8-row panels, rows 0-7 then rows 8-15
+                if (P != K_PANEL && set != K_SET_AMX) { // two 8-row panels, rows 0-7 then rows 8-15
                     const uint32_t lt = k_panel_layout(set, wt); // (Q4_K: Q5_K's, its quants as bytes)
-                    CHECK(pz == 2 * (wt == T_Q8_0 ? (size_t)(n / 32) * K_PANEL_W16_BLK : k_panel_size(lt, n)));
+                    const bool w16 = set == K_SET_AVX2 && wt == T_Q8_0; // (the avxvnni set's Q8_0: bytes)
+                    CHECK(pz == 2 * (w16 ? (size_t)(n / 32) * K_PANEL_W16_BLK : k_panel_size(lt, n)));
                     for (int h = 0; h < 2; h++) {
                         const int rows = h ? nw - K_PANEL : PSV_MIN(nw, K_PANEL);
                         uint8_t *dst = want + h * (pz / 2);
@@ -348,10 +349,10 @@ static void st_check_gemm(k_set set) {
                             continue;
                         }
                         k_panel_pack(wt, n, x + (size_t)h * K_PANEL * xs, xs, rows, panel);
-                        if (wt == T_Q8_0) k_panel_widen16(n, rows, panel, dst);
+                        if (w16) k_panel_widen16(n, rows, panel, dst);
                         else if (lt != wt) k_panel_split4(n, panel, dst);
                         else memcpy(dst, panel, pz / 2);
-                        if (type_get(wt)->blck_size == QK_K) k_panel_dup16(lt, n, dst); // (k_panel_sc16)
+                        if (k_panel_sc16(set) && type_get(wt)->blck_size == QK_K) k_panel_dup16(lt, n, dst);
                     }
                 } else if (P != K_PANEL) { // the amx set's: 16 rows (k-quants: the quants times parts of their scales)
 #if defined(PSV_AMX)
