@@ -17617,13 +17617,20 @@ static void k_fill_avx2(k_traits *t) {
     t[T_Q5_1].gemv1 = k_gemv1_q5_1_avx2;
     t[T_Q3_K].gemv1 = k_gemv1_q3_k_avx2;
     t[T_Q6_K].gemv1 = k_gemv1_q6_k_avx2;
-    // gemvn up to four rows (two threads on Zen 4, -s 4: phi4-mini Q4_K_M 21.2-22.0 t/s, the GEMM
-    // 20.8-21.0; qwen2-0.5b Q4_0 121.6-123.4 against 114.1-115.5, Q8_0 108.0-109.4 against 97.5-100.7)
+    // gemvn up to three rows, Q8_0 up to four: four rows go to the 16-row GEMM, whose cost barely
+    // grows from three rows to four where gemvn's grows by a third (Zen 4, `pensieve bench -p 0
+    // -s 4`, medians of three alternated runs, gemvn -> GEMM, t/s in total: one thread, qwen2-0.5b
+    // Q4_0 69.0 -> 76.0, Q4_K_M 67.5 -> 72.9, Q4_1 67.3 -> 73.3, Q5_1 60.1 -> 65.5, phi4-mini
+    // Q4_K_M 12.0 -> 12.5; two threads Q4_0 127.9 -> 133.8, Q4_K_M 124.2 -> 125.5, phi4-mini 22.9
+    // -> 24.3; but Q8_0, on int16 panels, 60.4 -> 58.6 and 109.5 -> 102.7; three rows by the GEMM,
+    // -s 3: Q4_0 70.4 -> 54.3). Before the 16-row GEMM, gemvn took four rows (two threads, -s 4:
+    // phi4-mini Q4_K_M 21.2-22.0 t/s against the 8-row GEMM's 20.8-21.0; qwen2-0.5b Q4_0
+    // 121.6-123.4 against 114.1-115.5).
     static const k_gemvn_entry gemvns[] = {
-        {T_Q2_K, k_gemvn_q2_k_avx2, 4}, {T_Q3_K, k_gemvn_q3_k_avx2, 4}, {T_Q4_K, k_gemvn_q4_k_avx2, 4},
-        {T_Q5_K, k_gemvn_q5_k_avx2, 4}, {T_Q6_K, k_gemvn_q6_k_avx2, 4}, {T_Q4_0, k_gemvn_q4_0_avx2, 4},
-        {T_Q5_0, k_gemvn_q5_0_avx2, 4}, {T_Q8_0, k_gemvn_q8_0_avx2, 4},
-        {T_Q4_1, k_gemvn_q4_1_avx2, 4}, {T_Q5_1, k_gemvn_q5_1_avx2, 4},
+        {T_Q2_K, k_gemvn_q2_k_avx2, 3}, {T_Q3_K, k_gemvn_q3_k_avx2, 3}, {T_Q4_K, k_gemvn_q4_k_avx2, 3},
+        {T_Q5_K, k_gemvn_q5_k_avx2, 3}, {T_Q6_K, k_gemvn_q6_k_avx2, 3}, {T_Q4_0, k_gemvn_q4_0_avx2, 3},
+        {T_Q5_0, k_gemvn_q5_0_avx2, 3}, {T_Q8_0, k_gemvn_q8_0_avx2, 4},
+        {T_Q4_1, k_gemvn_q4_1_avx2, 3}, {T_Q5_1, k_gemvn_q5_1_avx2, 3},
     };
     k_fill_gemvns(t, gemvns, PSV_ARRAY_LEN(gemvns));
     t[T_Q8_0].from_float = k_quant_q8_0_avx2;
@@ -17659,7 +17666,13 @@ static void k_fill_avxvnni(k_traits *t) {
         {T_Q3_K, k_gemv1_q3_k_vnni, k_gemvn_q3_k_vnni}, {T_Q4_K, k_gemv1_q4_k_vnni, k_gemvn_q4_k_vnni},
         {T_Q5_K, k_gemv1_q5_k_vnni, k_gemvn_q5_k_vnni}, {T_Q6_K, k_gemv1_q6_k_vnni, k_gemvn_q6_k_vnni},
     };
-    for (size_t i = 0; i < PSV_ARRAY_LEN(rows); i++) t[rows[i].type].gemv1 = rows[i].one, t[rows[i].type].gemvn = rows[i].few;
+    // gemvn up to three rows, Q8_0 too (its GEMM is on byte panels here): measured on Zen 4 in a
+    // PSV_VNNI_EVEX build, `pensieve bench -p 0 -s 4`, medians of three alternated runs, gemvn ->
+    // the 16-row GEMM, t/s in total, one thread: qwen2-0.5b Q4_0 71.2 -> 93.1, Q8_0 71.8 -> 89.7,
+    // Q4_K_M 71.7 -> 88.1, Q4_1 70.5 -> 86.0, Q5_1 63.9 -> 77.5, phi4-mini Q4_K_M 13.4 -> 14.7; two
+    // threads Q4_0 130.6 -> 156.1, Q8_0 128.9 -> 138.4, Q4_K_M 126.4 -> 160.6, phi4-mini 27.0 -> 28.2
+    for (size_t i = 0; i < PSV_ARRAY_LEN(rows); i++)
+        t[rows[i].type].gemv1 = rows[i].one, t[rows[i].type].gemvn = rows[i].few, t[rows[i].type].gemvn_max = 3;
 }
 
 static void k_fill_avx512(k_traits *t) {
