@@ -9687,6 +9687,14 @@ K_AVX2 K_INLINE __m256i k_madd_add_avx2(const bool vnni, __m256i acc, __m256i a,
     return vnni ? k_dpwssd_vex(acc, a, b) : _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 
+// The avxvnni set's k-quant GEMMs: acc + d * sc, d a sub-block's int32 sum of 16 products and sc
+// its scale (int32 lanes). Q4_K and Q2_K: a sum fits in int16 (16 * 15 * 128) and the scale is
+// not negative, so vpdpwssd multiplies and adds (the sum's high half is its sign, the scale's
+// zero); the others, vpmulld.
+K_AVX2 K_INLINE __m256i k_kscale_add_vnni(uint32_t type, __m256i acc, __m256i d, __m256i sc) {
+    return type == T_Q4_K || type == T_Q2_K ? k_dpwssd_vex(acc, d, sc) : _mm256_add_epi32(acc, _mm256_mullo_epi32(d, sc));
+}
+
 // k_gemv1_core_avx2's terms of group g (four blocks) of the four rows: is01, is23 the [block][row]
 // isums of blocks 0, 1 and 2, 3 of each activation row, hd (hm) the rows' block scales d (Q4_1,
 // Q5_1: and m) as fp16 in the same order, added to the activation rows' lanes acc. Q4_0, Q5_0,
@@ -10824,11 +10832,8 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
             K_UNROLL
             for (int r = 0; r < R; r++) d[r] = k_dpbusd_vex(d[r], w, k_bcast4_avx2(yr[r] + (size_t)b * K_Q8_K_SIZE + 4 + 16 * k + 4 * s));
         }
-        // Q4_K and Q2_K: a sum fits in int16 (16 * 15 * 128) and the scale is not negative, so
-        // vpdpwssd multiplies and adds (the sum's high half is its sign, the scale's zero)
         K_UNROLL
-        for (int r = 0; r < R; r++)
-            is[r] = type == T_Q4_K || type == T_Q2_K ? k_dpwssd_vex(is[r], d[r], sc) : _mm256_add_epi32(is[r], _mm256_mullo_epi32(d[r], sc));
+        for (int r = 0; r < R; r++) is[r] = k_kscale_add_vnni(type, is[r], d[r], sc);
     }
     for (int k = 0; !vnni && k < QK_K / 4 / per; k++) {
         __m256i sc = k_load256(psc + 32 * (k * per / 4)); // (k_panel_sc16)
@@ -11303,9 +11308,7 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, bool vnni, int R, int64_
             for (int hh = 0; hh < 2; hh++) {
                 const __m256i sc = k_load256(q[hh] + k_panel_sc(lt) + 32 * k);
                 K_UNROLL
-                for (int r = 0; r < R; r++) // (Q4_K, Q2_K: as there, a sum fits in int16 and the scale is not negative)
-                    is[r][hh] = type == T_Q4_K || type == T_Q2_K ? k_dpwssd_vex(is[r][hh], d[r][hh], sc)
-                                                                 : _mm256_add_epi32(is[r][hh], _mm256_mullo_epi32(d[r][hh], sc));
+                for (int r = 0; r < R; r++) is[r][hh] = k_kscale_add_vnni(type, is[r][hh], d[r][hh], sc);
             }
         }
         for (int k = 0; !vnni && k < QK_K / 4 / per; k++) {
