@@ -11259,9 +11259,9 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t
 // ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
 // The k-quants' GEMM (k_gemm_blk_avx2's k-quant sums) on 16-row panels too: two of the 8-row
 // panels (k_pack_core_avx2's layout), rows 0-7 then rows 8-15, each broadcast of an activation's
-// four bytes feeding a vpmaddubsw of each half (vnni, the avxvnni set's: a vpdpbusd, and the
-// sums of 16 values weighted as k_gemm_blk_avx2's vnni path weights them), each int16 run widened by vpmaddwd against each
-// half's scales, the offset (Q3_K, Q6_K) and minimum (Q2_K, Q4_K, Q5_K) sums and the terms as
+// four bytes feeding a vpmaddubsw of each half, each int16 run widened by vpmaddwd against each
+// half's scales (vnni, the avxvnni set's: a vpdpbusd of each half, and each half's sums of 16
+// values weighted by their scales as k_gemm_blk_avx2's vnni path weights them), the offset (Q3_K, Q6_K) and minimum (Q2_K, Q4_K, Q5_K) sums and the terms as
 // k_gemm_blk_avx2 forms them, the accumulators in memory as k_gemm16_core_avx2 keeps them. Three
 // activation rows a pass: their int16 runs and int32 sums, two each a row, and the two panel
 // vectors and a broadcast fill the 16 registers (six rows spilled the sums: bench_simd Q4_K
@@ -17551,19 +17551,20 @@ static void k_fill_gemvns(k_traits *t, const k_gemvn_entry *g, size_t n) {
     for (size_t i = 0; i < n; i++) t[g[i].type].gemvn = g[i].gemvn, t[g[i].type].gemvn_max = g[i].max;
 }
 
-// Installs an x86 set's GEMM kernels and packers, with what goes with them: the rows a call
-// takes, the bytes of a packed block (k_panel_layout; the AVX2 set's Q8_0: int16) and whether
-// the activation rows carry int16 quants (k_act_side_w16, for that Q8_0 kernel).
+// Installs an x86 set's GEMM kernels and packers, with what goes with them: the rows of a panel
+// (the AVX2 sets': 16, two 8-row panels, k_gemm16_core_avx2), the rows a call takes, the bytes
+// of a packed block (k_panel_layout; the AVX2 set's Q8_0: int16) and whether the activation rows
+// carry int16 quants (k_act_side_w16, for that Q8_0 kernel).
 static void k_fill_gemms(k_traits *t, k_set set, const k_gemm_entry *g, size_t n) {
+    const bool two = set == K_SET_AVX2 || set == K_SET_AVXVNNI;
     for (size_t i = 0; i < n; i++) {
         const uint32_t ty = g[i].type;
         const bool w16 = set == K_SET_AVX2 && ty == T_Q8_0;
         t[ty].gemm = g[i].gemm;
         t[ty].pack = g[i].pack;
-        t[ty].panel_rows = K_PANEL;
-        t[ty].gemm_rows = set != K_SET_AVX512 ? K_GEMM_ROWS
-                          : type_table[ty].blck_size == QK_K ? K_GEMM_ROWS_AVX512_K : K_GEMM_ROWS_AVX512;
-        t[ty].panel_blk = w16 ? K_PANEL_W16_BLK : k_panel_blk(k_panel_layout(set, ty));
+        t[ty].panel_rows = two ? 2 * K_PANEL : K_PANEL;
+        t[ty].gemm_rows = two ? K_GEMM16_ROWS : type_table[ty].blck_size == QK_K ? K_GEMM_ROWS_AVX512_K : K_GEMM_ROWS_AVX512;
+        t[ty].panel_blk = (two ? 2 : 1) * (w16 ? K_PANEL_W16_BLK : k_panel_blk(k_panel_layout(set, ty)));
         t[ty].side_w16 = w16;
     }
 }
@@ -17592,10 +17593,6 @@ static void k_fill_avx2(k_traits *t) {
         {T_Q5_K, k_gemm16_q5_k_avx2, k_pack16_q5_k_avx2}, {T_Q6_K, k_gemm16_q6_k_avx2, k_pack16_q6_k_avx2},
     };
     k_fill_gemms(t, K_SET_AVX2, gemms, PSV_ARRAY_LEN(gemms));
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) {
-        k_traits *k = &t[gemms[i].type];
-        k->panel_rows = 2 * K_PANEL, k->gemm_rows = K_GEMM16_ROWS, k->panel_blk = 2 * k->panel_blk;
-    }
     k_set_flt_gemm(&t[T_F16], k_gemm_f16_avx2, k_pack_f16_avx2); // (every x86 set's: the AVX2 kernels' float lanes)
     k_set_flt_gemm(&t[T_BF16], k_gemm_bf16_avx2, k_pack_bf16_avx2);
     // F16's GEMM (either set's) packs every weight value to a float for each product, which a few
@@ -17655,11 +17652,7 @@ static void k_fill_avxvnni(k_traits *t) {
         {T_Q3_K, k_gemm16_q3_k_vnni, k_pack16_q3_k_vnni}, {T_Q4_K, k_gemm16_q4_k_vnni, k_pack16_q4_k_vnni},
         {T_Q5_K, k_gemm16_q5_k_vnni, k_pack16_q5_k_vnni}, {T_Q6_K, k_gemm16_q6_k_vnni, k_pack16_q6_k_vnni},
     };
-    k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms));
-    for (size_t i = 0; i < PSV_ARRAY_LEN(gemms); i++) { // 16-row panels, as the AVX2 set's
-        k_traits *k = &t[gemms[i].type];
-        k->panel_rows = 2 * K_PANEL, k->gemm_rows = K_GEMM16_ROWS, k->panel_blk = 2 * k->panel_blk;
-    }
+    k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms)); // (16-row panels, as the AVX2 set's)
     // and its one-row and multi-row kernels (k_gemv1_vnni, and the k-quants' with vpdpwssd; up to
     // four rows, as the AVX2 set's)
     static const struct { uint32_t type; k_gemv1_fn one; k_gemvn_fn few; } rows[] = {
