@@ -1,6 +1,6 @@
 #!/bin/sh
 # tests/cli_armicount.sh — tools/arm_icount.sh, which counts the ARM sets' F16 and BF16 kernels'
-# instructions under qemu (README, twenty-seventh session), and their quantized kernels since the
+# instructions under qemu (PERFORMANCE.md, twenty-seventh session), and their quantized kernels since the
 # twenty-ninth, builds and runs: it reports a count for every kernel and type (the tool itself
 # checks each result against the reference), for the neon set (Q4_K: all but rows), with $ARM_CC
 # and $QEMU (make test-arm64 passes them). Skipped where either is missing.
