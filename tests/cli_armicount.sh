@@ -3,7 +3,10 @@
 # instructions under qemu (PERFORMANCE.md, twenty-seventh session), and their quantized kernels since the
 # twenty-ninth, builds and runs: it reports a count for every kernel and type (the tool itself
 # checks each result against the reference), for the neon set (Q4_K: all but rows), with $ARM_CC
-# and $QEMU (make test-arm64 passes them). Skipped where either is missing.
+# and $QEMU (make test-arm64 passes them). Skipped where either is missing. Then
+# tools/qemu_icount.c, the qemu plugin tools/llama_compare.py's `arm` counts instructions with
+# (built with the host's cc): a loop of three instructions run 1000, 2000 and 5000 times must
+# count exactly 3000 and 12000 more (skipped where qemu takes no plugins).
 # Ends with `N passed, N failed, N skipped`.
 
 pass=0 fail=0 skip=0
@@ -25,4 +28,27 @@ for kernel in dot rows gemv1 gemm pack; do
         else fail=$((fail + 1)); echo "FAIL: no count for $kernel $type"; fi
     done
 done
+if ! $qemu -h 2>/dev/null | grep -q -- '^-plugin'; then skip=$((skip + 1)); echo "skipped: $qemu takes no plugins"; finish; fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cat > "$tmp/loop.c" <<'EOF'
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 0;
+    __asm__ volatile("1: add x1, x1, #1\n subs %0, %0, #1\n b.ne 1b" : "+r"(n) : : "x1", "cc");
+    return 0;
+}
+EOF
+if ! ${HOST_CC:-cc} -O2 -Wall -Wextra -Werror -shared -fPIC "$(dirname "$0")/../tools/qemu_icount.c" -o "$tmp/icount.so" ||
+   ! $cc -O2 -static "$tmp/loop.c" -o "$tmp/loop"; then
+    fail=$((fail + 1)); echo "FAIL: could not build tools/qemu_icount.c or its test program"; finish
+fi
+counts=
+for n in 1000 2000 5000; do
+    counts="$counts $($qemu -plugin "$tmp/icount.so" "$tmp/loop" $n 2>&1 >/dev/null | sed -n 's/^icount: //p')"
+done
+echo "qemu_icount: loop of 1000, 2000, 5000:$counts instructions"
+set -- $counts
+if [ $# -eq 3 ] && [ $(($2 - $1)) -eq 3000 ] && [ $(($3 - $1)) -eq 12000 ]; then pass=$((pass + 1))
+else fail=$((fail + 1)); echo "FAIL: qemu_icount counted$counts (3000 and 12000 apart expected)"; fi
 finish

@@ -5,6 +5,8 @@
   llama_compare.py bench -m MODEL [-p 128,512] [-n 128] [-t 1,2] [-r 3] [--rounds 2] [--variant NAME]
                          [-d DEPTH] [--kv-type f32|f16]
   llama_compare.py conformance [--threads 2]
+  llama_compare.py setup-arm                  build llama.cpp and pensieve for aarch64 (after setup)
+  llama_compare.py arm -m MODEL [-p 32] [-n 4] [--isa dotprod|i8mm]
 
 llama.cpp comes from the npm registry: node-llama-cpp ships the llama.cpp source it was built
 from (a git bundle) and prebuilt CPU libraries for several x86 levels. `setup` builds that
@@ -28,6 +30,21 @@ tests/test_engine.c does, with pensieve (batch and one by one) and with llama.cp
 reference's own split of prompt batch + one-by-one generation, all in one batch, all one by
 one, and the prebuilt AVX2 and baseline builds), and counts the positions outside the contract
 (a top-8 logit or the log-sum-exp more than 0.15 away).
+
+`arm` compares the ARM code of both where there is no ARM machine: `setup-arm` cross-builds
+llama-bench (static, no OpenMP) for two ARM levels, `dotprod` (armv8.2-a with the dot product
+and fp16: Apple M1, Graviton 2) and `i8mm` (armv8.6-a with the int8 matrix multiply too: Apple
+M2 and later, Graviton 3), and pensieve for aarch64, and builds tools/qemu_icount.c, a qemu
+plugin that counts the instructions a program executes. `arm` runs `pensieve bench` (its kernel
+set forced to the same level) and `llama-bench` under qemu-aarch64 (`-cpu max,sve=off`: no SVE,
+which neither level has) with one thread, each twice, with two prompt lengths (p and 2p, no
+generation) and with two generation lengths (no prompt; 1 and 1 + n tokens), and prints the
+instructions each executes per prompt token and per generated token: the differences, so what
+both do once (loading, warm start, the warm-up) drops out. Both benchmarks run the prompt twice
+(warm-up and one repetition) and generate one token to warm up. A count shows the code, not its
+speed (a load that misses the cache counts one); where a core is bound by its arithmetic, as
+prompts are and as one thread's generation is on cores that read memory fast, fewer
+instructions mean more speed. Needs gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu and qemu-user.
 """
 import argparse
 import glob
@@ -43,6 +60,7 @@ DIR = os.environ.get("LLAMA_DIR", "/tmp/pensieve-llama")
 NLC = "3.22.1"  # node-llama-cpp release whose llama.cpp is built (its bundle: llama.cpp as of late 2026)
 SRC = os.path.join(DIR, "llama.cpp")
 BIN = os.path.join(SRC, "build", "bin")
+ARM_ISAS = {"dotprod": "armv8.2-a+dotprod+fp16", "i8mm": "armv8.6-a+dotprod+fp16+i8mm"}  # llama.cpp's GGML_CPU_ARM_ARCH
 VARIANTS = ("haswell", "x64")  # the prebuilt libraries `conformance` compares
 PREBUILT = ("x64", "haswell", "alderlake", "icelake", "zen4", "sapphirerapids")  # those `setup` links llama_logits against
 
@@ -125,6 +143,52 @@ def bench(a):
         print("| %s | %d | %.1f | %.1f | %.2f |" % (name, thr, p, q, p / q if q else 0))
 
 
+def setup_arm(_):
+    if not os.path.isdir(SRC):
+        sys.exit("llama.cpp's source is not in %s: run `llama_compare.py setup` first" % SRC)
+    for isa, march in ARM_ISAS.items():
+        build = os.path.join(SRC, "build-arm64-" + isa)
+        run(["cmake", "-S", SRC, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_SYSTEM_NAME=Linux",
+             "-DCMAKE_SYSTEM_PROCESSOR=aarch64", "-DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc",
+             "-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++", "-DGGML_NATIVE=OFF", "-DGGML_CPU_ARM_ARCH=" + march,
+             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_EXE_LINKER_FLAGS=-static"],
+            stdout=subprocess.DEVNULL)
+        run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2), "--target", "llama-bench"], stdout=subprocess.DEVNULL)
+    run(["cc", "-O2", "-shared", "-fPIC", os.path.join(HERE, "qemu_icount.c"), "-o", os.path.join(DIR, "qemu_icount.so")])
+    run(["aarch64-linux-gnu-gcc", "-O2", "-static", os.path.join(REPO, "pensieve.c"), "-o", os.path.join(DIR, "pensieve-arm64"),
+         "-lpthread"], stderr=subprocess.DEVNULL)  # (static glibc warns about getaddrinfo)
+    print("aarch64 builds ready in", DIR)
+
+
+def icount(cmd, env=None):
+    r = subprocess.run(["qemu-aarch64", "-cpu", "max,sve=off", "-plugin", os.path.join(DIR, "qemu_icount.so")] + cmd,
+                       capture_output=True, text=True, env=env)
+    counts = [int(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("icount: ")]
+    if r.returncode or not counts:
+        sys.exit("%s under qemu failed (exit %d): %s" % (os.path.basename(cmd[0]), r.returncode, r.stderr.strip()[-300:]))
+    return counts[-1]
+
+
+def arm(a):
+    env = dict(os.environ, PSV_KERNELS=a.isa)
+    llama = os.path.join(SRC, "build-arm64-" + a.isa, "bin", "llama-bench")
+    pens = os.path.join(DIR, "pensieve-arm64")
+    for f in (llama, pens, os.path.join(DIR, "qemu_icount.so")):
+        if not os.path.exists(f):
+            sys.exit("%s is missing: run `llama_compare.py setup-arm` first" % f)
+    def per_token(p, n, tokens):
+        ours = [icount([pens, "bench", "-m", a.model, "-p", str(pi), "-n", str(ni), "-t", "1", "-r", "1"], env) for pi, ni in zip(p, n)]
+        theirs = [icount([llama, "-m", a.model, "-p", str(pi), "-n", str(ni), "-t", "1", "-r", "1"]) for pi, ni in zip(p, n)]
+        return (ours[1] - ours[0]) / tokens, (theirs[1] - theirs[0]) / tokens
+    rows = [("prompt token (pp%d to pp%d)" % (a.p, 2 * a.p), per_token([a.p, 2 * a.p], [0, 0], 2 * a.p)),
+            ("generated token (tg1 to tg%d)" % (1 + a.n), per_token([0, 0], [1, 1 + a.n], a.n))]
+    print("| %s, %s | pensieve | llama.cpp | ratio |" % (os.path.basename(a.model), a.isa))
+    print("| --- | --- | --- | --- |")
+    for name, (ours, theirs) in rows:
+        print("| instructions a %s | %.1f M | %.1f M | %.2f |" % (name, ours / 1e6, theirs / 1e6, ours / theirs))
+
+
 def misses(case, lines):
     refs = case["prompt_logits"] + case["gen_logits"][1:]
     rows = [json.loads(x) for x in lines]
@@ -198,8 +262,14 @@ def main():
     c = sub.add_parser("conformance")
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--bin", default=os.path.join(REPO, "pensieve"))
+    sub.add_parser("setup-arm")
+    r = sub.add_parser("arm")
+    r.add_argument("-m", dest="model", required=True)
+    r.add_argument("-p", type=int, default=32, help="prompt tokens (and twice as many)")
+    r.add_argument("-n", type=int, default=4, help="generated tokens beyond the first")
+    r.add_argument("--isa", choices=sorted(ARM_ISAS), default="dotprod")
     a = ap.parse_args()
-    {"setup": setup, "bench": bench, "conformance": conformance}[a.cmd](a)
+    {"setup": setup, "bench": bench, "conformance": conformance, "setup-arm": setup_arm, "arm": arm}[a.cmd](a)
 
 
 if __name__ == "__main__":
