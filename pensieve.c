@@ -17653,8 +17653,7 @@ static void k_fill_avxvnni(k_traits *t) {
         {T_Q5_K, k_gemm16_q5_k_vnni, k_pack16_q5_k_vnni}, {T_Q6_K, k_gemm16_q6_k_vnni, k_pack16_q6_k_vnni},
     };
     k_fill_gemms(t, K_SET_AVXVNNI, gemms, PSV_ARRAY_LEN(gemms)); // (16-row panels, as the AVX2 set's)
-    // and its one-row and multi-row kernels (k_gemv1_vnni, and the k-quants' with vpdpwssd; up to
-    // four rows, as the AVX2 set's)
+    // and its one-row and multi-row kernels (k_gemv1_vnni, and the k-quants' with vpdpwssd)
     static const struct { uint32_t type; k_gemv1_fn one; k_gemvn_fn few; } rows[] = {
         {T_Q4_0, k_gemv1_q4_0_vnni, k_gemvn_q4_0_vnni}, {T_Q5_0, k_gemv1_q5_0_vnni, k_gemvn_q5_0_vnni},
         {T_Q4_1, k_gemv1_q4_1_vnni, k_gemvn_q4_1_vnni}, {T_Q5_1, k_gemv1_q5_1_vnni, k_gemvn_q5_1_vnni},
