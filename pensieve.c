@@ -15789,21 +15789,52 @@ K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_
     }
 }
 
+// A k-quant block's terms (either set's panel at pb, block b), from the integer sums of its quants
+// (i0[r]: weight rows 0-3 of activation row r, i1[r]: 4-7): the offset's and the minimum's terms
+// added (k_gemm_kterms_neon), and each row's eight terms added to acc[r][0..3] (row 2k + j in
+// lane j of acc[r][k]).
+K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
+                                   const int16_t *const *ar, const double *const *dr, const float64x2_t dx[4],
+                                   const float64x2_t dm[4], int32x4_t i0[2], int32x4_t i1[2], float64x2_t acc[][4]) {
+    const bool min = k_panel_min(type);
+    int32x4_t m0[2], m1[2];
+    K_UNROLL
+    for (int r = 0; r < R; r++) m0[r] = m1[r] = vdupq_n_s32(0);
+    k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
+    K_UNROLL
+    for (int r = 0; r < R; r++) {
+        float64x2_t is[4], ms[4];
+        k_i32x8_f64_neon(i0[r], i1[r], is);
+        k_i32x8_f64_neon(m0[r], m1[r], ms);
+        K_UNROLL
+        for (int k = 0; k < 4; k++) {
+            float64x2_t t;
+            if (min) // reference: dy * (dx * isum - dmin * msum)
+                t = vmulq_n_f64(vsubq_f64(k_no_fuse_f64x2(vmulq_f64(dx[k], is[k])), k_no_fuse_f64x2(vmulq_f64(dm[k], ms[k]))),
+                                dr[r][b]);
+            else // reference: dx * dy * isum
+                t = vmulq_f64(vmulq_n_f64(dx[k], dr[r][b]), is[k]);
+            acc[r][k] = vaddq_f64(acc[r][k], k_no_fuse_f64x2(t));
+        }
+    }
+}
+
 // Block b of a k_panel_g8 panel (at pb) against two activation rows by usmmla (R = 1: row 0 as
-// both): its terms added to acc[h][k], weight row 2k + h with activation row j in lane j, which is
-// usmmla's layout, so the 32-value types' sums go to their terms as they come. Their terms are
-// the sdot path's (k_gemm_blk_neon), the same operations on the same values: each block's sum
+// both). The 32-value types' terms are added to acc[h][k], weight row 2k + h with activation row j
+// in lane j, which is usmmla's layout, so their sums go to their terms as they come. Their terms
+// are the sdot path's (k_gemm_blk_neon), the same operations on the same values: each block's sum
 // (|isum| <= 32 * 128 * 128 < 2^24, its offset term included) converted through float exactly,
 // dx * dy exact and the FMA rounding once (Q4_1, Q5_1: dx * dy * isum + mx * sy as the reference
-// rounds it); the k-quants' are the reference's dy * (dx * isum - dmin * msum) or dx * dy * isum.
+// rounds it). The k-quants' sums, reordered by activation row once a block, take the sdot path's
+// terms and layout, acc[r][k] (k_gemm_kq_terms_neon: where they had gone to usmmla's, two zips
+// for each of their eight terms a row took 0.175 instructions a product to 0.17x).
 K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
                                  const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                                  const int32_t *const *ao, float64x2_t acc[2][4]) {
-    const bool min = k_panel_min(type);
     float64x2_t dx[4], dm[4];
     k_panel_scales_neon(type, pb, dx, dm);
-    const float64x2_t dy = vcombine_f64(vld1_f64(dr[0] + b), vld1_f64(dr[R - 1] + b));
     if (type_table[type].blck_size == 32) {
+        const float64x2_t dy = vcombine_f64(vld1_f64(dr[0] + b), vld1_f64(dr[R - 1] + b));
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
         int32x2_t o = vdup_n_s32(0); // the offset terms (Q8_0's 128 too): the sums start from them
@@ -15833,34 +15864,10 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
         }
         return;
     }
-    int32x4_t i0[2], i1[2], m0[2], m1[2];
+    int32x4_t i0[2], i1[2]; // the sums by activation row, as the sdot path leaves them: its terms and layout
     k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * K_Q8_K_SIZE + 4),
                         (const int8_t *)(yr[R - 1] + (size_t)b * K_Q8_K_SIZE + 4), i0, i1);
-    K_UNROLL
-    for (int r = 0; r < R; r++) m0[r] = m1[r] = vdupq_n_s32(0);
-    k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
-    float64x2_t is[2][4], ms[2][4];
-    K_UNROLL
-    for (int r = 0; r < R; r++) {
-        k_i32x8_f64_neon(i0[r], i1[r], is[r]);
-        k_i32x8_f64_neon(m0[r], m1[r], ms[r]);
-    }
-    K_UNROLL
-    for (int k = 0; k < 4; k++)
-        K_UNROLL
-        for (int h = 0; h < 2; h++) { // weight row 2k + h of both activation rows
-            const float64x2_t isd = h ? vzip2q_f64(is[0][k], is[R - 1][k]) : vzip1q_f64(is[0][k], is[R - 1][k]);
-            float64x2_t t;
-            if (min) { // reference: dy * (dx * isum - dmin * msum)
-                const float64x2_t msd = h ? vzip2q_f64(ms[0][k], ms[R - 1][k]) : vzip1q_f64(ms[0][k], ms[R - 1][k]);
-                const float64x2_t di = h ? vmulq_laneq_f64(isd, dx[k], 1) : vmulq_laneq_f64(isd, dx[k], 0);
-                const float64x2_t dn = h ? vmulq_laneq_f64(msd, dm[k], 1) : vmulq_laneq_f64(msd, dm[k], 0);
-                t = vmulq_f64(vsubq_f64(k_no_fuse_f64x2(di), k_no_fuse_f64x2(dn)), dy);
-            } else { // reference: dx * dy * isum
-                t = vmulq_f64(h ? vmulq_laneq_f64(dy, dx[k], 1) : vmulq_laneq_f64(dy, dx[k], 0), isd);
-            }
-            acc[h][k] = vaddq_f64(acc[h][k], k_no_fuse_f64x2(t));
-        }
+    k_gemm_kq_terms_neon(type, R, pb, b, yr, ar, dr, dx, dm, i0, i1, acc);
 }
 
 // Block b of the panel (at pb) against R (1, 2) activation rows by sdot: each row's eight terms
@@ -15868,8 +15875,7 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
 K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, int64_t b, int64_t nb,
                               const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                               const int32_t *const *ao, float64x2_t acc[][4]) {
-    const bool min = k_panel_min(type);
-    int32x4_t i0[2], i1[2], m0[2], m1[2];
+    int32x4_t i0[2], i1[2];
     float64x2_t dx[4], dm[4];
     k_panel_scales_neon(type, pb, dx, dm);
     if (type_table[type].blck_size == 32) {
@@ -15913,7 +15919,7 @@ K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, 
     }
     const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale (Q4_K's and Q5_K's are of 32 values)
     K_UNROLL
-    for (int r = 0; r < R; r++) i0[r] = i1[r] = m0[r] = m1[r] = vdupq_n_s32(0);
+    for (int r = 0; r < R; r++) i0[r] = i1[r] = vdupq_n_s32(0);
     for (int g = 0; g < 16; g += gs) { // each 16 (32) values' sums weighted by their scale
         int8x16_t av[2];
         int32x4_t d0[2], d1[2];
@@ -15942,23 +15948,7 @@ K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, 
             i1[r] = vmlaq_s32(i1[r], d1[r], sc1);
         }
     }
-    k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
-    K_UNROLL
-    for (int r = 0; r < R; r++) {
-        float64x2_t is[4], ms[4];
-        k_i32x8_f64_neon(i0[r], i1[r], is);
-        k_i32x8_f64_neon(m0[r], m1[r], ms);
-        K_UNROLL
-        for (int k = 0; k < 4; k++) {
-            float64x2_t t;
-            if (min) // reference: dy * (dx * isum - dmin * msum)
-                t = vmulq_n_f64(vsubq_f64(k_no_fuse_f64x2(vmulq_f64(dx[k], is[k])), k_no_fuse_f64x2(vmulq_f64(dm[k], ms[k]))),
-                                dr[r][b]);
-            else // reference: dx * dy * isum
-                t = vmulq_f64(vmulq_n_f64(dx[k], dr[r][b]), is[k]);
-            acc[r][k] = vaddq_f64(acc[r][k], k_no_fuse_f64x2(t));
-        }
-    }
+    k_gemm_kq_terms_neon(type, R, pb, b, yr, ar, dr, dx, dm, i0, i1, acc);
 }
 
 // R (1, 2) activation rows against the panel: each row's eight results to lanes[l][r], lane l
@@ -15970,7 +15960,7 @@ K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n
     const size_t bb = k_panel_blk(type);
     K_UNROLL
     for (int l = 0; l < K_BLOCK_LANES; l++) {
-        float64x2_t acc[2][4]; // mm: [h][k], else [r][k] (see the block functions)
+        float64x2_t acc[2][4]; // usmmla's 32-value types: [h][k], else [r][k] (see the block functions)
         K_UNROLL
         for (int i = 0; i < 2; i++)
             for (int k = 0; k < 4; k++) acc[i][k] = vdupq_n_f64(0);
@@ -15981,7 +15971,7 @@ K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n
         }
         K_UNROLL
         for (int k = 0; k < 4; k++)
-            if (mm) // weight row 2k + h of activation row r: lane r of acc[h][k]
+            if (mm && type_table[type].blck_size == 32) // weight row 2k + h of activation row r: lane r of acc[h][k]
                 for (int h = 0; h < 2; h++) {
                     lanes[l][0][2 * k + h] = vgetq_lane_f64(acc[h][k], 0);
                     lanes[l][1][2 * k + h] = vgetq_lane_f64(acc[h][k], 1);
@@ -16009,9 +15999,17 @@ K_INLINE void k_gemm_neon(uint32_t type, bool dp, bool mm, int64_t n, const uint
         else if (mm) k_gemm_rows_neon(type, true, true, 1, n, panel, yr, ar, dr, ao, p, lanes); // (its panels: only usmmla's)
         else if (R == 2) k_gemm_rows_neon(type, dp, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
         else k_gemm_rows_neon(type, dp, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
-        for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
-            for (int i = 0; i < nw; i++)
-                out[r0 + r][i] = (float)(((lanes[0][r][i] + lanes[1][r][i]) + lanes[2][r][i]) + lanes[3][r][i]);
+        for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once, in
+            float o[8];                 // vectors (one at a time had taken 5 % of a Q4_K GEMM of 1024-value rows)
+            K_UNROLL
+            for (int j = 0; j < 8; j += 2) {
+                const float64x2_t v = vaddq_f64(vaddq_f64(vaddq_f64(vld1q_f64(&lanes[0][r][j]), vld1q_f64(&lanes[1][r][j])),
+                                                          vld1q_f64(&lanes[2][r][j])),
+                                                vld1q_f64(&lanes[3][r][j]));
+                vst1_f32(o + j, vcvt_f32_f64(v));
+            }
+            memcpy(out[r0 + r], o, (size_t)nw * sizeof(float));
+        }
     }
 }
 
@@ -16150,12 +16148,17 @@ static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b
     }
 }
 
-// Q4_K: a row's eight sub-block sums (sdot on the low and high nibbles of each 32-byte chunk)
-// reduced to two vectors, weighted by the scales and summed; msum from the activation's bsums
-// (pairs summed once for the four rows). Term: the reference's dy * (d * isum - dmin * msum).
-// Q5_K (type) the same with the fifth bits (k_q4_k_chunk_neon).
-K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
-                                 int w0, int w1, const uint8_t *y, const uint8_t *side) {
+// Q4_K (and Q5_K: type, with the fifth bits, k_q45_k_bytes_neon): a block's four 64-value chunks
+// go in turn through the four rows, each chunk's four activation vectors loaded once for the rows
+// (where a row at a time had loaded all sixteen for each: dotprod generation 0.448 -> 0.405
+// instructions a product with gcc, 0.423 -> 0.354 with clang; Q5_K 0.581 -> 0.558, 0.628 ->
+// 0.541; neon clang Q4_K 0.455 -> 0.420, Q5_K 0.752 -> 0.609, gcc Q5_K 0.698 -> 0.733), each
+// sub-block's sums paired into the row's lanes as they come (sub-blocks 4j .. 4j + 3 in t[j]).
+// The scaled sums and the minimums against the activation's bsums (pairs summed once for the four
+// rows) are reduced for the four rows together, by pairwise adds; d and dmin of a row load as
+// one pair. Term: the reference's dy * (d * isum - dmin * msum).
+K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
+                                 int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
     const bool five = type == T_Q5_K;
     const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE;
@@ -16170,45 +16173,61 @@ K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, co
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
             const int8_t *a = (const int8_t *)(yb + 4);
+            const uint8_t *xb[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) xb[r] = xr[r] + (size_t)b * bsize;
+            int32x4_t t[2][4]; // t[j][r]: row r's sums of sub-blocks 4j .. 4j + 3
+            K_UNROLL
+            for (int c = 0; c < 4; c++) {
+                int8x16_t av[4];
+                K_UNROLL
+                for (int i = 0; i < 4; i++) av[i] = vld1q_s8(a + 64 * c + 16 * i);
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    uint8x16_t v[4];
+                    k_q45_k_bytes_neon(five ? xb[r] + 48 : xb[r] + 16, five ? xb[r] + 16 : NULL, c, v);
+                    const int32x4_t lo = k_dot32z_neon(dp, false, vreinterpretq_s8_u8(v[0]), av[0], vreinterpretq_s8_u8(v[1]), av[1]);
+                    const int32x4_t hi = k_dot32z_neon(dp, false, vreinterpretq_s8_u8(v[2]), av[2], vreinterpretq_s8_u8(v[3]), av[3]);
+                    const int32x4_t u = vpaddq_s32(lo, hi); // sub-blocks 2c, 2c + 1, two lanes each
+                    t[c / 2][r] = c % 2 ? vpaddq_s32(t[c / 2][r], u) : u;
+                }
+            }
             int16x8_t bs0, bs1;
             memcpy(&bs0, yb + 260, 16);
             memcpy(&bs1, yb + 276, 16);
             const int32x4_t p03 = vpaddlq_s16(bs0), p47 = vpaddlq_s16(bs1); // bsums 2k + (2k + 1)
-            int32_t is[4], ms[4];
-            const uint8_t *xbs[4];
-            int32x4_t last = vdupq_n_s32(0);
+            int32x4_t iv[4], mv[4];
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
-                int32x4_t t[8];
-                K_UNROLL
-                for (int c = 0; c < 4; c++) {
-                    const uint8_t *xq = xb;
-                    if (!dp && five) __asm__("" : "+r"(xq) : "w"(last)); // (as in k_gemv1_kq16_neon; Q4_K read more)
-                    k_q4_k_chunk_neon(dp, five ? xq + 48 : xq + 16, five ? xq + 16 : NULL, a, c, &t[2 * c], &t[2 * c + 1]);
-                    last = t[2 * c + 1];
-                }
                 int32x4_t s03, s47, m03, m47;
-                k_scale_min_k4x8_neon(xb + 4, &s03, &s47, &m03, &m47);
-                is[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(k_hsum4_neon(t), s03), k_hsum4_neon(t + 4), s47));
-                ms[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(p03, m03), p47, m47));
+                k_scale_min_k4x8_neon(xb[r] + 4, &s03, &s47, &m03, &m47);
+                iv[r] = vmlaq_s32(vmulq_s32(t[0][r], s03), t[1][r], s47);
+                mv[r] = vmlaq_s32(vmulq_s32(p03, m03), p47, m47);
             }
-            const float32x4_t dx = k_f16x4_neon(xbs, 0), dm = k_f16x4_neon(xbs, 2);
-            float64x2_t t[2];
+            const int32x4_t is = k_hsum4_neon(iv), ms = k_hsum4_neon(mv);
+            uint32x4_t hv = vdupq_n_u32(ld_u32(xb[0])); // [d, dmin] of each row
+            hv = vsetq_lane_u32(ld_u32(xb[1]), hv, 1);
+            hv = vsetq_lane_u32(ld_u32(xb[2]), hv, 2);
+            hv = vsetq_lane_u32(ld_u32(xb[3]), hv, 3);
+            const float16x8_t hf = vreinterpretq_f16_u32(hv);
+            const float32x4_t f01 = vcvt_f32_f16(vget_low_f16(hf)), f23 = vcvt_high_f32_f16(hf);
+            const float32x4_t dx = vuzp1q_f32(f01, f23), dm = vuzp2q_f32(f01, f23);
+            float64x2_t tt[2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
-                const int32x2_t i2 = vld1_s32(is + 2 * h), m2 = vld1_s32(ms + 2 * h);
+                const int32x2_t i2 = h ? vget_high_s32(is) : vget_low_s32(is), m2 = h ? vget_high_s32(ms) : vget_low_s32(ms);
                 const float64x2_t di =
                     k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(h ? vget_high_f32(dx) : vget_low_f32(dx)), vcvtq_f64_s64(vmovl_s32(i2))));
                 const float64x2_t dmm =
                     k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(h ? vget_high_f32(dm) : vget_low_f32(dm)), vcvtq_f64_s64(vmovl_s32(m2))));
-                t[h] = k_no_fuse_f64x2(vmulq_n_f64(vsubq_f64(di, dmm), dys[b]));
+                tt[h] = k_no_fuse_f64x2(vmulq_n_f64(vsubq_f64(di, dmm), dys[b]));
             }
-            k_gemv1_add_neon(acc, b, t);
+            k_gemv1_add_neon(acc, b, tt);
         }
         k_gemv1_store_neon(acc, s, w, nw);
     }
 }
+
 K_DEF_GEMV1_NEON(k_gemv1_q4_k, k_gemv1_q45_k_neon, T_Q4_K)
 K_DEF_GEMV1_NEON(k_gemv1_q5_k, k_gemv1_q45_k_neon, T_Q5_K)
 
@@ -16237,12 +16256,12 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
             const int8_t *a = (const int8_t *)(yb + 4);
             const int16x8_t as0 = vld1q_s16(as + 16 * b), as1 = vld1q_s16(as + 16 * b + 8);
-            int32_t is[4], ms[4];
-            float dx[4], dm[4];
+            int32x4_t iv[4], mv[4]; // row r's isum and (Q2_K) msum, in lanes
+            const uint8_t *xbs[4];
             int32x4_t last = vdupq_n_s32(0);
             K_UNROLL
             for (int r = 0; r < 4; r++) {
-                const uint8_t *xb = xr[r] + (size_t)b * bsize;
+                const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
                 int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
                 if (dp && type == T_Q6_K) {
                     k_q6_k_sums_dp_neon(xb, a, t);
@@ -16277,27 +16296,28 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                 int32x4_t sum = k_scaled16_neon(t, slo, shi);
                 if (off) // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
                     sum = vmlsq_n_s32(sum, k_mul16x16_neon(slo, shi, as0, as1), off);
-                is[r] = vaddvq_s32(sum);
-                dx[r] = k_f16_neon(xb + od);
-                ms[r] = 0;
-                dm[r] = 0;
-                if (type == T_Q2_K) { // the minimums against the stored bsums
-                    ms[r] = vaddvq_s32(k_q2_k_mins_neon(xb, yb));
-                    dm[r] = k_f16_neon(xb + od + 2);
-                }
+                iv[r] = sum;
+                mv[r] = type == T_Q2_K ? k_q2_k_mins_neon(xb, yb) : sum; // the minimums against the stored bsums
             }
+            // the four rows' sums reduced together (pairwise adds, where a horizontal sum a row and
+            // the scales converted one at a time took more: clang Q6_K 0.527 -> 0.525, gcc 0.601 ->
+            // 0.584 a product)
+            const int32x4_t is = k_hsum4_neon(iv);
+            const float32x4_t dx = k_f16x4_neon(xbs, od);
             float64x2_t t[2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
-                const float64x2_t isd = vcvtq_f64_s64(vmovl_s32(vld1_s32(is + 2 * h)));
+                const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
+                const float64x2_t dxd = vcvt_f64_f32(h ? vget_high_f32(dx) : vget_low_f32(dx));
                 if (type == T_Q2_K) { // the reference: dy * (dx * isum - dmin * msum)
-                    const float64x2_t di = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), isd));
-                    const float64x2_t dmm = k_no_fuse_f64x2(
-                        vmulq_f64(vcvt_f64_f32(vld1_f32(dm + 2 * h)), vcvtq_f64_s64(vmovl_s32(vld1_s32(ms + 2 * h)))));
+                    const int32x4_t ms = k_hsum4_neon(mv);
+                    const float32x4_t dm = k_f16x4_neon(xbs, od + 2);
+                    const float64x2_t di = k_no_fuse_f64x2(vmulq_f64(dxd, isd));
+                    const float64x2_t dmm = k_no_fuse_f64x2(vmulq_f64(vcvt_f64_f32(h ? vget_high_f32(dm) : vget_low_f32(dm)),
+                                                                      vcvtq_f64_s64(h ? vmovl_high_s32(ms) : vmovl_s32(vget_low_s32(ms)))));
                     t[h] = k_no_fuse_f64x2(vmulq_n_f64(vsubq_f64(di, dmm), dys[b]));
                 } else { // dx * dy * isum
-                    const float64x2_t dxy = vmulq_n_f64(vcvt_f64_f32(vld1_f32(dx + 2 * h)), dys[b]);
-                    t[h] = k_no_fuse_f64x2(vmulq_f64(dxy, isd));
+                    t[h] = k_no_fuse_f64x2(vmulq_f64(vmulq_n_f64(dxd, dys[b]), isd));
                 }
             }
             k_gemv1_add_neon(acc, b, t);
@@ -17082,13 +17102,6 @@ static void k_pack_bf16_neon(int64_t n, const uint8_t *w, size_t w_stride, int n
     k_pack_flt_neon(true, n, w, w_stride, nw, panel);
 }
 
-// Two floats at p, or two halves widened (h).
-K_INLINE float32x2_t k_vals2_neon(const bool h, const uint8_t *p) {
-    if (!h) return vld1_f32((const float *)(const void *)p);
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return vget_low_f32(vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(u))));
-}
 // Four floats at p, or four halves widened (h).
 K_INLINE float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
     return h ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)p)))
@@ -17097,26 +17110,42 @@ K_INLINE float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
 
 // dot_keys (k_vec_ops): each key row's F32 dot product with each query; dot_keys_f16 (h): the
 // same of the halves' floats.
-// k_dot_keys_avx2's scheme with two keys a register, a quarter block at a time.
+// k_dot_keys_avx2's scheme: half a block (four keys) at a time, lane l of keys 0-1 in one register
+// and of keys 2-3 in another, each key value converted once for all the queries, which go four at
+// a time with their accumulators in registers (their loops unrolled: gcc had kept them as loops,
+// each step loading and storing an accumulator; 6 instructions a product of a prompt of 64
+// tokens, tools/qemu_prof.c).
 K_INLINE void k_dot_keys_q_neon(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
                                 size_t bstride, int64_t nk, int64_t n) {
     const size_t el = h ? 2 : 4;
-    for (int64_t p = 0; p < nk; p += 2) {
+    for (int64_t p = 0; p < nk; p += 4) {
         const uint8_t *kb = (const uint8_t *)k + ((size_t)(p / K_KEY_BLOCK) * bstride + (size_t)(p % K_KEY_BLOCK)) * el;
-        float64x2_t tot[4];
+        float64x2_t tot[4][2];
         for (int l = 0; l < K_LANES; l++) {
-            float64x2_t lane[4];
-            for (int g = 0; g < c; g++) lane[g] = vdupq_n_f64(0.0);
+            float64x2_t lane[4][2];
+            K_UNROLL
+            for (int g = 0; g < c; g++) lane[g][0] = lane[g][1] = vdupq_n_f64(0.0);
             for (int64_t i = l; i < n; i += K_LANES) {
-                const float64x2_t kv = vcvt_f64_f32(k_vals2_neon(h, kb + (size_t)i * K_KEY_BLOCK * el));
-                for (int g = 0; g < c; g++) lane[g] = vfmaq_f64(lane[g], kv, vdupq_n_f64(qd[(size_t)g * K_KEYS_MAX_N + (size_t)i]));
+                const float32x4_t kv = k_vals4_neon(h, kb + (size_t)i * K_KEY_BLOCK * el);
+                const float64x2_t k01 = vcvt_f64_f32(vget_low_f32(kv)), k23 = vcvt_high_f64_f32(kv);
+                K_UNROLL
+                for (int g = 0; g < c; g++) {
+                    const float64x2_t qv = vld1q_dup_f64(qd + (size_t)g * K_KEYS_MAX_N + (size_t)i);
+                    lane[g][0] = vfmaq_f64(lane[g][0], k01, qv);
+                    lane[g][1] = vfmaq_f64(lane[g][1], k23, qv);
+                }
             }
-            for (int g = 0; g < c; g++) tot[g] = l == 0 ? lane[g] : vaddq_f64(tot[g], lane[g]);
+            K_UNROLL
+            for (int g = 0; g < c; g++)
+                K_UNROLL
+                for (int j = 0; j < 2; j++) tot[g][j] = l == 0 ? lane[g][j] : vaddq_f64(tot[g][j], lane[g][j]);
         }
+        const int64_t m = PSV_MIN((int64_t)4, nk - p);
+        K_UNROLL
         for (int g = 0; g < c; g++) {
-            float32x2_t o = vcvt_f32_f64(tot[g]);
-            s[(size_t)g * s_stride + (size_t)p] = vget_lane_f32(o, 0);
-            if (p + 1 < nk) s[(size_t)g * s_stride + (size_t)p + 1] = vget_lane_f32(o, 1);
+            float out[4];
+            vst1q_f32(out, vcombine_f32(vcvt_f32_f64(tot[g][0]), vcvt_f32_f64(tot[g][1])));
+            memcpy(s + (size_t)g * s_stride + (size_t)p, out, (size_t)m * sizeof(float));
         }
     }
 }
@@ -17159,11 +17188,15 @@ K_INLINE void k_axpy_row_neon(const bool h, float *y, const float *w, const void
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         float32x4_t a[8];
+        K_UNROLL
         for (int k = 0; k < 8; k++) a[k] = vld1q_f32(y + i + 4 * k);
         for (int64_t p = 0; p < nk; p++) {
             const uint8_t *vp = v8 + ((size_t)p * stride + (size_t)i) * el;
-            for (int k = 0; k < 8; k++) a[k] = vaddq_f32(a[k], vmulq_n_f32(k_vals4_neon(h, vp + 4 * (size_t)k * el), w[p]));
+            K_UNROLL // (gcc had kept these loops, each step loading and storing a[k]: 7 instructions a
+            for (int k = 0; k < 8; k++) // product where 3 do, tools/qemu_prof.c)
+                a[k] = vaddq_f32(a[k], vmulq_n_f32(k_vals4_neon(h, vp + 4 * (size_t)k * el), w[p]));
         }
+        K_UNROLL
         for (int k = 0; k < 8; k++) vst1q_f32(y + i + 4 * k, a[k]);
     }
     for (; i + 4 <= n; i += 4) {
