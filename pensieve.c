@@ -15827,7 +15827,7 @@ K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int6
 // dx * dy exact and the FMA rounding once (Q4_1, Q5_1: dx * dy * isum + mx * sy as the reference
 // rounds it). The k-quants' sums, reordered by activation row once a block, take the sdot path's
 // terms and layout, acc[r][k] (k_gemm_kq_terms_neon: where they had gone to usmmla's, two zips
-// for each of their eight terms a row took 0.175 instructions a product to 0.17x).
+// for each of their eight terms a row made Q4_K 0.175 instructions a product, now 0.163).
 K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
                                  const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                                  const int32_t *const *ao, float64x2_t acc[2][4]) {
@@ -17114,7 +17114,7 @@ K_INLINE float32x4_t k_vals4_neon(const bool h, const uint8_t *p) {
 // and of keys 2-3 in another, each key value converted once for all the queries, which go four at
 // a time with their accumulators in registers (their loops unrolled: gcc had kept them as loops,
 // each step loading and storing an accumulator; 6 instructions a product of a prompt of 64
-// tokens, tools/qemu_prof.c).
+// tokens, `llama_compare.py arm --prof`).
 K_INLINE void k_dot_keys_q_neon(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
                                 size_t bstride, int64_t nk, int64_t n) {
     const size_t el = h ? 2 : 4;
@@ -17192,8 +17192,8 @@ K_INLINE void k_axpy_row_neon(const bool h, float *y, const float *w, const void
         for (int k = 0; k < 8; k++) a[k] = vld1q_f32(y + i + 4 * k);
         for (int64_t p = 0; p < nk; p++) {
             const uint8_t *vp = v8 + ((size_t)p * stride + (size_t)i) * el;
-            K_UNROLL // (gcc had kept these loops, each step loading and storing a[k]: 7 instructions a
-            for (int k = 0; k < 8; k++) // product where 3 do, tools/qemu_prof.c)
+            K_UNROLL // (gcc had kept these loops, each step loading and storing a[k]: 7 instructions for four
+            for (int k = 0; k < 8; k++) // products where 3 do, llama_compare.py arm --prof)
                 a[k] = vaddq_f32(a[k], vmulq_n_f32(k_vals4_neon(h, vp + 4 * (size_t)k * el), w[p]));
         }
         K_UNROLL

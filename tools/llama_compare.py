@@ -6,7 +6,7 @@
                          [-d DEPTH] [--kv-type f32|f16]
   llama_compare.py conformance [--threads 2]
   llama_compare.py setup-arm                  build llama.cpp and pensieve for aarch64 (after setup)
-  llama_compare.py arm -m MODEL [-p 32] [-n 4] [--isa dotprod|i8mm]
+  llama_compare.py arm -m MODEL [-p 32] [-n 4] [--isa dotprod|i8mm] [--prof N]
 
 llama.cpp comes from the npm registry: node-llama-cpp ships the llama.cpp source it was built
 from (a git bundle) and prebuilt CPU libraries for several x86 levels. `setup` builds that
@@ -45,8 +45,13 @@ both do once (loading, warm start, the warm-up) drops out. Both benchmarks run t
 speed (a load that misses the cache counts one); where a core is bound by its arithmetic, as
 prompts are and as one thread's generation is on cores that read memory fast, fewer
 instructions mean more speed. Needs gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu and qemu-user.
+`--prof N` then runs both once more with a prompt of 2p tokens, and once with 1 + n generated,
+with the plugin counting by translated block, and prints the N functions of each that executed
+the most instructions in each run (the whole run: loading and warm-up included), by the
+binaries' symbols (aarch64-linux-gnu-nm): where the instructions go.
 """
 import argparse
+import bisect
 import glob
 import json
 import os
@@ -188,6 +193,39 @@ def arm(a):
     print("| --- | --- | --- | --- |")
     for name, (ours, theirs) in rows:
         print("| instructions a %s | %.1f M | %.1f M | %.2f |" % (name, ours / 1e6, theirs / 1e6, ours / theirs))
+    if not a.prof:
+        return
+    for what, args in (("prompt of %d tokens" % (2 * a.p), ["-p", str(2 * a.p), "-n", "0"]),
+                       ("%d generated tokens" % (1 + a.n), ["-p", "0", "-n", str(1 + a.n)])):
+        for who, binary, env in (("pensieve", pens, env), ("llama.cpp", llama, None)):
+            print("\n%s, %s: the functions that executed the most instructions (share of the run)" % (who, what))
+            cmd = [binary, "bench"] if who == "pensieve" else [binary]
+            for name, share in profile(cmd + ["-m", a.model] + args + ["-t", "1", "-r", "1"], binary, a.prof, env):
+                print("  %5.1f %%  %s" % (100 * share, name))
+
+
+def profile(cmd, binary, top, env=None):
+    """The top functions of binary by instructions executed running cmd under qemu: [(name, share)]."""
+    out = os.path.join(DIR, "qemu_prof.txt")
+    r = subprocess.run(["qemu-aarch64", "-cpu", "max,sve=off", "-plugin", os.path.join(DIR, "qemu_icount.so") + ",prof=" + out]
+                       + cmd, capture_output=True, text=True, env=env)
+    if r.returncode:
+        sys.exit("%s under qemu failed (exit %d): %s" % (os.path.basename(cmd[0]), r.returncode, r.stderr.strip()[-300:]))
+    syms = []
+    nm = subprocess.run(["aarch64-linux-gnu-nm", "-n", "--defined-only", binary], capture_output=True, text=True, check=True)
+    for line in nm.stdout.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[1] in "tTwW":
+            syms.append((int(f[0], 16), f[2]))
+    starts = [a for a, _ in syms]
+    by = {}
+    for line in open(out):
+        addr, n = line.split()
+        i = bisect.bisect_right(starts, int(addr, 16)) - 1
+        name = syms[i][1] if i >= 0 else "?"
+        by[name] = by.get(name, 0) + int(n)
+    total = sum(by.values()) or 1
+    return sorted(((k, v / total) for k, v in by.items()), key=lambda kv: -kv[1])[:top]
 
 
 def misses(case, lines):
@@ -269,6 +307,7 @@ def main():
     r.add_argument("-p", type=int, default=32, help="prompt tokens (and twice as many)")
     r.add_argument("-n", type=int, default=4, help="generated tokens beyond the first")
     r.add_argument("--isa", choices=sorted(ARM_ISAS), default="dotprod")
+    r.add_argument("--prof", type=int, default=0, metavar="N", help="then the N functions of each that execute the most")
     a = ap.parse_args()
     {"setup": setup, "bench": bench, "conformance": conformance, "setup-arm": setup_arm, "arm": arm}[a.cmd](a)
 
