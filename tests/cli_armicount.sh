@@ -6,7 +6,9 @@
 # and $QEMU (make test-arm64 passes them). Skipped where either is missing. Then
 # tools/qemu_icount.c, the qemu plugin tools/llama_compare.py's `arm` counts instructions with
 # (built with the host's cc): a loop of three instructions run 1000, 2000 and 5000 times must
-# count exactly 3000 and 12000 more (skipped where qemu takes no plugins).
+# count exactly 3000 and 12000 more (skipped where qemu takes no plugins); with prof=FILE its
+# blocks' counts must add up to the total and one block (the loop's) must hold 3 * 5000 of them
+# (3 * 4999 where qemu's block before the loop takes its first pass).
 # Ends with `N passed, N failed, N skipped`.
 
 pass=0 fail=0 skip=0
@@ -51,4 +53,10 @@ echo "qemu_icount: loop of 1000, 2000, 5000:$counts instructions"
 set -- $counts
 if [ $# -eq 3 ] && [ $(($2 - $1)) -eq 3000 ] && [ $(($3 - $1)) -eq 12000 ]; then pass=$((pass + 1))
 else fail=$((fail + 1)); echo "FAIL: qemu_icount counted$counts (3000 and 12000 apart expected)"; fi
+total=$($qemu -plugin "$tmp/icount.so,prof=$tmp/prof.txt" "$tmp/loop" 5000 2>&1 >/dev/null | sed -n 's/^icount: //p')
+sum=$(awk '{ s += $2 } END { print s + 0 }' "$tmp/prof.txt" 2>/dev/null)
+loop=$(awk '$2 == 15000 || $2 == 14997 { n++ } END { print n + 0 }' "$tmp/prof.txt" 2>/dev/null)
+echo "qemu_icount prof=: $total instructions, the blocks' sum $sum, the loop's blocks: $loop"
+if [ -n "$total" ] && [ "$sum" = "$total" ] && [ "$loop" -ge 1 ]; then pass=$((pass + 1))
+else fail=$((fail + 1)); echo "FAIL: qemu_icount prof= (its blocks must add up to the total, the loop's to 15000)"; fi
 finish
