@@ -8820,6 +8820,25 @@ PSV_MAYBE_UNUSED static void k_panel_dup16(uint32_t type, int64_t n, uint8_t *pa
     }
 }
 
+// Whether set `set`'s panels of layout lt (k_panel_layout's) hold the one scale of each pair of
+// sub-blocks (Q5_K's layout, Q4_K's and Q5_K's: their scales are of 32 values) in usmmla's rows,
+// in the 64 bytes of both: int32 (s0, s0, s1, s1), (s2, s2, s3, s3), ... of rows 0-7 (the i8mm
+// set, whose kernel took four zips for each pair otherwise: Q4_K GEMM 0.163 -> 0.156 instructions
+// a product, tools/arm_icount.sh), and that change made to a panel of k_panel_pack's layout.
+PSV_MAYBE_UNUSED static bool k_panel_mmsc(k_set set, uint32_t lt) { return set == K_SET_I8MM && lt == T_Q5_K; }
+PSV_MAYBE_UNUSED static void k_panel_dup_mm(uint32_t type, int64_t n, uint8_t *panel) {
+    PSV_ASSERT(type == T_Q5_K);
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        uint8_t *sc = panel + (size_t)b * k_panel_blk(type) + k_panel_sc(type);
+        for (int k = 0; k < 16; k += 2) {
+            int32_t v[K_PANEL], o[2 * K_PANEL];
+            memcpy(v, sc + 32 * k, sizeof v);
+            for (int r = 0; r < K_PANEL; r++) o[2 * r] = o[2 * r + 1] = v[r];
+            memcpy(sc + 32 * k, o, sizeof o);
+        }
+    }
+}
+
 // Whether set `set`'s k-quant panels hold the cor and mco coefficients by sub-block (16 int16, row
 // r's at 2r, for each of the 16 sub-blocks in turn) instead of in pairs: the ARM sets, whose
 // smlal by element weights four rows' coefficients of a sub-block by one activation sum, two
@@ -15760,6 +15779,11 @@ K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t
         k_gemm_grp_mm_neon(pb, g, a0, a1, d);
         if (gs == 2) k_gemm_grp_mm_neon(pb, g + 1, a0, a1, d);
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
+        if (gs == 2) { // (Q5_K's layout: the scales already in usmmla's rows, k_pack_core_neon)
+            K_UNROLL
+            for (int k = 0; k < 4; k++) c[k] = vmlaq_s32(c[k], d[k], vreinterpretq_s32_u8(vld1q_u8(sc + 16 * k)));
+            continue;
+        }
         const int32x4_t s0 = vreinterpretq_s32_u8(vld1q_u8(sc)), s1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
         c[0] = vmlaq_s32(c[0], d[0], vzip1q_s32(s0, s0)); // (s0, s0, s1, s1): usmmla's rows
         c[1] = vmlaq_s32(c[1], d[1], vzip2q_s32(s0, s0));
@@ -16688,8 +16712,15 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                 for (int j = 0; j < 2; j++) {
                     const int k = 2 * i + j;
                     const int16x8_t s16 = j ? vmovl_high_s8(vreinterpretq_s8_u8(t[i])) : vmovl_s8(vget_low_s8(vreinterpretq_s8_u8(t[i])));
-                    vst1q_s32((int32_t *)(void *)(pb + k_panel_sc(lt) + 32 * k), vmovl_s16(vget_low_s16(s16)));
-                    vst1q_s32((int32_t *)(void *)(pb + k_panel_sc(lt) + 32 * k + 16), vmovl_high_s16(s16));
+                    const int32x4_t s03 = vmovl_s16(vget_low_s16(s16)), s47 = vmovl_high_s16(s16);
+                    int32_t *ps = (int32_t *)(void *)(pb + k_panel_sc(lt) + 32 * k);
+                    if (g8 && k_panel_mmsc(K_SET_I8MM, lt)) { // sub-blocks k and k + 1 (one scale, k even): usmmla's rows
+                        if (j == 0)
+                            vst1q_s32(ps, vzip1q_s32(s03, s03)), vst1q_s32(ps + 4, vzip2q_s32(s03, s03)),
+                                vst1q_s32(ps + 8, vzip1q_s32(s47, s47)), vst1q_s32(ps + 12, vzip2q_s32(s47, s47));
+                    } else {
+                        vst1q_s32(ps, s03), vst1q_s32(ps + 4, s47);
+                    }
                     if (off) vst1q_s16((int16_t *)(void *)(pb + k_panel_cor(lt) + 16 * k), vmulq_n_s16(s16, (int16_t)-off));
                 }
             if (min) {
@@ -16772,9 +16803,14 @@ static void k_quant_q8_k_neon(const float *x, void *vy, int64_t n) {
     uint8_t *y = vy;
     for (int64_t b = 0; b < n / QK_K; b++, x += QK_K, y += K_Q8_K_SIZE) {
         const float amax = k_absmax_neon(x, QK_K);
-        memset(y, 0, K_Q8_K_SIZE);
-        if (amax == 0) continue;
-        int j = 0; // the first value of that magnitude, with its sign (as k_signed_absmax)
+        if (amax == 0) {
+            memset(y, 0, K_Q8_K_SIZE);
+            continue;
+        }
+        // the first value of that magnitude, with its sign (as k_signed_absmax): its four found by
+        // vectors (a value at a time, a prompt's quantizing took 13 instructions a value)
+        int j = 0;
+        while (!vmaxvq_u32(vceqq_f32(vabsq_f32(vld1q_f32(x + j)), vdupq_n_f32(amax)))) j += 4;
         while (psv_fabsf(x[j]) != amax) j++;
         const float iscale = -127.0f / x[j];
         for (int k = 0; k < QK_K / 16; k++) {

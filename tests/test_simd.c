@@ -384,6 +384,7 @@ static void st_check_gemm(k_set set) {
                 if (!flt && P == K_PANEL && k_panel_g8(set, wt)) k_panel_regroup8(k_panel_layout(set, wt), n, want); // groups of eight
                 if (k_panel_sc16(set) && type_get(wt)->blck_size == QK_K && P == K_PANEL) k_panel_dup16(k_panel_layout(set, wt), n, want);
                 if (k_panel_by16(set) && type_get(wt)->blck_size == QK_K) k_panel_regroup16(k_panel_layout(set, wt), n, want);
+                if (k_panel_mmsc(set, k_panel_layout(set, wt))) k_panel_dup_mm(k_panel_layout(set, wt), n, want);
                 if (k_panel_signed8(set, wt)) k_panel_flip8(n, nw, want); // the dotprod set's Q8_0: signed
                 // the set's packer writes the same bytes (every lane, padding included)
                 memset(panel2, 0xa5, pz);
