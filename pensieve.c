@@ -15779,7 +15779,7 @@ K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t
         k_gemm_grp_mm_neon(pb, g, a0, a1, d);
         if (gs == 2) k_gemm_grp_mm_neon(pb, g + 1, a0, a1, d);
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
-        if (gs == 2) { // (Q5_K's layout: the scales already in usmmla's rows, k_pack_core_neon)
+        if (k_panel_mmsc(K_SET_I8MM, type)) { // the scales already in usmmla's rows
             K_UNROLL
             for (int k = 0; k < 4; k++) c[k] = vmlaq_s32(c[k], d[k], vreinterpretq_s32_u8(vld1q_u8(sc + 16 * k)));
             continue;
@@ -16174,13 +16174,14 @@ static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b
 
 // Q4_K (and Q5_K: type, with the fifth bits, k_q45_k_bytes_neon): a block's four 64-value chunks
 // go in turn through the four rows, each chunk's four activation vectors loaded once for the rows
-// (where a row at a time had loaded all sixteen for each: dotprod generation 0.448 -> 0.405
-// instructions a product with gcc, 0.423 -> 0.354 with clang; Q5_K 0.581 -> 0.558, 0.628 ->
-// 0.541; neon clang Q4_K 0.455 -> 0.420, Q5_K 0.752 -> 0.609, gcc Q5_K 0.698 -> 0.733), each
-// sub-block's sums paired into the row's lanes as they come (sub-blocks 4j .. 4j + 3 in t[j]).
+// (where a row at a time had loaded all sixteen for each: dotprod generation 0.448 -> 0.413
+// instructions a product with gcc, 0.423 -> 0.356 with clang; Q5_K 0.581 -> 0.566, 0.628 ->
+// 0.544; neon clang Q4_K 0.455 -> 0.447, Q5_K 0.752 -> 0.605, but gcc Q4_K 0.538 -> 0.550, Q5_K
+// 0.698 -> 0.750), each sub-block's sums paired into the row's lanes as they come (sub-blocks
+// 4j .. 4j + 3 in t[j]).
 // The scaled sums and the minimums against the activation's bsums (pairs summed once for the four
-// rows) are reduced for the four rows together, by pairwise adds; d and dmin of a row load as
-// one pair. Term: the reference's dy * (d * isum - dmin * msum).
+// rows) are reduced for the four rows together, by pairwise adds. Term: the reference's
+// dy * (d * isum - dmin * msum).
 K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
                                  int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
@@ -16229,13 +16230,7 @@ K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, co
                 mv[r] = vmlaq_s32(vmulq_s32(p03, m03), p47, m47);
             }
             const int32x4_t is = k_hsum4_neon(iv), ms = k_hsum4_neon(mv);
-            uint32x4_t hv = vdupq_n_u32(ld_u32(xb[0])); // [d, dmin] of each row
-            hv = vsetq_lane_u32(ld_u32(xb[1]), hv, 1);
-            hv = vsetq_lane_u32(ld_u32(xb[2]), hv, 2);
-            hv = vsetq_lane_u32(ld_u32(xb[3]), hv, 3);
-            const float16x8_t hf = vreinterpretq_f16_u32(hv);
-            const float32x4_t f01 = vcvt_f32_f16(vget_low_f16(hf)), f23 = vcvt_high_f32_f16(hf);
-            const float32x4_t dx = vuzp1q_f32(f01, f23), dm = vuzp2q_f32(f01, f23);
+            const float32x4_t dx = k_f16x4_neon(xb, 0), dm = k_f16x4_neon(xb, 2);
             float64x2_t tt[2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
@@ -16714,7 +16709,7 @@ K_INLINE void k_pack_core_neon(uint32_t type, bool g8, int64_t n, const uint8_t 
                     const int16x8_t s16 = j ? vmovl_high_s8(vreinterpretq_s8_u8(t[i])) : vmovl_s8(vget_low_s8(vreinterpretq_s8_u8(t[i])));
                     const int32x4_t s03 = vmovl_s16(vget_low_s16(s16)), s47 = vmovl_high_s16(s16);
                     int32_t *ps = (int32_t *)(void *)(pb + k_panel_sc(lt) + 32 * k);
-                    if (g8 && k_panel_mmsc(K_SET_I8MM, lt)) { // sub-blocks k and k + 1 (one scale, k even): usmmla's rows
+                    if (k_panel_mmsc(g8 ? K_SET_I8MM : K_SET_DOTPROD, lt)) { // sub-blocks k and k + 1 (one scale, k even): usmmla's rows
                         if (j == 0)
                             vst1q_s32(ps, vzip1q_s32(s03, s03)), vst1q_s32(ps + 4, vzip2q_s32(s03, s03)),
                                 vst1q_s32(ps + 8, vzip1q_s32(s47, s47)), vst1q_s32(ps + 12, vzip2q_s32(s47, s47));
