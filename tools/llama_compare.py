@@ -167,9 +167,10 @@ def setup_arm(_):
     print("aarch64 builds ready in", DIR)
 
 
-def icount(cmd, env=None):
-    r = subprocess.run(["qemu-aarch64", "-cpu", "max,sve=off", "-plugin", os.path.join(DIR, "qemu_icount.so")] + cmd,
-                       capture_output=True, text=True, env=env)
+def icount(cmd, env=None, prof=None):
+    """Instructions executed running cmd under qemu (prof: the plugin also writes them by block there)."""
+    plugin = os.path.join(DIR, "qemu_icount.so") + (",prof=" + prof if prof else "")
+    r = subprocess.run(["qemu-aarch64", "-cpu", "max,sve=off", "-plugin", plugin] + cmd, capture_output=True, text=True, env=env)
     counts = [int(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("icount: ")]
     if r.returncode or not counts:
         sys.exit("%s under qemu failed (exit %d): %s" % (os.path.basename(cmd[0]), r.returncode, r.stderr.strip()[-300:]))
@@ -207,10 +208,11 @@ def arm(a):
 def profile(cmd, binary, top, env=None):
     """The top functions of binary by instructions executed running cmd under qemu: [(name, share)]."""
     out = os.path.join(DIR, "qemu_prof.txt")
-    r = subprocess.run(["qemu-aarch64", "-cpu", "max,sve=off", "-plugin", os.path.join(DIR, "qemu_icount.so") + ",prof=" + out]
-                       + cmd, capture_output=True, text=True, env=env)
-    if r.returncode:
-        sys.exit("%s under qemu failed (exit %d): %s" % (os.path.basename(cmd[0]), r.returncode, r.stderr.strip()[-300:]))
+    if os.path.exists(out):
+        os.remove(out)
+    icount(cmd, env, out)
+    if not os.path.exists(out):
+        sys.exit("%s under qemu: the plugin wrote no profile" % os.path.basename(cmd[0]))
     syms = []
     nm = subprocess.run(["aarch64-linux-gnu-nm", "-n", "--defined-only", binary], capture_output=True, text=True, check=True)
     for line in nm.stdout.splitlines():

@@ -43,12 +43,14 @@ typedef struct icount_block {
 } icount_block;
 static const char *icount_prof;
 static icount_block *icount_blocks;
+static int icount_lost; // blocks without a counter (out of memory): the profile would be short
 
 static void icount_tb(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
     (void)id;
     const uint64_t n = qemu_plugin_tb_n_insns(tb);
     qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &icount_total, n);
     icount_block *b = icount_prof ? calloc(1, sizeof *b) : NULL;
+    icount_lost |= icount_prof && !b;
     if (b) {
         b->addr = qemu_plugin_tb_vaddr(tb), b->next = icount_blocks, icount_blocks = b;
         qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &b->count, n);
@@ -58,8 +60,9 @@ static void icount_tb(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
 static void icount_exit(qemu_plugin_id_t id, void *userdata) {
     (void)id, (void)userdata;
     fprintf(stderr, "icount: %llu\n", (unsigned long long)icount_total);
-    FILE *f = icount_prof ? fopen(icount_prof, "w") : NULL;
-    if (icount_prof && !f) fprintf(stderr, "qemu_icount: cannot write %s\n", icount_prof);
+    FILE *f = icount_prof && !icount_lost ? fopen(icount_prof, "w") : NULL;
+    if (icount_lost) fprintf(stderr, "qemu_icount: out of memory for the blocks' counters: no profile written\n");
+    else if (icount_prof && !f) fprintf(stderr, "qemu_icount: cannot write %s\n", icount_prof);
     for (icount_block *b = icount_blocks; f && b; b = b->next)
         if (b->count) fprintf(f, "%llx %llu\n", (unsigned long long)b->addr, (unsigned long long)b->count);
     if (f) fclose(f);
