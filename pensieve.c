@@ -8684,6 +8684,11 @@ K_INLINE int k_panel_off(uint32_t type) {
 }
 
 K_INLINE bool k_panel_nibbles(uint32_t type) { return type == T_Q4_1 || type == T_Q4_K; }
+// The k-quants, by constant comparisons (a kernel's type is a constant: type_table's block size is not).
+PSV_MAYBE_UNUSED K_INLINE bool k_is_kq(uint32_t type) {
+    return type == T_Q2_K || type == T_Q3_K || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+}
+
 K_INLINE bool k_panel_min(uint32_t type) {
     return type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
 }
@@ -15644,6 +15649,7 @@ K_INLINE void k_gemm_grp_neon(int R, const uint8_t *pb, int g, const int8x16_t *
     int8x16_t w0, w1;
 #define K_GRP_LANE(L)                                   \
     k_panel_q_neon(pb, g, L, &w0, &w1);                 \
+    K_UNROLL                                            \
     for (int r = 0; r < R; r++) {                       \
         s0[r] = k_sdot_lane_neon(s0[r], w0, av[r], L);  \
         s1[r] = k_sdot_lane_neon(s1[r], w1, av[r], L);  \
@@ -15666,9 +15672,9 @@ K_INLINE void k_gemm_grp_neon(int R, const uint8_t *pb, int g, const int8x16_t *
 K_INLINE void k_gemm_grp16_neon(uint32_t type, int R, const uint8_t *pb, int g0, int ng, const int8_t *const *a,
                                 int32x4_t *s0, int32x4_t *s1) {
     const int nv = 4 * ng, run = type == T_Q8_0 ? 1 : nv;
-    int16x8_t p[2][4];
-    int32x4_t c[2][4]; // row r's pairs: weight rows 0-1, 2-3, 4-5, 6-7
-    int32x4x4_t ad[2]; // the group's four activation lanes of row r, each in every lane (ld4r)
+    int16x8_t p[K_GEMM_ROWS][4]; // (R <= 2 here: the arrays are sized for any R, as gcc checks them in calls it drops)
+    int32x4_t c[K_GEMM_ROWS][4]; // row r's pairs: weight rows 0-1, 2-3, 4-5, 6-7
+    int32x4x4_t ad[K_GEMM_ROWS]; // the group's four activation lanes of row r, each in every lane (ld4r)
     K_UNROLL
     for (int v = 0; v < nv; v++) {
         int8x16_t w[2];
@@ -15761,40 +15767,81 @@ K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_t *a0, con
     c[2] = k_usmmla_neon(c[2], w1.val[2], hi), c[3] = k_usmmla_neon(c[3], w1.val[3], hi);
 }
 
-// The integer sums of k-quant block b (at pb, a k_panel_g8 panel) against two activation rows by
-// usmmla, each 16 values' weighted by their scale (Q4_K's and Q5_K's scales are those of 32
-// values, each twice in the panel: they weight two groups' sums at once), as the sdot path leaves
-// them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r, before the offset and
-// minimum terms.
-K_INLINE void k_gemm_ints_mm_neon(uint32_t type, const uint8_t *pb, const int8_t *a0, const int8_t *a1,
-                                  int32x4_t i0[2], int32x4_t i1[2]) {
-    const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale
-    int32x4_t c[4];
+// Group g of the panel against P pairs of activation rows (pair q: a[2q], a[2q + 1]) into c[q][k]
+// (k_gemm_grp_mm_neon's layout for each pair): the panel's vectors loaded once for the pairs.
+K_INLINE void k_gemm_grp_mmp_neon(int P, const uint8_t *pb, int g, const int8_t *const a[4], int32x4_t c[2][4]) {
+    if (P == 1) {
+        k_gemm_grp_mm_neon(pb, g, a[0], a[1], c[0]);
+        return;
+    }
+    const uint8_t *p = pb + 128 * g; // (as k_gemm_grp_mm_neon)
+    __asm__("" : "+r"(p) : "w"(c[0][0]), "w"(c[0][1]), "w"(c[0][2]), "w"(c[0][3]), "w"(c[1][0]), "w"(c[1][1]), "w"(c[1][2]),
+                           "w"(c[1][3]));
+    int8x16_t lo[2], hi[2];
     K_UNROLL
-    for (int k = 0; k < 4; k++) c[k] = vdupq_n_s32(0);
-    for (int g = 0; g < 16; g += gs) {
-        int32x4_t d[4];
+    for (int q = 0; q < 2; q++) {
+        const int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(a[2 * q] + 16 * g)), x1 = vreinterpretq_s64_s8(vld1q_s8(a[2 * q + 1] + 16 * g));
+        lo[q] = vreinterpretq_s8_s64(vzip1q_s64(x0, x1)), hi[q] = vreinterpretq_s8_s64(vzip2q_s64(x0, x1));
+    }
+    const uint8x16x4_t w0 = vld1q_u8_x4(p), w1 = vld1q_u8_x4(p + 64);
+    K_UNROLL
+    for (int q = 0; q < 2; q++) {
+        c[q][0] = k_usmmla_neon(c[q][0], w0.val[0], lo[q]), c[q][1] = k_usmmla_neon(c[q][1], w0.val[1], lo[q]);
+        c[q][2] = k_usmmla_neon(c[q][2], w0.val[2], lo[q]), c[q][3] = k_usmmla_neon(c[q][3], w0.val[3], lo[q]);
+    }
+    K_UNROLL
+    for (int q = 0; q < 2; q++) {
+        c[q][0] = k_usmmla_neon(c[q][0], w1.val[0], hi[q]), c[q][1] = k_usmmla_neon(c[q][1], w1.val[1], hi[q]);
+        c[q][2] = k_usmmla_neon(c[q][2], w1.val[2], hi[q]), c[q][3] = k_usmmla_neon(c[q][3], w1.val[3], hi[q]);
+    }
+}
+
+// The integer sums of k-quant block b (at pb, a k_panel_g8 panel) against P pairs of activation
+// rows (quants at a[0..2P-1]) by usmmla, each 16 values' weighted by their scale (Q4_K's and Q5_K's
+// scales are those of 32 values, each twice in the panel: they weight two groups' sums at once),
+// as the sdot path leaves them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r, before
+// the offset and minimum terms.
+K_INLINE void k_gemm_ints_mm_neon(uint32_t type, int P, const uint8_t *pb, const int8_t *const a[4], int32x4_t *i0,
+                                  int32x4_t *i1) {
+    const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale
+    int32x4_t c[2][4];
+    K_UNROLL
+    for (int q = 0; q < P; q++)
         K_UNROLL
-        for (int k = 0; k < 4; k++) d[k] = vdupq_n_s32(0);
-        k_gemm_grp_mm_neon(pb, g, a0, a1, d);
-        if (gs == 2) k_gemm_grp_mm_neon(pb, g + 1, a0, a1, d);
+        for (int k = 0; k < 4; k++) c[q][k] = vdupq_n_s32(0);
+    for (int g = 0; g < 16; g += gs) {
+        int32x4_t d[2][4];
+        K_UNROLL
+        for (int q = 0; q < P; q++)
+            K_UNROLL
+            for (int k = 0; k < 4; k++) d[q][k] = vdupq_n_s32(0);
+        k_gemm_grp_mmp_neon(P, pb, g, a, d);
+        if (gs == 2) k_gemm_grp_mmp_neon(P, pb, g + 1, a, d);
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
         if (k_panel_mmsc(K_SET_I8MM, type)) { // the scales already in usmmla's rows
             K_UNROLL
-            for (int k = 0; k < 4; k++) c[k] = vmlaq_s32(c[k], d[k], vreinterpretq_s32_u8(vld1q_u8(sc + 16 * k)));
+            for (int k = 0; k < 4; k++) {
+                const int32x4_t s = vreinterpretq_s32_u8(vld1q_u8(sc + 16 * k));
+                K_UNROLL
+                for (int q = 0; q < P; q++) c[q][k] = vmlaq_s32(c[q][k], d[q][k], s);
+            }
             continue;
         }
         const int32x4_t s0 = vreinterpretq_s32_u8(vld1q_u8(sc)), s1 = vreinterpretq_s32_u8(vld1q_u8(sc + 16));
-        c[0] = vmlaq_s32(c[0], d[0], vzip1q_s32(s0, s0)); // (s0, s0, s1, s1): usmmla's rows
-        c[1] = vmlaq_s32(c[1], d[1], vzip2q_s32(s0, s0));
-        c[2] = vmlaq_s32(c[2], d[2], vzip1q_s32(s1, s1));
-        c[3] = vmlaq_s32(c[3], d[3], vzip2q_s32(s1, s1));
+        const int32x4_t z[4] = {vzip1q_s32(s0, s0), vzip2q_s32(s0, s0), vzip1q_s32(s1, s1), vzip2q_s32(s1, s1)}; // usmmla's rows
+        K_UNROLL
+        for (int q = 0; q < P; q++)
+            K_UNROLL
+            for (int k = 0; k < 4; k++) c[q][k] = vmlaq_s32(c[q][k], d[q][k], z[k]);
     }
-    i0[0] = vuzp1q_s32(c[0], c[1]), i1[0] = vuzp1q_s32(c[2], c[3]); // activation row 0: even lanes
-    i0[1] = vuzp2q_s32(c[0], c[1]), i1[1] = vuzp2q_s32(c[2], c[3]);
+    K_UNROLL
+    for (int q = 0; q < P; q++) {
+        i0[2 * q] = vuzp1q_s32(c[q][0], c[q][1]), i1[2 * q] = vuzp1q_s32(c[q][2], c[q][3]); // activation row 2q: even lanes
+        i0[2 * q + 1] = vuzp2q_s32(c[q][0], c[q][1]), i1[2 * q + 1] = vuzp2q_s32(c[q][2], c[q][3]);
+    }
 }
 
-// The k-quants' sums of block b beyond the quants' (at pb, either set's panel), for R (1, 2)
+// The k-quants' sums of block b beyond the quants' (at pb, either set's panel), for R (1 to 4)
 // activation rows: the offset's (Q3_K, Q6_K: the panel's coefficients times the activation's sums
 // of 16) added to i0[r] (weight rows 0-3) and i1[r] (4-7), and the minimum's (Q2_K, Q4_K, Q5_K:
 // against the stored bsums, as the reference takes them) to m0[r] and m1[r].
@@ -15803,6 +15850,29 @@ K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_
                                  int32x4_t *m1) {
     const bool cor = type == T_Q3_K || type == T_Q6_K, min = k_panel_min(type);
     const int16_t *co = (const int16_t *)(const void *)(pb + (cor ? k_panel_cor(type) : k_panel_mco(type)));
+    if (type == T_Q4_K || type == T_Q5_K) {
+        // Their minimums are those of 32 values, each twice in the panel (sub-blocks 2j and 2j + 1):
+        // each row's bsums are added in pairs, widened (the bsums are data: a pair may not fit 16
+        // bits), and meet the eight minimums widened once for the rows, 16 multiply-adds a row
+        // where k_by16_neon takes 32
+        int32x4_t cw[8][2];
+        K_UNROLL
+        for (int j = 0; j < 8; j++) {
+            const int16x8_t c = vld1q_s16(co + 16 * j);
+            cw[j][0] = vmovl_s16(vget_low_s16(c)), cw[j][1] = vmovl_high_s16(c);
+        }
+        K_UNROLL
+        for (int r = 0; r < R; r++) {
+            const int16_t *bs = (const int16_t *)(const void *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 260);
+            const int32x4_t p[2] = {vpaddlq_s16(vld1q_s16(bs)), vpaddlq_s16(vld1q_s16(bs + 8))}; // pairs 0-3, 4-7
+#define K_BY8(j, l)                                               \
+    m0[r] = vmlaq_laneq_s32(m0[r], cw[j][0], p[(j) / 4], l);    \
+    m1[r] = vmlaq_laneq_s32(m1[r], cw[j][1], p[(j) / 4], l);
+            K_BY8(0, 0) K_BY8(1, 1) K_BY8(2, 2) K_BY8(3, 3) K_BY8(4, 0) K_BY8(5, 1) K_BY8(6, 2) K_BY8(7, 3)
+#undef K_BY8
+        }
+        return;
+    }
     int16x8_t c[16];
     K_UNROLL16
     for (int k = 0; k < 16; k++) c[k] = vld1q_s16(co + 8 * k);
@@ -15819,9 +15889,9 @@ K_INLINE void k_gemm_kterms_neon(uint32_t type, int R, const uint8_t *pb, int64_
 // lane j of acc[r][k]).
 K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, const uint8_t *const *yr,
                                    const int16_t *const *ar, const double *const *dr, const float64x2_t dx[4],
-                                   const float64x2_t dm[4], int32x4_t i0[2], int32x4_t i1[2], float64x2_t acc[][4]) {
+                                   const float64x2_t dm[4], int32x4_t *i0, int32x4_t *i1, float64x2_t acc[][4]) {
     const bool min = k_panel_min(type);
-    int32x4_t m0[2], m1[2];
+    int32x4_t m0[4], m1[4];
     K_UNROLL
     for (int r = 0; r < R; r++) m0[r] = m1[r] = vdupq_n_s32(0);
     k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
@@ -15844,7 +15914,7 @@ K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int6
 }
 
 // Block b of a k_panel_g8 panel (at pb) against two activation rows by usmmla (R = 1: row 0 as
-// both). The 32-value types' terms are added to acc[h][k], weight row 2k + h with activation row j
+// both; the k-quants' up to four, in two pairs, R = 3: row 2 as both of the second). The 32-value types' terms are added to acc[h][k], weight row 2k + h with activation row j
 // in lane j, which is usmmla's layout, so their sums go to their terms as they come. Their terms
 // are the sdot path's (k_gemm_blk_neon), the same operations on the same values: each block's sum
 // (|isum| <= 32 * 128 * 128 < 2^24, its offset term included) converted through float exactly,
@@ -15854,7 +15924,7 @@ K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int6
 // for each of their eight terms a row made Q4_K 0.175 instructions a product, now 0.163).
 K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_t b, int64_t nb,
                                  const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
-                                 const int32_t *const *ao, float64x2_t acc[2][4]) {
+                                 const int32_t *const *ao, float64x2_t acc[][4]) {
     float64x2_t dx[4], dm[4];
     k_panel_scales_neon(type, pb, dx, dm);
     if (type_table[type].blck_size == 32) {
@@ -15888,35 +15958,37 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
         }
         return;
     }
-    int32x4_t i0[2], i1[2]; // the sums by activation row, as the sdot path leaves them: its terms and layout
-    k_gemm_ints_mm_neon(type, pb, (const int8_t *)(yr[0] + (size_t)b * K_Q8_K_SIZE + 4),
-                        (const int8_t *)(yr[R - 1] + (size_t)b * K_Q8_K_SIZE + 4), i0, i1);
+    int32x4_t i0[4], i1[4]; // the sums by activation row, as the sdot path leaves them: its terms and layout
+    const int8_t *a[4]; // pairs of rows (R = 1: row 0 twice; 3: row 2 twice)
+    K_UNROLL
+    for (int r = 0; r < 4; r++) a[r] = (const int8_t *)(yr[PSV_MIN(r, R - 1)] + (size_t)b * K_Q8_K_SIZE + 4);
+    k_gemm_ints_mm_neon(type, (R + 1) / 2, pb, a, i0, i1);
     k_gemm_kq_terms_neon(type, R, pb, b, yr, ar, dr, dx, dm, i0, i1, acc);
 }
 
-// Block b of the panel (at pb) against R (1, 2) activation rows by sdot: each row's eight terms
-// added to acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
+// Block b of the panel (at pb) against R (1, 2; the k-quants up to 4) activation rows by sdot:
+// each row's eight terms added to acc[r][0..3] (row 2k + j in lane j of acc[r][k]).
 K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, int64_t b, int64_t nb,
                               const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                               const int32_t *const *ao, float64x2_t acc[][4]) {
-    int32x4_t i0[2], i1[2];
+    int32x4_t i0[4], i1[4];
     float64x2_t dx[4], dm[4];
-    k_panel_scales_neon(type, pb, dx, dm);
-    if (type_table[type].blck_size == 32) {
+    if (!k_is_kq(type)) { // 32-value blocks
+        k_panel_scales_neon(type, pb, dx, dm);
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
         K_UNROLL
         for (int r = 0; r < R; r++) // the sums start from the term that takes the offset off
             i0[r] = i1[r] = k_panel_off(type) && type != T_Q8_0 ? vld1q_dup_s32(ao[r] + b) : vdupq_n_s32(0); // (k_gemm_side)
         if (!dp) {
-            const int8_t *a[2];
+            const int8_t *a[K_GEMM_ROWS];
             K_UNROLL
             for (int r = 0; r < R; r++) a[r] = (const int8_t *)(yr[r] + (size_t)b * as + qo);
             k_gemm_grp16_neon(type, R, pb, 0, 2, a, i0, i1);
         }
         K_UNROLL
         for (int g = 0; g < 2 && dp; g++) {
-            int8x16_t av[2];
+            int8x16_t av[K_GEMM_ROWS];
             K_UNROLL
             for (int r = 0; r < R; r++) av[r] = vld1q_s8((const int8_t *)(yr[r] + (size_t)b * as + qo + 16 * g));
             k_gemm_grp_neon(R, pb, g, av, i0, i1);
@@ -15945,12 +16017,12 @@ K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, 
     K_UNROLL
     for (int r = 0; r < R; r++) i0[r] = i1[r] = vdupq_n_s32(0);
     for (int g = 0; g < 16; g += gs) { // each 16 (32) values' sums weighted by their scale
-        int8x16_t av[2];
-        int32x4_t d0[2], d1[2];
+        int8x16_t av[4];
+        int32x4_t d0[4], d1[4];
         K_UNROLL
         for (int r = 0; r < R; r++) d0[r] = d1[r] = vdupq_n_s32(0);
         if (!dp) {
-            const int8_t *a[2];
+            const int8_t *a[K_GEMM_ROWS];
             K_UNROLL
             for (int r = 0; r < R; r++) a[r] = (const int8_t *)(yr[r] + (size_t)b * K_Q8_K_SIZE + 4);
             k_gemm_grp16_neon(type, R, pb, g, gs, a, d0, d1);
@@ -15972,21 +16044,23 @@ K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, 
             i1[r] = vmlaq_s32(i1[r], d1[r], sc1);
         }
     }
+    k_panel_scales_neon(type, pb, dx, dm); // (loaded here: with four activation rows, registers are short in the loop)
     k_gemm_kq_terms_neon(type, R, pb, b, yr, ar, dr, dx, dm, i0, i1, acc);
 }
 
-// R (1, 2) activation rows against the panel: each row's eight results to lanes[l][r], lane l
-// the sum of blocks l, l + 4, ... mm: by usmmla, on a k_panel_g8 panel.
+// R (1, 2; the k-quants with sdot or usmmla up to 4) activation rows against the panel: each row's eight
+// results to lanes[l][r], lane l the sum of blocks l, l + 4, ... mm: by usmmla, on a k_panel_g8
+// panel.
 K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
                                const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
-                               const k_prefetch *pf, double lanes[K_BLOCK_LANES][2][8]) {
+                               const k_prefetch *pf, double lanes[K_BLOCK_LANES][4][8]) {
     const int64_t nb = n / type_table[type].blck_size;
     const size_t bb = k_panel_blk(type);
     K_UNROLL
     for (int l = 0; l < K_BLOCK_LANES; l++) {
-        float64x2_t acc[2][4]; // usmmla's 32-value types: [h][k], else [r][k] (see the block functions)
+        float64x2_t acc[4][4]; // usmmla's 32-value types: [h][k], else [r][k] (see the block functions)
         K_UNROLL
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < PSV_MAX(R, 2); i++)
             for (int k = 0; k < 4; k++) acc[i][k] = vdupq_n_f64(0);
         for (int64_t b = l; b < nb; b += K_BLOCK_LANES) {
             if (pf) k_prefetch_blks(pf, b, 1);
@@ -16009,18 +16083,28 @@ K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n
 K_INLINE void k_gemm_neon(uint32_t type, bool dp, bool mm, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
                           size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     PSV_ASSERT(nr >= 1 && nr <= K_GEMM_ROWS && nw >= 1 && nw <= K_PANEL);
-    for (int r0 = 0; r0 < nr; r0 += 2) {
-        const int R = PSV_MIN(2, nr - r0);
-        const uint8_t *yr[2];
-        const int16_t *ar[2];
-        const double *dr[2];
-        const int32_t *ao[2];
+    // The k-quants take up to four activation rows a pass with sdot and usmmla: each panel vector
+    // loaded once for the four (dotprod GEMM Q4_K 0.187 -> 0.177 instructions a product, i8mm's
+    // 0.154 -> 0.150, tools/arm_icount.sh's four rows and two); the 32-value types in pairs,
+    // their eight double accumulators a row, kept from block to block, would not fit the
+    // registers for four
+    const int step = dp && k_is_kq(type) ? 4 : 2;
+    for (int r0 = 0; r0 < nr; r0 += step) {
+        const int R = PSV_MIN(step, nr - r0);
+        const uint8_t *yr[4];
+        const int16_t *ar[4];
+        const double *dr[4];
+        const int32_t *ao[4];
         for (int r = 0; r < R; r++) // (R varies: not K_UNROLL, which clang must unroll fully)
             k_gemm_side(type, n, y + (size_t)(r0 + r) * ys, side + (size_t)(r0 + r) * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
-        double lanes[K_BLOCK_LANES][2][8];
+        double lanes[K_BLOCK_LANES][4][8];
         const k_prefetch *p = r0 == 0 ? pf : NULL; // once per call
-        if (mm && R == 2) k_gemm_rows_neon(type, true, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        if (mm && step == 4 && R == 4) k_gemm_rows_neon(type, true, true, 4, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (mm && step == 4 && R == 3) k_gemm_rows_neon(type, true, true, 3, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (mm && R == 2) k_gemm_rows_neon(type, true, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
         else if (mm) k_gemm_rows_neon(type, true, true, 1, n, panel, yr, ar, dr, ao, p, lanes); // (its panels: only usmmla's)
+        else if (step == 4 && R == 4) k_gemm_rows_neon(type, dp, false, 4, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (step == 4 && R == 3) k_gemm_rows_neon(type, dp, false, 3, n, panel, yr, ar, dr, ao, p, lanes);
         else if (R == 2) k_gemm_rows_neon(type, dp, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
         else k_gemm_rows_neon(type, dp, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
         for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once, in
