@@ -16108,15 +16108,20 @@ K_INLINE void k_gemm_neon(uint32_t type, bool dp, bool mm, int64_t n, const uint
         else if (R == 2) k_gemm_rows_neon(type, dp, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
         else k_gemm_rows_neon(type, dp, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
         for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once, in
-            float o[8];                 // vectors (one at a time had taken 5 % of a Q4_K GEMM of 1024-value rows)
+            float64x2_t v[4];           // vectors (one at a time had taken 5 % of a Q4_K GEMM of 1024-value rows)
             K_UNROLL
-            for (int j = 0; j < 8; j += 2) {
-                const float64x2_t v = vaddq_f64(vaddq_f64(vaddq_f64(vld1q_f64(&lanes[0][r][j]), vld1q_f64(&lanes[1][r][j])),
-                                                          vld1q_f64(&lanes[2][r][j])),
-                                                vld1q_f64(&lanes[3][r][j]));
-                vst1_f32(o + j, vcvt_f32_f64(v));
+            for (int j = 0; j < 4; j++)
+                v[j] = vaddq_f64(vaddq_f64(vaddq_f64(vld1q_f64(&lanes[0][r][2 * j]), vld1q_f64(&lanes[1][r][2 * j])),
+                                           vld1q_f64(&lanes[2][r][2 * j])),
+                                 vld1q_f64(&lanes[3][r][2 * j]));
+            const float32x4_t o[2] = {vcvt_high_f32_f64(vcvt_f32_f64(v[0]), v[1]), vcvt_high_f32_f64(vcvt_f32_f64(v[2]), v[3])};
+            if (nw == K_PANEL) { // (a full panel: stored, not copied by memcpy, a call a row)
+                vst1q_f32(out[r0 + r], o[0]), vst1q_f32(out[r0 + r] + 4, o[1]);
+            } else {
+                float t[8];
+                vst1q_f32(t, o[0]), vst1q_f32(t + 4, o[1]);
+                memcpy(out[r0 + r], t, (size_t)nw * sizeof(float));
             }
-            memcpy(out[r0 + r], o, (size_t)nw * sizeof(float));
         }
     }
 }
