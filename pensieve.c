@@ -15750,47 +15750,34 @@ K_I8MM static inline int32x4_t k_usmmla_neon(int32x4_t acc, uint8x16_t w, int8x1
     return acc;
 }
 
-// Group g (values 16g ... + 15) of a block of a k_panel_g8 panel (at pb) against two activation
-// rows, whose block quants are at a0 and a1: c[k] (weight rows 2k, 2k + 1) += their products, in
-// usmmla's layout (row 2k against a0, a1, row 2k + 1 against a0, a1).
-K_INLINE void k_gemm_grp_mm_neon(const uint8_t *pb, int g, const int8_t *a0, const int8_t *a1, int32x4_t c[4]) {
+// Group g (values 16g ... + 15) of a block of a k_panel_g8 panel (at pb) against P (1, 2) pairs of
+// activation rows, pair q's block quants at a[2q] and a[2q + 1]: c[q][k] (weight rows 2k, 2k + 1)
+// += their products, in usmmla's layout (row 2k against a[2q], a[2q + 1], row 2k + 1 against
+// them). The panel's vectors are loaded once for the pairs.
+K_INLINE void k_gemm_grp_mm_neon(int P, const uint8_t *pb, int g, const int8_t *const *a, int32x4_t (*c)[4]) {
     // the panel's loads after the sums so far: gcc's scheduler hoisted two groups' 16 vectors
     // above the first's products, and spilled
     const uint8_t *p = pb + 128 * g;
-    __asm__("" : "+r"(p) : "w"(c[0]), "w"(c[1]), "w"(c[2]), "w"(c[3]));
-    const int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(a0 + 16 * g)), x1 = vreinterpretq_s64_s8(vld1q_s8(a1 + 16 * g));
-    const int8x16_t lo = vreinterpretq_s8_s64(vzip1q_s64(x0, x1)), hi = vreinterpretq_s8_s64(vzip2q_s64(x0, x1));
-    const uint8x16x4_t w0 = vld1q_u8_x4(p), w1 = vld1q_u8_x4(p + 64);
-    c[0] = k_usmmla_neon(c[0], w0.val[0], lo), c[1] = k_usmmla_neon(c[1], w0.val[1], lo);
-    c[2] = k_usmmla_neon(c[2], w0.val[2], lo), c[3] = k_usmmla_neon(c[3], w0.val[3], lo);
-    c[0] = k_usmmla_neon(c[0], w1.val[0], hi), c[1] = k_usmmla_neon(c[1], w1.val[1], hi);
-    c[2] = k_usmmla_neon(c[2], w1.val[2], hi), c[3] = k_usmmla_neon(c[3], w1.val[3], hi);
-}
-
-// Group g of the panel against P pairs of activation rows (pair q: a[2q], a[2q + 1]) into c[q][k]
-// (k_gemm_grp_mm_neon's layout for each pair): the panel's vectors loaded once for the pairs.
-K_INLINE void k_gemm_grp_mmp_neon(int P, const uint8_t *pb, int g, const int8_t *const a[4], int32x4_t c[2][4]) {
-    if (P == 1) {
-        k_gemm_grp_mm_neon(pb, g, a[0], a[1], c[0]);
-        return;
-    }
-    const uint8_t *p = pb + 128 * g; // (as k_gemm_grp_mm_neon)
-    __asm__("" : "+r"(p) : "w"(c[0][0]), "w"(c[0][1]), "w"(c[0][2]), "w"(c[0][3]), "w"(c[1][0]), "w"(c[1][1]), "w"(c[1][2]),
-                           "w"(c[1][3]));
+    if (P == 2)
+        __asm__("" : "+r"(p) : "w"(c[0][0]), "w"(c[0][1]), "w"(c[0][2]), "w"(c[0][3]), "w"(c[1][0]), "w"(c[1][1]), "w"(c[1][2]),
+                               "w"(c[1][3]));
+    else
+        __asm__("" : "+r"(p) : "w"(c[0][0]), "w"(c[0][1]), "w"(c[0][2]), "w"(c[0][3]));
     int8x16_t lo[2], hi[2];
     K_UNROLL
-    for (int q = 0; q < 2; q++) {
-        const int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(a[2 * q] + 16 * g)), x1 = vreinterpretq_s64_s8(vld1q_s8(a[2 * q + 1] + 16 * g));
+    for (int q = 0; q < P; q++) {
+        const int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(a[2 * q] + 16 * g));
+        const int64x2_t x1 = vreinterpretq_s64_s8(vld1q_s8(a[2 * q + 1] + 16 * g));
         lo[q] = vreinterpretq_s8_s64(vzip1q_s64(x0, x1)), hi[q] = vreinterpretq_s8_s64(vzip2q_s64(x0, x1));
     }
     const uint8x16x4_t w0 = vld1q_u8_x4(p), w1 = vld1q_u8_x4(p + 64);
     K_UNROLL
-    for (int q = 0; q < 2; q++) {
+    for (int q = 0; q < P; q++) {
         c[q][0] = k_usmmla_neon(c[q][0], w0.val[0], lo[q]), c[q][1] = k_usmmla_neon(c[q][1], w0.val[1], lo[q]);
         c[q][2] = k_usmmla_neon(c[q][2], w0.val[2], lo[q]), c[q][3] = k_usmmla_neon(c[q][3], w0.val[3], lo[q]);
     }
     K_UNROLL
-    for (int q = 0; q < 2; q++) {
+    for (int q = 0; q < P; q++) {
         c[q][0] = k_usmmla_neon(c[q][0], w1.val[0], hi[q]), c[q][1] = k_usmmla_neon(c[q][1], w1.val[1], hi[q]);
         c[q][2] = k_usmmla_neon(c[q][2], w1.val[2], hi[q]), c[q][3] = k_usmmla_neon(c[q][3], w1.val[3], hi[q]);
     }
@@ -15815,8 +15802,8 @@ K_INLINE void k_gemm_ints_mm_neon(uint32_t type, int P, const uint8_t *pb, const
         for (int q = 0; q < P; q++)
             K_UNROLL
             for (int k = 0; k < 4; k++) d[q][k] = vdupq_n_s32(0);
-        k_gemm_grp_mmp_neon(P, pb, g, a, d);
-        if (gs == 2) k_gemm_grp_mmp_neon(P, pb, g + 1, a, d);
+        k_gemm_grp_mm_neon(P, pb, g, a, d);
+        if (gs == 2) k_gemm_grp_mm_neon(P, pb, g + 1, a, d);
         const uint8_t *sc = pb + k_panel_sc(type) + 32 * g;
         if (k_panel_mmsc(K_SET_I8MM, type)) { // the scales already in usmmla's rows
             K_UNROLL
@@ -15914,8 +15901,9 @@ K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int6
 }
 
 // Block b of a k_panel_g8 panel (at pb) against two activation rows by usmmla (R = 1: row 0 as
-// both; the k-quants' up to four, in two pairs, R = 3: row 2 as both of the second). The 32-value types' terms are added to acc[h][k], weight row 2k + h with activation row j
-// in lane j, which is usmmla's layout, so their sums go to their terms as they come. Their terms
+// both; the k-quants' up to four, in two pairs, R = 3: row 2 as both of the second). The 32-value
+// types' terms are added to acc[h][k], weight row 2k + h with activation row j in lane j, which is
+// usmmla's layout, so their sums go to their terms as they come. Their terms
 // are the sdot path's (k_gemm_blk_neon), the same operations on the same values: each block's sum
 // (|isum| <= 32 * 128 * 128 < 2^24, its offset term included) converted through float exactly,
 // dx * dy exact and the FMA rounding once (Q4_1, Q5_1: dx * dy * isum + mx * sy as the reference
@@ -15933,17 +15921,16 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
         int32x2_t o = vdup_n_s32(0); // the offset terms (Q8_0's 128 too): the sums start from them
         if (k_panel_off(type)) o = vld1_lane_s32(ao[R - 1] + b, vld1_lane_s32(ao[0] + b, o, 0), 1); // (k_gemm_side)
-        int32x4_t c[4];
+        int32x4_t c[1][4];
         K_UNROLL
-        for (int k = 0; k < 4; k++) c[k] = vcombine_s32(o, o);
-        const int8_t *a0 = (const int8_t *)(yr[0] + (size_t)b * as + qo);
-        const int8_t *a1 = (const int8_t *)(yr[R - 1] + (size_t)b * as + qo);
-        k_gemm_grp_mm_neon(pb, 0, a0, a1, c);
-        k_gemm_grp_mm_neon(pb, 1, a0, a1, c);
+        for (int k = 0; k < 4; k++) c[0][k] = vcombine_s32(o, o);
+        const int8_t *a[2] = {(const int8_t *)(yr[0] + (size_t)b * as + qo), (const int8_t *)(yr[R - 1] + (size_t)b * as + qo)};
+        k_gemm_grp_mm_neon(1, pb, 0, a, c);
+        k_gemm_grp_mm_neon(1, pb, 1, a, c);
         const float64x2_t sy = q81 ? vcombine_f64(vld1_f64(dr[0] + nb + b), vld1_f64(dr[R - 1] + nb + b)) : dy;
         K_UNROLL
         for (int k = 0; k < 4; k++) {
-            const float32x4_t f = vcvtq_f32_s32(c[k]);
+            const float32x4_t f = vcvtq_f32_s32(c[0][k]);
             K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const float64x2_t is = h ? vcvt_high_f64_f32(f) : vcvt_f64_f32(vget_low_f32(f));
