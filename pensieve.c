@@ -15788,7 +15788,7 @@ K_INLINE void k_gemm_grp_mm_neon(int P, const uint8_t *pb, int g, const int8_t *
 // scales are those of 32 values, each twice in the panel: they weight two groups' sums at once),
 // as the sdot path leaves them: i0[r] (weight rows 0-3) and i1[r] (4-7) of activation row r, before
 // the offset and minimum terms.
-K_INLINE void k_gemm_ints_mm_neon(uint32_t type, int P, const uint8_t *pb, const int8_t *const a[4], int32x4_t *i0,
+K_INLINE void k_gemm_ints_mm_neon(uint32_t type, int P, const uint8_t *pb, const int8_t *const *a, int32x4_t *i0,
                                   int32x4_t *i1) {
     const int gs = type == T_Q5_K ? 2 : 1; // groups of one scale
     int32x4_t c[2][4];
@@ -15878,7 +15878,7 @@ K_INLINE void k_gemm_kq_terms_neon(uint32_t type, int R, const uint8_t *pb, int6
                                    const int16_t *const *ar, const double *const *dr, const float64x2_t dx[4],
                                    const float64x2_t dm[4], int32x4_t *i0, int32x4_t *i1, float64x2_t acc[][4]) {
     const bool min = k_panel_min(type);
-    int32x4_t m0[4], m1[4];
+    int32x4_t m0[K_GEMM_ROWS], m1[K_GEMM_ROWS];
     K_UNROLL
     for (int r = 0; r < R; r++) m0[r] = m1[r] = vdupq_n_s32(0);
     k_gemm_kterms_neon(type, R, pb, b, yr, ar, i0, i1, m0, m1);
@@ -15915,7 +15915,7 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
                                  const int32_t *const *ao, float64x2_t acc[][4]) {
     float64x2_t dx[4], dm[4];
     k_panel_scales_neon(type, pb, dx, dm);
-    if (type_table[type].blck_size == 32) {
+    if (!k_is_kq(type)) { // 32-value blocks
         const float64x2_t dy = vcombine_f64(vld1_f64(dr[0] + b), vld1_f64(dr[R - 1] + b));
         const bool q81 = type == T_Q4_1 || type == T_Q5_1;
         const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2;
@@ -15945,10 +15945,10 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
         }
         return;
     }
-    int32x4_t i0[4], i1[4]; // the sums by activation row, as the sdot path leaves them: its terms and layout
-    const int8_t *a[4]; // pairs of rows (R = 1: row 0 twice; 3: row 2 twice)
+    int32x4_t i0[K_GEMM_ROWS], i1[K_GEMM_ROWS]; // the sums by activation row, as the sdot path leaves them
+    const int8_t *a[K_GEMM_ROWS]; // pairs of rows (R = 1: row 0 twice; 3: row 2 twice)
     K_UNROLL
-    for (int r = 0; r < 4; r++) a[r] = (const int8_t *)(yr[PSV_MIN(r, R - 1)] + (size_t)b * K_Q8_K_SIZE + 4);
+    for (int r = 0; r < K_GEMM_ROWS; r++) a[r] = (const int8_t *)(yr[PSV_MIN(r, R - 1)] + (size_t)b * K_Q8_K_SIZE + 4);
     k_gemm_ints_mm_neon(type, (R + 1) / 2, pb, a, i0, i1);
     k_gemm_kq_terms_neon(type, R, pb, b, yr, ar, dr, dx, dm, i0, i1, acc);
 }
@@ -15958,7 +15958,7 @@ K_INLINE void k_gemm_blk_mm_neon(uint32_t type, int R, const uint8_t *pb, int64_
 K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, int64_t b, int64_t nb,
                               const uint8_t *const *yr, const int16_t *const *ar, const double *const *dr,
                               const int32_t *const *ao, float64x2_t acc[][4]) {
-    int32x4_t i0[4], i1[4];
+    int32x4_t i0[K_GEMM_ROWS], i1[K_GEMM_ROWS];
     float64x2_t dx[4], dm[4];
     if (!k_is_kq(type)) { // 32-value blocks
         k_panel_scales_neon(type, pb, dx, dm);
@@ -16004,8 +16004,8 @@ K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, 
     K_UNROLL
     for (int r = 0; r < R; r++) i0[r] = i1[r] = vdupq_n_s32(0);
     for (int g = 0; g < 16; g += gs) { // each 16 (32) values' sums weighted by their scale
-        int8x16_t av[4];
-        int32x4_t d0[4], d1[4];
+        int8x16_t av[K_GEMM_ROWS];
+        int32x4_t d0[K_GEMM_ROWS], d1[K_GEMM_ROWS];
         K_UNROLL
         for (int r = 0; r < R; r++) d0[r] = d1[r] = vdupq_n_s32(0);
         if (!dp) {
@@ -16040,12 +16040,12 @@ K_INLINE void k_gemm_blk_neon(uint32_t type, bool dp, int R, const uint8_t *pb, 
 // panel.
 K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n, const uint8_t *panel, const uint8_t *const *yr,
                                const int16_t *const *ar, const double *const *dr, const int32_t *const *ao,
-                               const k_prefetch *pf, double lanes[K_BLOCK_LANES][4][8]) {
+                               const k_prefetch *pf, double lanes[K_BLOCK_LANES][K_GEMM_ROWS][8]) {
     const int64_t nb = n / type_table[type].blck_size;
     const size_t bb = k_panel_blk(type);
     K_UNROLL
     for (int l = 0; l < K_BLOCK_LANES; l++) {
-        float64x2_t acc[4][4]; // usmmla's 32-value types: [h][k], else [r][k] (see the block functions)
+        float64x2_t acc[K_GEMM_ROWS][4]; // usmmla's 32-value types: [h][k], else [r][k] (see the block functions)
         K_UNROLL
         for (int i = 0; i < PSV_MAX(R, 2); i++)
             for (int k = 0; k < 4; k++) acc[i][k] = vdupq_n_f64(0);
@@ -16056,7 +16056,7 @@ K_INLINE void k_gemm_rows_neon(uint32_t type, bool dp, bool mm, int R, int64_t n
         }
         K_UNROLL
         for (int k = 0; k < 4; k++)
-            if (mm && type_table[type].blck_size == 32) // weight row 2k + h of activation row r: lane r of acc[h][k]
+            if (mm && !k_is_kq(type)) // weight row 2k + h of activation row r: lane r of acc[h][k]
                 for (int h = 0; h < 2; h++) {
                     lanes[l][0][2 * k + h] = vgetq_lane_f64(acc[h][k], 0);
                     lanes[l][1][2 * k + h] = vgetq_lane_f64(acc[h][k], 1);
@@ -16078,22 +16078,19 @@ K_INLINE void k_gemm_neon(uint32_t type, bool dp, bool mm, int64_t n, const uint
     const int step = dp && k_is_kq(type) ? 4 : 2;
     for (int r0 = 0; r0 < nr; r0 += step) {
         const int R = PSV_MIN(step, nr - r0);
-        const uint8_t *yr[4];
-        const int16_t *ar[4];
-        const double *dr[4];
-        const int32_t *ao[4];
+        const uint8_t *yr[K_GEMM_ROWS];
+        const int16_t *ar[K_GEMM_ROWS];
+        const double *dr[K_GEMM_ROWS];
+        const int32_t *ao[K_GEMM_ROWS];
         for (int r = 0; r < R; r++) // (R varies: not K_UNROLL, which clang must unroll fully)
             k_gemm_side(type, n, y + (size_t)(r0 + r) * ys, side + (size_t)(r0 + r) * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
-        double lanes[K_BLOCK_LANES][4][8];
+        double lanes[K_BLOCK_LANES][K_GEMM_ROWS][8];
         const k_prefetch *p = r0 == 0 ? pf : NULL; // once per call
-        if (mm && step == 4 && R == 4) k_gemm_rows_neon(type, true, true, 4, n, panel, yr, ar, dr, ao, p, lanes);
-        else if (mm && step == 4 && R == 3) k_gemm_rows_neon(type, true, true, 3, n, panel, yr, ar, dr, ao, p, lanes);
-        else if (mm && R == 2) k_gemm_rows_neon(type, true, true, 2, n, panel, yr, ar, dr, ao, p, lanes);
-        else if (mm) k_gemm_rows_neon(type, true, true, 1, n, panel, yr, ar, dr, ao, p, lanes); // (its panels: only usmmla's)
-        else if (step == 4 && R == 4) k_gemm_rows_neon(type, dp, false, 4, n, panel, yr, ar, dr, ao, p, lanes);
-        else if (step == 4 && R == 3) k_gemm_rows_neon(type, dp, false, 3, n, panel, yr, ar, dr, ao, p, lanes);
-        else if (R == 2) k_gemm_rows_neon(type, dp, false, 2, n, panel, yr, ar, dr, ao, p, lanes);
-        else k_gemm_rows_neon(type, dp, false, 1, n, panel, yr, ar, dr, ao, p, lanes);
+        // (R a literal in each call; step == 4 keeps the 32-value types' calls to those of one and two)
+        if (step == 4 && R == 4) k_gemm_rows_neon(type, dp, mm, 4, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (step == 4 && R == 3) k_gemm_rows_neon(type, dp, mm, 3, n, panel, yr, ar, dr, ao, p, lanes);
+        else if (R == 2) k_gemm_rows_neon(type, dp, mm, 2, n, panel, yr, ar, dr, ao, p, lanes);
+        else k_gemm_rows_neon(type, dp, mm, 1, n, panel, yr, ar, dr, ao, p, lanes); // (mm for one row too: its panels are usmmla's)
         for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once, in
             float64x2_t v[4];           // vectors (one at a time had taken 5 % of a Q4_K GEMM of 1024-value rows)
             K_UNROLL
