@@ -204,6 +204,7 @@ static int st_lengths(uint32_t type, int64_t out[16]) {
         if (sizes[i] % bs == 0) out[k++] = sizes[i];
     out[k++] = bs;
     out[k++] = 3 * bs;
+    out[k++] = 4 * bs; // (the ARM GEMMs' k-quant rows of at most four blocks: k_gemm_rows_short_neon)
     out[k++] = 5 * bs;
     out[k++] = 7 * bs;
     out[k++] = 17 * bs;
