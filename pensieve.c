@@ -16105,7 +16105,8 @@ K_INLINE void k_gemm_rows_short_neon(uint32_t type, bool mm, int R, int64_t n, c
 }
 
 // k_gemm_neon for the k-quants' rows of at most four blocks with sdot or usmmla
-// (k_gemm_rows_short_neon), four activation rows a pass.
+// (k_gemm_rows_short_neon), four activation rows a pass. (A loop of its own: the same choice
+// made in k_gemm_neon's loop, a row pass at a time, left gcc's code for longer rows 1.3 % longer.)
 K_INLINE void k_gemm_short_neon(uint32_t type, bool mm, int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys,
                                 const uint8_t *side, size_t side_stride, int nr, float *const *out, int nw, const k_prefetch *pf) {
     for (int r0 = 0; r0 < nr; r0 += 4) {
