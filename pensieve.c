@@ -9347,7 +9347,9 @@ PSV_MAYBE_UNUSED static size_t k_gemv1_pf_for(const plat_cpu *c) { return k_cpu_
 // -> 17.0; rows of 6144: Q6_K 25.2 -> 22.8, Q8_0 37.4 -> 26.0, Q4_K 17.0 either way, Q4_0 19.5
 // -> 20.0 and Q5_K 22.7 -> 23.1 (within noise). Below the line 1024 stays (rows of 3072: Q4_K
 // 17.1 against 17.4-17.8, Q6_K 22.6 against 23.1, Q4_0 17.5 against 20.5; Q8_0's 27.4 would be
-// 25.9). Other CPUs keep k_gemv1_pf for every row (not measured there).
+// 25.9). Other CPUs keep k_gemv1_pf for every row (not measured there). The AVX2 set's one-row
+// k-quant kernels (Q2_K-Q6_K) take the same distances (fifty-second session, on Zen 4: phi4-mini
+// Q4_K_M generation with one thread, alternated, 8.59 -> 8.81 t/s, means of four runs).
 #define K_GEMV1_PF_ZEN4_LONG 3072
 #define K_GEMV1_L1_FIT (26 << 10)
 static size_t k_gemv1_pf_long = K_GEMV1_PF; // set once with the kernel sets (k_sets_init)
@@ -9531,7 +9533,11 @@ K_AVX2 K_INLINE int32_t k_w32_isum_avx2(uint32_t type, __m256i v) {
 }
 
 // Bytes per block of a 32-value weight type and of its activation type.
-K_INLINE size_t k_w32_size(uint32_t type) { return type_table[type].type_size; }
+// (A constant where the type is one: the kernels' prefetch loops over a block's lines unroll.)
+K_INLINE size_t k_w32_size(uint32_t type) {
+    return type == T_Q4_0 ? K_Q4_0_SIZE : type == T_Q4_1 ? K_Q4_1_SIZE : type == T_Q5_0 ? K_Q5_0_SIZE
+         : type == T_Q5_1 ? K_Q5_1_SIZE : type == T_Q8_0 ? K_Q8_0_SIZE : type_table[type].type_size;
+}
 K_INLINE size_t k_a32_size(uint32_t type) { return type == T_Q4_1 || type == T_Q5_1 ? K_Q8_1_SIZE : K_Q8_0_SIZE; }
 
 // Shared body of the 32-value dot products: weight row x against nr activation rows.
@@ -9839,6 +9845,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    K_UNROLL
                     for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     __m256i q[4];
                     K_UNROLL
@@ -9875,6 +9882,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    K_UNROLL
                     for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     K_UNROLL
                     for (int i = 0; i < nr; i++) { // (the compilers widen each row's quants once for all i)
@@ -10328,8 +10336,10 @@ K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int6
                                            size_t x_stride, int nw, int w0, int w1, const uint8_t *y, size_t ys,
                                            const uint8_t *side, size_t side_stride, const int nr) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K) && nr >= 1 && nr <= K_GEMVN_MAX);
-    const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
+    const size_t bsize = type == T_Q6_K ? K_Q6_K_SIZE : type == T_Q3_K ? K_Q3_K_SIZE : K_Q2_K_SIZE;
+    const size_t od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32)));
     const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15); // even scales, then odd
     __m256i pick[4]; // chunks (2i, 2i + 1): int16 lanes 0-3 from lane 2i of each 128, 4-7 from lane 2i + 1
     for (int i = 0; i < 4; i++) {
@@ -10351,7 +10361,8 @@ K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int6
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 210, 110 or 84 bytes
+                K_UNROLL // (with bsize a constant: gcc had kept this loop, Q6_K in cache 0.0298 -> 0.0287 ns a value)
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, pf); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
                 wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
                 const __m128i s3r = r % 2 ? _mm256_extracti128_si256(s3[r / 2], 1) : _mm256_castsi256_si128(s3[r / 2]);
@@ -10428,6 +10439,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int
     const bool five = type == T_Q5_K;
     const size_t bsize = five ? K_Q5_K_SIZE : K_Q4_K_SIZE, qo = five ? 48 : 16;
     const int64_t nb = n / QK_K;
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * K_Q8_K_SIZE));
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     const __m256i m3f = _mm256_set1_epi8(0x3f), m30 = _mm256_set1_epi8(0x30), u2sh = _mm256_setr_epi32(0, 0, 4, 0, 0, 0, 4, 0);
     const __m128i dsel = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15); // [d0..d3, dmin0..dmin3]
@@ -10466,7 +10478,8 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + o;
-                for (size_t oo = 0; oo < bsize; oo += 64) k_prefetch_ahead(xb + oo, k_gemv1_pf); // 144 or 176 bytes: 3 lines
+                K_UNROLL
+                for (size_t oo = 0; oo < bsize; oo += 64) k_prefetch_ahead(xb + oo, pf); // 144 or 176 bytes: 3 lines
                 __m256i q[8]; // sub-block k's quants
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
@@ -12293,6 +12306,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
+                    K_UNROLL
                     for (size_t o = 0; o < 4 * xs; o += 64) k_gemv1_prefetch(xb + o, pf); // 136 bytes: 3 lines
                     const __m512i q01 = _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip);
                     const __m512i q23 = _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip);
@@ -12585,6 +12599,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                 for (int r = 0; r < 4; r++) {
                     xb[r] = xr[r] + (size_t)bk * bsize;
                     if (!zen4) {
+                        K_UNROLL
                         for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb[r] + o, pf); // 144 or 176 bytes: 3 lines
                         continue;
                     }
@@ -12735,7 +12750,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                                           size_t side_stride, const int nr) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K) && nr >= 1 && nr <= K_GEMVN_MAX);
     const bool six = type == T_Q6_K, three = type == T_Q3_K, two = type == T_Q2_K;
-    const size_t bsize = type_table[type].type_size, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
+    const size_t bsize = six ? K_Q6_K_SIZE : three ? K_Q3_K_SIZE : K_Q2_K_SIZE, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
     const int64_t nb = n / QK_K;
     const double *dys[K_GEMVN_MAX]; // activation row i's scales
     for (int i = 0; i < nr; i++) dys[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
@@ -12809,6 +12824,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                 for (int p = 0; p < 2; p++) {
                     const uint8_t *xp[2] = {xr[2 * p] + (size_t)bk * bsize, xr[2 * p + 1] + (size_t)bk * bsize};
                     for (int e = 0; e < 2; e++)
+                        K_UNROLL
                         for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xp[e] + o, pf); // 210, 110 or 84 bytes
                     __m512i scz, mnz = _mm512_setzero_si512();
                     if (six) {
