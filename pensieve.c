@@ -9079,7 +9079,10 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 // - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q45_k_avx512: its
 //   quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
 //   96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times
-//   over and bsums 8-15 four times over (16 bytes each).
+//   over and bsums 8-15 four times over (16 bytes each); or, for weights with a quant offset
+//   (Q3_K, Q6_K), 16 int32 vectors of four (256 of the 384 bytes): sub-block k's -off * (sum of
+//   its 16 quants) in lane 0 of vector k, the other lanes zero, where the NEON one-row kernels'
+//   sdot of sub-block k starts (k_gemv1_kq16_neon).
 #define K_ACT_G_BLK 48 // bytes a block of the AVX-512 GEMM's part of a Q8_0 row's side data
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
@@ -9193,7 +9196,14 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                 for (int l = 0; l < 4; l++) memcpy(g + 192 + 16 * j + 4 * l, &dy, 4);
             }
         }
-        if (atype == T_Q8_K && one_row) { // the Q4_K one-row kernel's 384 bytes
+        if (atype == T_Q8_K && one_row && off) { // the NEON one-row kernels' sdot starting values
+            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + 384 * (size_t)b;
+            memset(g, 0, 256);
+            for (int k = 0; k < 16; k++) {
+                const int32_t o = -off * sums[b * 16 + k];
+                memcpy(g + 16 * k, &o, 4);
+            }
+        } else if (atype == T_Q8_K && one_row) { // the Q4_K one-row kernel's 384 bytes
             uint8_t *g = side + k_act_side_size(T_Q8_K, n) + 384 * (size_t)b;
             for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
                 const int k0 = v < 2 ? v : v + 2;
@@ -15351,12 +15361,29 @@ static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int h
     return k < 2 ? vandq_u8(vsliq_n_u8(l, hb, 4), vdupq_n_u8(0x3f)) : vsriq_n_u8(vandq_u8(hb, vdupq_n_u8(0x30)), l, 4);
 }
 
+// With sdot, the one-row kernels of the types with a quant offset (Q3_K, Q6_K) start each
+// sub-block's sdot from -off * (the sum of its 16 activation quants) in one lane (the side data's,
+// k_act_side), where it had started from zero and the offset came off each block's scaled sums:
+// its starting values are loaded where zeros were made, and the offset's multiplies are gone.
+// gcc only (K_NEON_GCC): clang loaded the starting values once for a block's four rows, copied
+// them for each (sdot overwrites its accumulator) and spilled (instructions a product, gcc
+// (clang), dotprod generation Q6_K 0.585 (0.525) -> 0.538 (0.534), Q3_K 0.750 (0.845) -> 0.728
+// (0.872)).
+// K_NEON_GCC: forms of the NEON kernels that gcc's code gains by and clang's does not (counted
+// with tools/arm_icount.sh, each where it is used).
+#if defined(__clang__)
+#define K_NEON_GCC 0
+#else
+#define K_NEON_GCC 1
+#endif
+
 // The sixteen sub-block sums of a Q6_K block at x (its quants as stored, q + 32) against the
-// activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i. The unpacking is
+// activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i, less 32 times the sub-block's
+// activation sum where K_NEON_GCC (init: the block's 16 starting vectors). The unpacking is
 // k_q6_k_raw16_neon's, with each 16 bytes of ql and qh loaded once (ql's low nibbles are quarters
 // k = 0, 1, its high nibbles k = 2, 3) and qh >> 2 shared by quarters 1 and 3 (dotprod generation
 // 0.625 -> 0.601 with gcc, 0.598 -> 0.527 with clang, against raw16 per sub-block).
-K_INLINE void k_q6_k_sums_dp_neon(const uint8_t *x, const int8_t *a, int32x4_t t[4]) {
+K_INLINE void k_q6_k_sums_dp_neon(const uint8_t *x, const int8_t *a, const int32_t *init, int32x4_t t[4]) {
     const uint8x16_t m30 = vdupq_n_u8(0x30), m3f = vdupq_n_u8(0x3f);
     K_UNROLL
     for (int h = 0; h < 2; h++) {
@@ -15371,8 +15398,10 @@ K_INLINE void k_q6_k_sums_dp_neon(const uint8_t *x, const int8_t *a, int32x4_t t
                 const uint8x16_t hi = vsriq_n_u8(vandq_u8(p, m30), ql, 4); // quarter k + 2
                 const uint8x16_t lo = vandq_u8(vsliq_n_u8(ql, p, 4), m3f);  // quarter k
                 const int e = 128 * h + 32 * k + 16 * half;
-                u[0][2 * k + half] = k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(lo), vld1q_s8(a + e));
-                u[1][2 * k + half] = k_sdot_neon(vdupq_n_s32(0), vreinterpretq_s8_u8(hi), vld1q_s8(a + e + 64));
+                const int32x4_t z0 = K_NEON_GCC ? vld1q_s32(init + e / 4) : vdupq_n_s32(0);
+                const int32x4_t z1 = K_NEON_GCC ? vld1q_s32(init + e / 4 + 16) : vdupq_n_s32(0);
+                u[0][2 * k + half] = k_sdot_neon(z0, vreinterpretq_s8_u8(lo), vld1q_s8(a + e));
+                u[1][2 * k + half] = k_sdot_neon(z1, vreinterpretq_s8_u8(hi), vld1q_s8(a + e + 64));
             }
         }
         t[2 * h] = k_hsum4_neon(u[0]);
@@ -16329,7 +16358,11 @@ static inline void k_gemv1_add_neon(float64x2_t acc[K_BLOCK_LANES][2], int64_t b
 // 4j .. 4j + 3 in t[j]).
 // The scaled sums and the minimums against the activation's bsums (pairs summed once for the four
 // rows) are reduced for the four rows together, by pairwise adds. Term: the reference's
-// dy * (d * isum - dmin * msum).
+// dy * (d * isum - dmin * msum). With sdot, a row's scales and minimums unpack after its sums
+// (K_NEON_GCC): gcc had moved them up among the sums, and for want of registers loaded each
+// activation vector again for each row (dotprod generation, gcc, Q4_K 0.413 -> 0.383
+// instructions a product, Q5_K 0.566 -> 0.516; clang's 0.356 and 0.544 took 0.359 and 0.546
+// with it; without sdot gcc's Q4_K 0.550 took 0.572, its Q5_K 0.750 0.726).
 K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
                                  int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q4_K || type == T_Q5_K));
@@ -16373,7 +16406,9 @@ K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, co
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 int32x4_t s03, s47, m03, m47;
-                k_scale_min_k4x8_neon(xb[r] + 4, &s03, &s47, &m03, &m47);
+                const uint8_t *xh = xb[r];
+                if (dp && K_NEON_GCC) __asm__("" : "+r"(xh) : "w"(t[0][r]), "w"(t[1][r])); // (see above)
+                k_scale_min_k4x8_neon(xh + 4, &s03, &s47, &m03, &m47);
                 iv[r] = vmlaq_s32(vmulq_s32(t[0][r], s03), t[1][r], s47);
                 mv[r] = vmlaq_s32(vmulq_s32(p03, m03), p47, m47);
             }
@@ -16401,7 +16436,8 @@ K_DEF_GEMV1_NEON(k_gemv1_q5_k, k_gemv1_q45_k_neon, T_Q5_K)
 // Q6_K: each 16 values' sums (sdot of the quants as stored, q + 32, unpacked as k_dot_q6_k_neon
 // does) reduced four sub-blocks at a time and weighted by the scales, less 32 times the scales
 // against the activation's sums of 16: isum exactly, one subtraction a block where taking the 32
-// off each vector cost sixteen. Term: the reference's dx * dy * isum.
+// off each vector cost sixteen (with sdot where K_NEON_GCC, none: each sdot starts from its
+// sub-block's -32 * sum). Term: the reference's dx * dy * isum.
 // Q3_K and Q2_K (type) the same way (k_q23_k_raw16_neon, Q3_K's offset 4; Q3_K's scales from k_q3_k_scales4), Q2_K's
 // minimums against the stored bsums giving msum and its term the reference's
 // dy * (dx * isum - dmin * msum).
@@ -16413,6 +16449,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
     const int16_t *as = (const int16_t *)(const void *)side; // the activation's sums of 16 (k_act_side)
     const int off = k_panel_off(type); // Q6_K's 32, Q3_K's 4
+    const size_t init_o = k_act_side_size(T_Q8_K, n);
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -16423,6 +16460,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
             const int8_t *a = (const int8_t *)(yb + 4);
             const int16x8_t as0 = vld1q_s16(as + 16 * b), as1 = vld1q_s16(as + 16 * b + 8);
+            const int32_t *init = (const int32_t *)(const void *)(side + init_o + 384 * (size_t)b); // (dp, off: k_act_side)
             int32x4_t iv[4], mv[4]; // row r's isum and (Q2_K) msum, in lanes
             const uint8_t *xbs[4];
             int32x4_t last = vdupq_n_s32(0);
@@ -16431,7 +16469,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                 const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
                 int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
                 if (dp && type == T_Q6_K) {
-                    k_q6_k_sums_dp_neon(xb, a, t);
+                    k_q6_k_sums_dp_neon(xb, a, init, t);
                 } else if (dp) { // sixteen sums, then reduced (clang read 9 % more for Q6_K reduced by fours)
                     int32x4_t u[16];
                     K_UNROLL
@@ -16443,7 +16481,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                                 const int8x16_t qv = vreinterpretq_s8_u8( // (the quants plus the type's offset)
                                     type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half) : k_q23_k_raw16_neon(type, xb, h, k, half));
                                 const int e = 128 * h + 32 * k + 16 * half;
-                                u[e / 16] = k_sdot_neon(vdupq_n_s32(0), qv, vld1q_s8(a + e));
+                                u[e / 16] = k_sdot_neon(off && K_NEON_GCC ? vld1q_s32(init + e / 4) : vdupq_n_s32(0), qv, vld1q_s8(a + e));
                             }
                     K_UNROLL
                     for (int j = 0; j < 4; j++) t[j] = k_hsum4_neon(u + 4 * j);
@@ -16461,7 +16499,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                 int16x8_t slo, shi;
                 k_sc16_neon(type, xb, &slo, &shi);
                 int32x4_t sum = k_scaled16_neon(t, slo, shi);
-                if (off) // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
+                if (off && !(dp && K_NEON_GCC)) // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
                     sum = vmlsq_n_s32(sum, k_mul16x16_neon(slo, shi, as0, as1), off);
                 iv[r] = sum;
                 mv[r] = type == T_Q2_K ? k_q2_k_mins_neon(xb, yb) : sum; // the minimums against the stored bsums
