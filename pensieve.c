@@ -15167,6 +15167,14 @@ K_AVX2 static void k_axpy_rows_f16_avx2(float *y, size_t ys, const float *w, siz
 // three sets.
 #if defined(PSV_ARM64_KERNELS)
 
+// K_NEON_GCC: forms of the NEON kernels that gcc's code gains by and clang's does not (counted
+// with tools/arm_icount.sh, each where it is used).
+#if defined(__clang__)
+#define K_NEON_GCC 0
+#else
+#define K_NEON_GCC 1
+#endif
+
 // The "dotprod" set's functions are built for FEAT_DotProd whatever the compiler's target (gcc
 // and clang spell the attribute differently; nothing where the build targets it already, so the
 // kernels inline helpers built for the same target). sdot is written in assembly: older clang
@@ -15192,6 +15200,20 @@ static inline float k_f16_neon(const uint8_t *p) {
 
 // The halves at p[r] + off (r < 4) as floats, lane r: one conversion, where four of k_f16_neon
 // became, with gcc, four conversions and the floats moved through general registers into pairs.
+// The fp16 pairs at p[0..3] (a Q4_K or Q5_K block's d and dmin) as floats: the firsts to *a, the
+// seconds to *b. One 32-bit load a row where k_f16x4_neon twice took two 16-bit ones: with gcc
+// (K_NEON_GCC), generation Q4_K 0.383 -> 0.376 instructions a product with dotprod, 0.550 ->
+// 0.537 with neon, Q5_K 0.516 -> 0.509 and 0.750 -> 0.734; clang's took 1-2 % more (dotprod Q4_K
+// 0.356 -> 0.365; 0.360 with lane loads).
+K_INLINE void k_f16x4x2_neon(const uint8_t *const p[4], float32x4_t *a, float32x4_t *b) {
+    uint32x4_t h = vdupq_n_u32(ld_u32(p[0]));
+    h = vsetq_lane_u32(ld_u32(p[1]), h, 1);
+    h = vsetq_lane_u32(ld_u32(p[2]), h, 2);
+    h = vsetq_lane_u32(ld_u32(p[3]), h, 3);
+    *a = vcvt_f32_f16(vreinterpret_f16_u16(vmovn_u32(h)));          // (little-endian: the first is the low half)
+    *b = vcvt_f32_f16(vreinterpret_f16_u16(vshrn_n_u32(h, 16)));
+}
+
 K_INLINE float32x4_t k_f16x4_neon(const uint8_t *const p[4], size_t off) {
     uint16x4_t h = vdup_n_u16(ld_u16(p[0] + off));
     h = vset_lane_u16(ld_u16(p[1] + off), h, 1);
@@ -15369,13 +15391,6 @@ static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int h
 // them for each (sdot overwrites its accumulator) and spilled (instructions a product, gcc
 // (clang), dotprod generation Q6_K 0.585 (0.525) -> 0.538 (0.534), Q3_K 0.750 (0.845) -> 0.728
 // (0.872)).
-// K_NEON_GCC: forms of the NEON kernels that gcc's code gains by and clang's does not (counted
-// with tools/arm_icount.sh, each where it is used).
-#if defined(__clang__)
-#define K_NEON_GCC 0
-#else
-#define K_NEON_GCC 1
-#endif
 
 // The sixteen sub-block sums of a Q6_K block at x (its quants as stored, q + 32) against the
 // activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i, less 32 times the sub-block's
@@ -16413,7 +16428,9 @@ K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, co
                 mv[r] = vmlaq_s32(vmulq_s32(p03, m03), p47, m47);
             }
             const int32x4_t is = k_hsum4_neon(iv), ms = k_hsum4_neon(mv);
-            const float32x4_t dx = k_f16x4_neon(xb, 0), dm = k_f16x4_neon(xb, 2);
+            float32x4_t dx, dm;
+            if (K_NEON_GCC) k_f16x4x2_neon(xb, &dx, &dm);
+            else dx = k_f16x4_neon(xb, 0), dm = k_f16x4_neon(xb, 2);
             float64x2_t tt[2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
