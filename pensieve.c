@@ -9196,23 +9196,24 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                 for (int l = 0; l < 4; l++) memcpy(g + 192 + 16 * j + 4 * l, &dy, 4);
             }
         }
-        if (atype == T_Q8_K && one_row && off) { // the NEON one-row kernels' sdot starting values
+        if (atype == T_Q8_K && one_row) { // the one-row kernels' 384 bytes
             uint8_t *g = side + k_act_side_size(T_Q8_K, n) + 384 * (size_t)b;
-            memset(g, 0, 256);
-            for (int k = 0; k < 16; k++) {
-                const int32_t o = -off * sums[b * 16 + k];
-                memcpy(g + 16 * k, &o, 4);
-            }
-        } else if (atype == T_Q8_K && one_row) { // the Q4_K one-row kernel's 384 bytes
-            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + 384 * (size_t)b;
-            for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
-                const int k0 = v < 2 ? v : v + 2;
-                memcpy(g + 64 * v, a + 32 * k0, 32);
-                memcpy(g + 64 * v + 32, a + 32 * (k0 + 2), 32);
-            }
-            for (int l = 0; l < 4; l++) { // the stored bsums, as the reference takes them
-                memcpy(g + 256 + 16 * l, yb + 260, 16);
-                memcpy(g + 320 + 16 * l, yb + 276, 16);
+            if (off) { // the NEON ones' sdot starting values
+                memset(g, 0, 256);
+                for (int k = 0; k < 16; k++) {
+                    const int32_t o = -off * sums[b * 16 + k];
+                    memcpy(g + 16 * k, &o, 4);
+                }
+            } else { // the Q4_K one's
+                for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+                    const int k0 = v < 2 ? v : v + 2;
+                    memcpy(g + 64 * v, a + 32 * k0, 32);
+                    memcpy(g + 64 * v + 32, a + 32 * (k0 + 2), 32);
+                }
+                for (int l = 0; l < 4; l++) { // the stored bsums, as the reference takes them
+                    memcpy(g + 256 + 16 * l, yb + 260, 16);
+                    memcpy(g + 320 + 16 * l, yb + 276, 16);
+                }
             }
         }
     }
@@ -15200,6 +15201,14 @@ static inline float k_f16_neon(const uint8_t *p) {
 
 // The halves at p[r] + off (r < 4) as floats, lane r: one conversion, where four of k_f16_neon
 // became, with gcc, four conversions and the floats moved through general registers into pairs.
+K_INLINE float32x4_t k_f16x4_neon(const uint8_t *const p[4], size_t off) {
+    uint16x4_t h = vdup_n_u16(ld_u16(p[0] + off));
+    h = vset_lane_u16(ld_u16(p[1] + off), h, 1);
+    h = vset_lane_u16(ld_u16(p[2] + off), h, 2);
+    h = vset_lane_u16(ld_u16(p[3] + off), h, 3);
+    return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
 // The fp16 pairs at p[0..3] (a Q4_K or Q5_K block's d and dmin) as floats: the firsts to *a, the
 // seconds to *b. One 32-bit load a row where k_f16x4_neon twice took two 16-bit ones: with gcc
 // (K_NEON_GCC), generation Q4_K 0.383 -> 0.376 instructions a product with dotprod, 0.550 ->
@@ -15210,16 +15219,8 @@ K_INLINE void k_f16x4x2_neon(const uint8_t *const p[4], float32x4_t *a, float32x
     h = vsetq_lane_u32(ld_u32(p[1]), h, 1);
     h = vsetq_lane_u32(ld_u32(p[2]), h, 2);
     h = vsetq_lane_u32(ld_u32(p[3]), h, 3);
-    *a = vcvt_f32_f16(vreinterpret_f16_u16(vmovn_u32(h)));          // (little-endian: the first is the low half)
+    *a = vcvt_f32_f16(vreinterpret_f16_u16(vmovn_u32(h))); // (little-endian: the first is the low half)
     *b = vcvt_f32_f16(vreinterpret_f16_u16(vshrn_n_u32(h, 16)));
-}
-
-K_INLINE float32x4_t k_f16x4_neon(const uint8_t *const p[4], size_t off) {
-    uint16x4_t h = vdup_n_u16(ld_u16(p[0] + off));
-    h = vset_lane_u16(ld_u16(p[1] + off), h, 1);
-    h = vset_lane_u16(ld_u16(p[2] + off), h, 2);
-    h = vset_lane_u16(ld_u16(p[3] + off), h, 3);
-    return vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
 // sdot: lane i of acc += sum_k q[4i + k] a[4i + k]. (Not always_inline: the shared kernels below
@@ -15391,7 +15392,6 @@ static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int h
 // them for each (sdot overwrites its accumulator) and spilled (instructions a product, gcc
 // (clang), dotprod generation Q6_K 0.585 (0.525) -> 0.538 (0.534), Q3_K 0.750 (0.845) -> 0.728
 // (0.872)).
-
 // The sixteen sub-block sums of a Q6_K block at x (its quants as stored, q + 32) against the
 // activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i, less 32 times the sub-block's
 // activation sum where K_NEON_GCC (init: the block's 16 starting vectors). The unpacking is
@@ -16467,6 +16467,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
     const int16_t *as = (const int16_t *)(const void *)side; // the activation's sums of 16 (k_act_side)
     const int off = k_panel_off(type); // Q6_K's 32, Q3_K's 4
     const size_t init_o = k_act_side_size(T_Q8_K, n);
+    const bool started = dp && off && K_NEON_GCC; // sdot starts from the offset's term (init), none comes off after
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -16477,7 +16478,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
             const int8_t *a = (const int8_t *)(yb + 4);
             const int16x8_t as0 = vld1q_s16(as + 16 * b), as1 = vld1q_s16(as + 16 * b + 8);
-            const int32_t *init = (const int32_t *)(const void *)(side + init_o + 384 * (size_t)b); // (dp, off: k_act_side)
+            const int32_t *init = (const int32_t *)(const void *)(side + init_o + 384 * (size_t)b); // (started: k_act_side)
             int32x4_t iv[4], mv[4]; // row r's isum and (Q2_K) msum, in lanes
             const uint8_t *xbs[4];
             int32x4_t last = vdupq_n_s32(0);
@@ -16498,7 +16499,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                                 const int8x16_t qv = vreinterpretq_s8_u8( // (the quants plus the type's offset)
                                     type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half) : k_q23_k_raw16_neon(type, xb, h, k, half));
                                 const int e = 128 * h + 32 * k + 16 * half;
-                                u[e / 16] = k_sdot_neon(off && K_NEON_GCC ? vld1q_s32(init + e / 4) : vdupq_n_s32(0), qv, vld1q_s8(a + e));
+                                u[e / 16] = k_sdot_neon(started ? vld1q_s32(init + e / 4) : vdupq_n_s32(0), qv, vld1q_s8(a + e));
                             }
                     K_UNROLL
                     for (int j = 0; j < 4; j++) t[j] = k_hsum4_neon(u + 4 * j);
@@ -16516,7 +16517,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                 int16x8_t slo, shi;
                 k_sc16_neon(type, xb, &slo, &shi);
                 int32x4_t sum = k_scaled16_neon(t, slo, shi);
-                if (off && !(dp && K_NEON_GCC)) // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
+                if (off && !started) // less off * sum_j sc_j * S_j (S: the activation's sums of 16)
                     sum = vmlsq_n_s32(sum, k_mul16x16_neon(slo, shi, as0, as1), off);
                 iv[r] = sum;
                 mv[r] = type == T_Q2_K ? k_q2_k_mins_neon(xb, yb) : sum; // the minimums against the stored bsums
