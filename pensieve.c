@@ -9084,6 +9084,7 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   its 16 quants) in lane 0 of vector k, the other lanes zero, where the NEON one-row kernels'
 //   sdot of sub-block k starts (k_gemv1_kq16_neon).
 #define K_ACT_G_BLK 48 // bytes a block of the AVX-512 GEMM's part of a Q8_0 row's side data
+#define K_ACT_K_BLK 384 // bytes a block of a one-row Q8_K row's part at k_act_side_size
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_g(int64_t n) { return (k_act_side_o(n) + (size_t)(n / 32) * 4 + 7) & ~(size_t)7; }
@@ -9097,7 +9098,7 @@ static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
 // The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
 // apart, without it, or k_act_side_stride).
 static size_t k_act_side_one(uint32_t atype, int64_t n) {
-    const size_t x = atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * 384 : 0;
+    const size_t x = atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * K_ACT_K_BLK : 0;
     return k_act_side_size(atype, n) + x;
 }
 
@@ -9197,7 +9198,7 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
             }
         }
         if (atype == T_Q8_K && one_row) { // the one-row kernels' 384 bytes
-            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + 384 * (size_t)b;
+            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + K_ACT_K_BLK * (size_t)b;
             if (off) { // the NEON ones' sdot starting values
                 memset(g, 0, 256);
                 for (int k = 0; k < 16; k++) {
@@ -12586,7 +12587,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     const __m512i first4 = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     const __mmask64 even = 0x5555555555555555ull; // (vbmi: pickp's odd bytes, zeros, masked off)
     // prefetch distance (k_gemv1_pf_step): the kernel reads the side data's 384 bytes a block
-    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, 384 * (size_t)nb));
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, K_ACT_K_BLK * (size_t)nb));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -12652,7 +12653,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                         sp[v] = vbmi ? k_permb_z(even, pickp[p][v], sm[k]) : _mm512_shuffle_epi8(sw, pickp[p][v]);
                     K_UNROLL
                     for (int i = 0; i < nr; i++) {
-                        const uint8_t *a = ax[i] + 384 * (size_t)bk;
+                        const uint8_t *a = ax[i] + K_ACT_K_BLK * (size_t)bk;
                         t[k][i][p] = _mm512_setzero_si512();
                         K_UNROLL
                         for (int v = 0; v < 4; v++) { // |lane| <= 4 * 31 * 128: int16, so packing two vectors into one is exact
@@ -12671,7 +12672,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
             const __mmask8 km = nk == 2 ? 0xff : 0x0f;
             K_UNROLL
             for (int i = 0; i < nr; i++) {
-                const uint8_t *a = ax[i] + 384 * (size_t)b, *a1 = nk == 2 ? a + 384 : a;
+                const uint8_t *a = ax[i] + K_ACT_K_BLK * (size_t)b, *a1 = nk == 2 ? a + K_ACT_K_BLK : a;
                 // each block's four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes
                 // added, both blocks' in the low 256 bits: [block][row]
                 const __m512d is = k_blocks2_sum_avx512(k_pairs_sum_avx512(t[0][i][0], t[0][i][1]), k_pairs_sum_avx512(t[1][i][0], t[1][i][1]));
@@ -16478,7 +16479,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             const uint8_t *yb = y + (size_t)b * K_Q8_K_SIZE;
             const int8_t *a = (const int8_t *)(yb + 4);
             const int16x8_t as0 = vld1q_s16(as + 16 * b), as1 = vld1q_s16(as + 16 * b + 8);
-            const int32_t *init = (const int32_t *)(const void *)(side + init_o + 384 * (size_t)b); // (started: k_act_side)
+            const int32_t *init = (const int32_t *)(const void *)(side + init_o + K_ACT_K_BLK * (size_t)b); // (started: k_act_side)
             int32x4_t iv[4], mv[4]; // row r's isum and (Q2_K) msum, in lanes
             const uint8_t *xbs[4];
             int32x4_t last = vdupq_n_s32(0);
