@@ -9387,11 +9387,24 @@ K_INLINE size_t k_gemv1_pf_step(size_t step) { return step > K_GEMV1_L1_FIT ? k_
 static size_t k_gemv1_pf_l1 = 0; // set once with the kernel sets (k_sets_init)
 PSV_MAYBE_UNUSED static size_t k_gemv1_pf_l1_for(const plat_cpu *c) { return k_cpu_amd_f25(c) ? K_GEMV1_PF_L1 : 0; }
 
-// A prefetch of the line `ahead` bytes past p, into the level-2 cache. The address may lie past
-// the tensor (the last stream's last rows): a prefetch never faults, and it is formed as an
-// integer, not as a pointer past the object.
+// On Zen 5 (AMD family 26) the one-row kernels' requests ahead go non-temporal (prefetchnta,
+// into the level-1 cache, where prefetcht1 asks for the level-2 one): measured on a Zen 5 (family
+// 26 model 2) alternating token by token in one process, medians, AVX-512 kernels: phi4-mini
+// Q4_K_M two threads 57.7 -> 51.1 ms a token and 56.4 -> 49.5 (prefetcht0 50.8 and 48.8), one
+// thread 225 -> 144 ms in a noisy hour (prefetcht0 124); qwen2-0.5b Q4_0 two threads 6.34 -> 5.92
+// ms, one thread 11.26 -> 10.32, Q4_K_M (mostly Q5_0) two threads 7.73 -> 7.20. The AVX2 kernels
+// there took the same time either way (phi4-mini 56.3 / 56.2 ms, qwen2 Q4_0 7.93 / 7.88). Of the
+// two that won, the non-temporal request keeps weights read once a token out of the level-2
+// cache that holds the KV cache and activations. Other CPUs keep prefetcht1 (not measured).
+static bool k_gemv1_pf_nta = false; // set once with the kernel sets (k_sets_init)
+PSV_MAYBE_UNUSED static bool k_gemv1_pf_nta_for(const plat_cpu *c) { return c->amd && c->family == 26; }
+
+// A prefetch of the line `ahead` bytes past p, into the level-2 cache (or non-temporal, where
+// k_gemv1_pf_nta says so). The address may lie past the tensor (the last stream's last rows): a
+// prefetch never faults, and it is formed as an integer, not as a pointer past the object.
 K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
-    __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
+    if (k_gemv1_pf_nta) __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 0);
+    else __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
 }
 
 // A gemv1 kernel's prefetch for the line at p of one of its streams (the AVX-512 quantized
@@ -18068,6 +18081,7 @@ static void k_sets_init(void) {
     k_gemv1_pf = k_gemv1_pf_for(plat_cpu_get());
     k_gemv1_pf_long = k_gemv1_pf_long_for(plat_cpu_get());
     k_gemv1_pf_l1 = k_gemv1_pf_l1_for(plat_cpu_get());
+    k_gemv1_pf_nta = k_gemv1_pf_nta_for(plat_cpu_get());
 #endif
     k_active_set = k_set_choose(getenv("PSV_KERNELS"), plat_cpu_get(), k_active_note, sizeof k_active_note);
 }
@@ -18154,7 +18168,8 @@ PSV_MAYBE_UNUSED static int cli_cpu(void) {
     printf("\nkernel set: %s\n", k_kernel_set_name());
 #if defined(PSV_X86_KERNELS)
     // (after k_kernel_set_name, which sets the kernels up)
-    printf("cpu: %s family %d; generation prefetches %zu bytes ahead", c->amd ? "AMD" : "x86", c->family, k_gemv1_pf);
+    printf("cpu: %s family %d; generation prefetches %zu bytes ahead%s", c->amd ? "AMD" : "x86", c->family, k_gemv1_pf,
+           k_gemv1_pf_nta ? " (non-temporal)" : "");
     if (k_gemv1_pf_l1) printf(" (and %zu into the level-1 cache with the AVX-512 kernels)", k_gemv1_pf_l1);
     if (k_gemv1_pf_long != k_gemv1_pf) printf(", %zu in rows too long for the level-1 cache", k_gemv1_pf_long);
     printf("\n");
