@@ -9322,11 +9322,11 @@ static inline double k_w1_term_scalar(uint32_t type, const uint8_t *x, const uin
     return (double)k_ld_f16(x) * (double)k_ld_f16(y) * (double)isum + (double)k_ld_f16(x + 2) * (double)k_ld_f16(y + 2);
 }
 
-// How far ahead (bytes, k_gemv1_pf) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the others of every
-// type; measured with the AVX-512 Q4_0, Q5_0, Q8_0, Q4_K and Q6_K kernels) prefetch each of their
-// four row streams into the level-2 cache, a prefetch per step of each stream (per 64 bytes of
-// the k-quants' blocks). The
-// hardware prefetchers alone leave these kernels waiting on memory:
+// How far ahead (bytes, k_gemv1_pf) the one-row kernels (k_gemv1_avx512, k_gemv1_avx2 and the
+// others of every type; measured with the AVX-512 Q4_0, Q5_0, Q8_0, Q4_K and Q6_K kernels)
+// prefetch each of their four row streams into the level-2 cache (non-temporally on Zen 5:
+// k_gemv1_pf_nta), a prefetch per step of each stream (per 64 bytes of the k-quants' blocks).
+// The hardware prefetchers alone leave these kernels waiting on memory:
 // measured on Zen 5, one thread, rows from memory, Q4_0 rows of 896 values 35 -> 41 GB/s in 1.2
 // MB calls (a generation thread's share of a qwen2-0.5b feed-forward matrix) and 38 -> 43 in one
 // long call, rows of 4864 values 34 -> 36 and 37 -> 42, Q5_0 34 -> 41, Q8_0 37.5 -> 39; 512
