@@ -9387,8 +9387,9 @@ K_INLINE size_t k_gemv1_pf_step(size_t step) { return step > K_GEMV1_L1_FIT ? k_
 static size_t k_gemv1_pf_l1 = 0; // set once with the kernel sets (k_sets_init)
 PSV_MAYBE_UNUSED static size_t k_gemv1_pf_l1_for(const plat_cpu *c) { return k_cpu_amd_f25(c) ? K_GEMV1_PF_L1 : 0; }
 
-// On Zen 5 (AMD family 26) the one-row kernels' requests ahead go non-temporal (prefetchnta,
-// into the level-1 cache, where prefetcht1 asks for the level-2 one): measured on a Zen 5 (family
+// On Zen 5 (AMD family 26) the one-row kernels' requests ahead, and attention's for the KV cache
+// (k_prefetch_span), go non-temporal (prefetchnta, into the level-1 cache, where prefetcht1 asks
+// for the level-2 one); both were switched together in what was measured: on a Zen 5 (family
 // 26 model 2) alternating token by token in one process, medians, AVX-512 kernels: phi4-mini
 // Q4_K_M two threads 57.7 -> 51.1 ms a token and 56.4 -> 49.5 (prefetcht0 50.8 and 48.8), one
 // thread 225 -> 144 ms in a noisy hour (prefetcht0 124); qwen2-0.5b Q4_0 two threads 6.34 -> 5.92
