@@ -11530,7 +11530,8 @@ K_AVX2 static void k_dot_f32_f32_avx2(int64_t n, float *s, const void *vx, const
 // value serves eight keys: with half a block a step (one register), the four broadcasts and the
 // key load of a step took more loads than its four multiply-adds, and Zen 5 loads two vectors a
 // cycle (fifty-fourth session: 0.065 -> 0.051 ns a product, seven queries against 256 keys of
-// 64 values, in the cache; 19 registers for four queries, the spills cost less than the loads).
+// 64 values, in the cache; four queries take 19 registers of the 16, and gcc's spills cost less
+// than the loads saved; with at most three queries a chunk, 0.057).
 // h: the keys are halves (dot_keys_f16).
 K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, const bool h, float *s, size_t s_stride, const double *qd, const void *k,
                                        size_t bstride, int64_t nk, int64_t n) {
