@@ -16488,9 +16488,96 @@ K_DEF_GEMV1_NEON(k_gemv1_q5_k, k_gemv1_q45_k_neon, T_Q5_K)
 // Q3_K and Q2_K (type) the same way (k_q23_k_raw16_neon, Q3_K's offset 4; Q3_K's scales from k_q3_k_scales4), Q2_K's
 // minimums against the stored bsums giving msum and its term the reference's
 // dy * (dx * isum - dmin * msum).
+// Q6_K with sdot (the dotprod and i8mm sets): as k_gemv1_kq16_neon's, but each half block (128
+// values) goes through the four rows in turn, its eight activation vectors loaded once for the
+// four (as k_gemv1_q45_k_neon's chunks), where a row at a time had loaded all sixteen for each
+// row. A row's half: its eight sums of 16, each sdot started from its sub-block's -32 * sum
+// (k_act_side; with clang too, which k_gemv1_kq16_neon's form had started from zero), paired by
+// pairwise adds as they come and weighted by their scales at once. tools/arm_icount.sh dotprod
+// gemv1, instructions a product: gcc 0.538 -> 0.466, clang 0.525 -> 0.421 (fifty-fifth session;
+// with the lanes' accumulators in memory, to leave the registers to the activation's vectors,
+// gcc 0.480).
+K_INLINE void k_gemv1_q6_k_dp_neon(int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0, int w1,
+                                   const uint8_t *y, const uint8_t *side) {
+    PSV_ASSERT(n % QK_K == 0 && nw >= 1);
+    const int64_t nb = n / QK_K;
+    const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
+    const size_t init_o = k_act_side_size(T_Q8_K, n);
+    const uint8x16_t m30 = vdupq_n_u8(0x30), m3f = vdupq_n_u8(0x3f);
+    for (int w = w0; w < w1; w++) {
+        const uint8_t *xr[4];
+        k_gemv1_rows(x, x_stride, nw, w, xr);
+        float64x2_t acc[K_BLOCK_LANES][2];
+        K_UNROLL
+        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *a = (const int8_t *)(y + (size_t)b * K_Q8_K_SIZE + 4);
+            const int32_t *init = (const int32_t *)(const void *)(side + init_o + K_ACT_K_BLK * (size_t)b);
+            const uint8_t *xb[4];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) xb[r] = xr[r] + (size_t)b * K_Q6_K_SIZE;
+            int32x4_t iv[4]; // row r's isum, in lanes
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                int8x16_t av[8]; // values 128h + 16i
+                K_UNROLL
+                for (int i = 0; i < 8; i++) av[i] = vld1q_s8(a + 128 * h + 16 * i);
+                K_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    // (the row's loads after the previous row's sums, and the sdot starting values
+                    // loaded for each row: gcc had hoisted the four rows' unpacking above them and
+                    // spilled, and kept the starting values in registers to copy for each sdot; the
+                    // pointers themselves made opaque, as copies of them took a move each)
+                    if (r > 0 || h > 0) __asm__("" : "+r"(xb[r]), "+r"(init) : "w"(iv[(r + 3) % 4]));
+                    const uint8_t *const xq = xb[r];
+                    const int32_t *const ir = init;
+                    const uint8x16_t qh0 = vld1q_u8(xq + 128 + 32 * h), qh1 = vld1q_u8(xq + 128 + 32 * h + 16);
+                    int32x4_t pl[2], ph[2]; // sub-blocks 8h + 2k, 8h + 2k + 1 (pl) and + 4 (ph), two lanes each
+                    K_UNROLL
+                    for (int k = 0; k < 2; k++) { // ql of quarters k and k + 2
+                        int32x4_t u[2][2];
+                        K_UNROLL
+                        for (int half = 0; half < 2; half++) {
+                            const uint8x16_t qh = half ? qh1 : qh0, p = k ? vshrq_n_u8(qh, 2) : qh;
+                            const uint8x16_t ql = vld1q_u8(xq + 64 * h + 32 * k + 16 * half);
+                            const uint8x16_t hi = vsriq_n_u8(vandq_u8(p, m30), ql, 4); // quarter k + 2
+                            uint8x16_t qs = ql;
+                            __asm__("" : "+w"(qs) : "w"(hi)); // (sli after sri, so that ql is not copied)
+                            const uint8x16_t lo = vandq_u8(vsliq_n_u8(qs, p, 4), m3f); // quarter k
+                            const int i = 2 * k + half, e = 128 * h + 16 * i;
+                            u[0][half] = k_sdot_neon(vld1q_s32(ir + e / 4), vreinterpretq_s8_u8(lo), av[i]);
+                            u[1][half] = k_sdot_neon(vld1q_s32(ir + e / 4 + 16), vreinterpretq_s8_u8(hi), av[i + 4]);
+                        }
+                        pl[k] = vpaddq_s32(u[0][0], u[0][1]);
+                        ph[k] = vpaddq_s32(u[1][0], u[1][1]);
+                    }
+                    const int16x8_t sc = vmovl_s8(vld1_s8((const int8_t *)(xq + 192 + 8 * h)));
+                    const int32x4_t tl = vpaddq_s32(pl[0], pl[1]), sl = vmovl_s16(vget_low_s16(sc)); // sub-blocks 8h .. 8h + 3
+                    iv[r] = vmlaq_s32(h ? vmlaq_s32(iv[r], tl, sl) : vmulq_s32(tl, sl), vpaddq_s32(ph[0], ph[1]), vmovl_high_s16(sc));
+                }
+            }
+            const int32x4_t is = k_hsum4_neon(iv);
+            const float32x4_t dx = k_f16x4_neon(xb, 208);
+            float64x2_t t[2];
+            K_UNROLL
+            for (int h = 0; h < 2; h++) { // dx * dy * isum
+                const float64x2_t isd = vcvtq_f64_s64(h ? vmovl_high_s32(is) : vmovl_s32(vget_low_s32(is)));
+                const float64x2_t dxd = vcvt_f64_f32(h ? vget_high_f32(dx) : vget_low_f32(dx));
+                t[h] = k_no_fuse_f64x2(vmulq_f64(vmulq_n_f64(dxd, dys[b]), isd));
+            }
+            k_gemv1_add_neon(acc, b, t);
+        }
+        k_gemv1_store_neon(acc, s, w, nw);
+    }
+}
+
 K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                 int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
+    if (dp && type == T_Q6_K) {
+        k_gemv1_q6_k_dp_neon(n, s, x, x_stride, nw, w0, w1, y, side);
+        return;
+    }
     const size_t bsize = type_table[type].type_size, od = type == T_Q6_K ? 208 : type == T_Q3_K ? 108 : 80;
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
