@@ -15421,39 +15421,7 @@ static inline uint8x16_t k_q6_k_raw16_neon(const uint8_t *x, int h, int k, int h
 // gcc only (K_NEON_GCC): clang loaded the starting values once for a block's four rows, copied
 // them for each (sdot overwrites its accumulator) and spilled (instructions a product, gcc
 // (clang), dotprod generation Q6_K 0.585 (0.525) -> 0.538 (0.534), Q3_K 0.750 (0.845) -> 0.728
-// (0.872)).
-// The sixteen sub-block sums of a Q6_K block at x (its quants as stored, q + 32) against the
-// activation's quants at a, by sdot: t[j] lane i = sub-block 4j + i, less 32 times the sub-block's
-// activation sum where K_NEON_GCC (init: the block's 16 starting vectors). The unpacking is
-// k_q6_k_raw16_neon's, with each 16 bytes of ql and qh loaded once (ql's low nibbles are quarters
-// k = 0, 1, its high nibbles k = 2, 3) and qh >> 2 shared by quarters 1 and 3 (dotprod generation
-// 0.625 -> 0.601 with gcc, 0.598 -> 0.527 with clang, against raw16 per sub-block).
-K_INLINE void k_q6_k_sums_dp_neon(const uint8_t *x, const int8_t *a, const int32_t *init, int32x4_t t[4]) {
-    const uint8x16_t m30 = vdupq_n_u8(0x30), m3f = vdupq_n_u8(0x3f);
-    K_UNROLL
-    for (int h = 0; h < 2; h++) {
-        int32x4_t u[2][4]; // [k >> 1][2 (k & 1) + half]: sub-block 8h + 2k + half
-        K_UNROLL
-        for (int half = 0; half < 2; half++) {
-            const uint8x16_t qh = vld1q_u8(x + 128 + 32 * h + 16 * half), qh2 = vshrq_n_u8(qh, 2);
-            K_UNROLL
-            for (int k = 0; k < 2; k++) { // ql of quarters k and k + 2
-                const uint8x16_t ql = vld1q_u8(x + 64 * h + 32 * k + 16 * half), p = k ? qh2 : qh;
-                // (sri first: sli overwrites ql, which would otherwise be copied)
-                const uint8x16_t hi = vsriq_n_u8(vandq_u8(p, m30), ql, 4); // quarter k + 2
-                const uint8x16_t lo = vandq_u8(vsliq_n_u8(ql, p, 4), m3f);  // quarter k
-                const int e = 128 * h + 32 * k + 16 * half;
-                const int32x4_t z0 = K_NEON_GCC ? vld1q_s32(init + e / 4) : vdupq_n_s32(0);
-                const int32x4_t z1 = K_NEON_GCC ? vld1q_s32(init + e / 4 + 16) : vdupq_n_s32(0);
-                u[0][2 * k + half] = k_sdot_neon(z0, vreinterpretq_s8_u8(lo), vld1q_s8(a + e));
-                u[1][2 * k + half] = k_sdot_neon(z1, vreinterpretq_s8_u8(hi), vld1q_s8(a + e + 64));
-            }
-        }
-        t[2 * h] = k_hsum4_neon(u[0]);
-        t[2 * h + 1] = k_hsum4_neon(u[1]);
-    }
-}
-
+// (0.872)). Q6_K's since the fifty-fifth session: k_gemv1_q6_k_dp_neon (with clang too).
 // Sub-blocks 4j .. 4j + 3 of a Q2_K, Q3_K or Q6_K block (at x), as stored plus the type's offset,
 // in qv[0..3] (value e = 128h + 32k + 16 half is in sub-block e / 16; j a literal where the
 // callers unroll).
@@ -16480,18 +16448,10 @@ K_INLINE void k_gemv1_q45_k_neon(bool dp, uint32_t type, int64_t n, float *s, co
 K_DEF_GEMV1_NEON(k_gemv1_q4_k, k_gemv1_q45_k_neon, T_Q4_K)
 K_DEF_GEMV1_NEON(k_gemv1_q5_k, k_gemv1_q45_k_neon, T_Q5_K)
 
-// Q6_K: each 16 values' sums (sdot of the quants as stored, q + 32, unpacked as k_dot_q6_k_neon
-// does) reduced four sub-blocks at a time and weighted by the scales, less 32 times the scales
-// against the activation's sums of 16: isum exactly, one subtraction a block where taking the 32
-// off each vector cost sixteen (with sdot where K_NEON_GCC, none: each sdot starts from its
-// sub-block's -32 * sum). Term: the reference's dx * dy * isum.
-// Q3_K and Q2_K (type) the same way (k_q23_k_raw16_neon, Q3_K's offset 4; Q3_K's scales from k_q3_k_scales4), Q2_K's
-// minimums against the stored bsums giving msum and its term the reference's
-// dy * (dx * isum - dmin * msum).
-// Q6_K with sdot (the dotprod and i8mm sets): as k_gemv1_kq16_neon's, but each half block (128
-// values) goes through the four rows in turn, its eight activation vectors loaded once for the
-// four (as k_gemv1_q45_k_neon's chunks), where a row at a time had loaded all sixteen for each
-// row. A row's half: its eight sums of 16, each sdot started from its sub-block's -32 * sum
+// Q6_K with sdot (the dotprod and i8mm sets): as k_gemv1_kq16_neon (below), but each half block
+// (128 values) goes through the four rows in turn, its eight activation vectors loaded once for
+// the four (as k_gemv1_q45_k_neon's chunks), where a row at a time had loaded all sixteen for
+// each row. A row's half: its eight sums of 16, each sdot started from its sub-block's -32 * sum
 // (k_act_side; with clang too, which k_gemv1_kq16_neon's form had started from zero), paired by
 // pairwise adds as they come and weighted by their scales at once. tools/arm_icount.sh dotprod
 // gemv1, instructions a product: gcc 0.538 -> 0.466, clang 0.525 -> 0.421 (fifty-fifth session;
@@ -16571,6 +16531,15 @@ K_INLINE void k_gemv1_q6_k_dp_neon(int64_t n, float *s, const uint8_t *x, size_t
     }
 }
 
+// Q6_K: each 16 values' sums (sdot of the quants as stored, q + 32, unpacked as k_dot_q6_k_neon
+// does) reduced four sub-blocks at a time and weighted by the scales, less 32 times the scales
+// against the activation's sums of 16: isum exactly, one subtraction a block where taking the 32
+// off each vector cost sixteen (with sdot where K_NEON_GCC, none: each sdot starts from its
+// sub-block's -32 * sum; with sdot Q6_K now takes k_gemv1_q6_k_dp_neon, above). Term: the
+// reference's dx * dy * isum.
+// Q3_K and Q2_K (type) the same way (k_q23_k_raw16_neon, Q3_K's offset 4; Q3_K's scales from k_q3_k_scales4), Q2_K's
+// minimums against the stored bsums giving msum and its term the reference's
+// dy * (dx * isum - dmin * msum).
 K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw,
                                 int w0, int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % QK_K == 0 && nw >= 1 && (type == T_Q2_K || type == T_Q3_K || type == T_Q6_K));
@@ -16603,9 +16572,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
                 int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
-                if (dp && type == T_Q6_K) {
-                    k_q6_k_sums_dp_neon(xb, a, init, t);
-                } else if (dp) { // sixteen sums, then reduced (clang read 9 % more for Q6_K reduced by fours)
+                if (dp) { // sixteen sums, then reduced (clang had read 9 % more for Q6_K reduced by fours)
                     int32x4_t u[16];
                     K_UNROLL
                     for (int h = 0; h < 2; h++)
