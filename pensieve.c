@@ -16490,7 +16490,6 @@ K_INLINE void k_gemv1_q6_k_dp_neon(int64_t n, float *s, const uint8_t *x, size_t
                     // pointers themselves made opaque, as copies of them took a move each)
                     if (r > 0 || h > 0) __asm__("" : "+r"(xb[r]), "+r"(init) : "w"(iv[(r + 3) % 4]));
                     const uint8_t *const xq = xb[r];
-                    const int32_t *const ir = init;
                     const uint8x16_t qh0 = vld1q_u8(xq + 128 + 32 * h), qh1 = vld1q_u8(xq + 128 + 32 * h + 16);
                     int32x4_t pl[2], ph[2]; // sub-blocks 8h + 2k, 8h + 2k + 1 (pl) and + 4 (ph), two lanes each
                     K_UNROLL
@@ -16505,8 +16504,8 @@ K_INLINE void k_gemv1_q6_k_dp_neon(int64_t n, float *s, const uint8_t *x, size_t
                             __asm__("" : "+w"(qs) : "w"(hi)); // (sli after sri, so that ql is not copied)
                             const uint8x16_t lo = vandq_u8(vsliq_n_u8(qs, p, 4), m3f); // quarter k
                             const int i = 2 * k + half, e = 128 * h + 16 * i;
-                            u[0][half] = k_sdot_neon(vld1q_s32(ir + e / 4), vreinterpretq_s8_u8(lo), av[i]);
-                            u[1][half] = k_sdot_neon(vld1q_s32(ir + e / 4 + 16), vreinterpretq_s8_u8(hi), av[i + 4]);
+                            u[0][half] = k_sdot_neon(vld1q_s32(init + e / 4), vreinterpretq_s8_u8(lo), av[i]);
+                            u[1][half] = k_sdot_neon(vld1q_s32(init + e / 4 + 16), vreinterpretq_s8_u8(hi), av[i + 4]);
                         }
                         pl[k] = vpaddq_s32(u[0][0], u[0][1]);
                         ph[k] = vpaddq_s32(u[1][0], u[1][1]);
@@ -16572,7 +16571,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xbs[r] = xr[r] + (size_t)b * bsize;
                 int32x4_t t[4]; // sub-blocks 4j .. 4j + 3 (value e = 128h + 32k + 16 half in sub-block e / 16)
-                if (dp) { // sixteen sums, then reduced (clang had read 9 % more for Q6_K reduced by fours)
+                if (dp) { // (Q2_K, Q3_K) sixteen sums, then reduced (clang had read 9 % more for Q6_K reduced by fours)
                     int32x4_t u[16];
                     K_UNROLL
                     for (int h = 0; h < 2; h++)
@@ -16580,8 +16579,8 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
                         for (int k = 0; k < 4; k++)
                             K_UNROLL
                             for (int half = 0; half < 2; half++) {
-                                const int8x16_t qv = vreinterpretq_s8_u8( // (the quants plus the type's offset)
-                                    type == T_Q6_K ? k_q6_k_raw16_neon(xb, h, k, half) : k_q23_k_raw16_neon(type, xb, h, k, half));
+                                // (the quants plus the type's offset)
+                                const int8x16_t qv = vreinterpretq_s8_u8(k_q23_k_raw16_neon(type, xb, h, k, half));
                                 const int e = 128 * h + 32 * k + 16 * half;
                                 u[e / 16] = k_sdot_neon(started ? vld1q_s32(init + e / 4) : vdupq_n_s32(0), qv, vld1q_s8(a + e));
                             }
