@@ -10751,17 +10751,39 @@ K_AVX2 K_INLINE void k_zero_acc_avx2(double *acc, int n) {
     for (int i = 0; i < n; i += 4) _mm256_storeu_pd(acc + i, z);
 }
 
+// Zeros laid out as a 16-row GEMM kernel's accumulators (acc[r][lane][16], up to K_GEMM16_ROWS rows):
+// where its first K_BLOCK_LANES blocks read their lanes' starting values (each lane starts at +0,
+// as the reference's do) at the offsets their accumulators have, so that the kernel need not zero
+// them first (k_zero_acc_avx2) unless it has fewer blocks than lanes.
+static _Alignas(32) const double k_zero_acc16[6][4][16];
+
+// out[i] = ((l[i] + l[ls + i]) + l[2 ls + i]) + l[3 ls + i] rounded once to float, i < nw: the
+// reference's sum of a GEMM call's K_BLOCK_LANES lanes (k_lanes_sum), four results a step.
+K_AVX2 K_INLINE void k_lanes_out_avx2(float *out, const double *l, size_t ls, int nw) {
+    int i = 0;
+    for (; i + 4 <= nw; i += 4) {
+        __m256d s = _mm256_add_pd(_mm256_loadu_pd(l + i), _mm256_loadu_pd(l + ls + i));
+        s = _mm256_add_pd(s, _mm256_loadu_pd(l + 2 * ls + i));
+        s = _mm256_add_pd(s, _mm256_loadu_pd(l + 3 * ls + i));
+        _mm_storeu_ps(out + i, _mm256_cvtpd_ps(s));
+    }
+    for (; i < nw; i++) {
+        const double v[K_BLOCK_LANES] = {l[i], l[ls + i], l[2 * ls + i], l[3 * ls + i]};
+        out[i] = k_lanes_sum(v, K_BLOCK_LANES);
+    }
+}
+
 // Adds the block's term for 8 weight rows (dx, dm: rows 0-3 and 4-7) to acc[0..7].
-K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, __m256d t0, __m256d t1) {
-    _mm256_storeu_pd(acc, _mm256_add_pd(_mm256_loadu_pd(acc), k_no_fuse_pd_avx2(t0)));
-    _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(acc + 4), k_no_fuse_pd_avx2(t1)));
+K_AVX2 K_INLINE void k_gemm_term_avx2(double *acc, const double *src, __m256d t0, __m256d t1) {
+    _mm256_storeu_pd(acc, _mm256_add_pd(_mm256_loadu_pd(src), k_no_fuse_pd_avx2(t0)));
+    _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(src + 4), k_no_fuse_pd_avx2(t1)));
 }
 
 // acc[0..7] += (f0, f1) * (g0, g1) where each product is exact, so that one rounding is the
 // reference's (the term's, exact, then the add's).
-K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256d f1, __m256d g1) {
-    _mm256_storeu_pd(acc, _mm256_fmadd_pd(f0, g0, _mm256_loadu_pd(acc)));
-    _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(acc + 4)));
+K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, const double *src, __m256d f0, __m256d g0, __m256d f1, __m256d g1) {
+    _mm256_storeu_pd(acc, _mm256_fmadd_pd(f0, g0, _mm256_loadu_pd(src)));
+    _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(f1, g1, _mm256_loadu_pd(src + 4)));
 }
 
 // Adds a 32-value block's terms of 8 weight rows (scales dx0, dx1: rows 0-3 and 4-7; Q4_1 and Q5_1
@@ -10769,23 +10791,23 @@ K_AVX2 K_INLINE void k_gemm_fma_avx2(double *acc, __m256d f0, __m256d g0, __m256
 // integer sums is) to acc[0..7]: the reference's (double)dx * (double)dy * (double)isum, whose
 // product is exact (11 + 11 + 20 bits at most), so that one FMA rounds the sum as the add does;
 // q81: that plus (double)mx * (double)sy, added as the reference adds it.
-K_AVX2 K_INLINE void k_gemm_term32_avx2(bool q81, double *acc, __m256d dy, __m256d sy, __m256d dx0, __m256d dx1, __m256d dm0,
-                                        __m256d dm1, __m256i is) {
+K_AVX2 K_INLINE void k_gemm_term32_avx2(bool q81, double *acc, const double *src, __m256d dy, __m256d sy, __m256d dx0,
+                                        __m256d dx1, __m256d dm0, __m256d dm1, __m256i is) {
     const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1));
     if (!q81) {
-        k_gemm_fma_avx2(acc, _mm256_mul_pd(dx0, dy), i0, _mm256_mul_pd(dx1, dy), i1);
+        k_gemm_fma_avx2(acc, src, _mm256_mul_pd(dx0, dy), i0, _mm256_mul_pd(dx1, dy), i1);
         return;
     }
     const __m256d t0 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0), _mm256_mul_pd(dm0, sy));
     const __m256d t1 = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1), _mm256_mul_pd(dm1, sy));
-    k_gemm_term_avx2(acc, t0, t1);
+    k_gemm_term_avx2(acc, src, t0, t1);
 }
 
 // Adds a k-quant block's terms of 8 weight rows (scales dx0, dx1: rows 0-3 and 4-7; their minimums'
 // dm0, dm1) against an activation row (scale dy; the integer sums is and, with a minimum, ms) to
 // acc[0..7]: the reference's dy * (dx * isum - dmin * msum), or dx * dy * isum.
-K_AVX2 K_INLINE void k_gemm_kterm_avx2(bool min, double *acc, __m256d dy, __m256d dx0, __m256d dx1, __m256d dm0, __m256d dm1,
-                                       __m256i is, __m256i ms) {
+K_AVX2 K_INLINE void k_gemm_kterm_avx2(bool min, double *acc, const double *src, __m256d dy, __m256d dx0, __m256d dx1,
+                                       __m256d dm0, __m256d dm1, __m256i is, __m256i ms) {
     const __m256d i0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(is)), i1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(is, 1));
     __m256d t0, t1;
     if (min) {
@@ -10796,7 +10818,7 @@ K_AVX2 K_INLINE void k_gemm_kterm_avx2(bool min, double *acc, __m256d dy, __m256
         t0 = _mm256_mul_pd(_mm256_mul_pd(dx0, dy), i0);
         t1 = _mm256_mul_pd(_mm256_mul_pd(dx1, dy), i1);
     }
-    k_gemm_term_avx2(acc, t0, t1);
+    k_gemm_term_avx2(acc, src, t0, t1);
 }
 
 // Block b of the panel against R (1 or 2) activation rows; acc[r * 8 ..] is lane b % 4 of row r.
@@ -10871,7 +10893,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
             if (off) // the term that takes the quants' offset off (k_act_side)
                 is[r] = _mm256_add_epi32(is[r], k_bcast4_avx2(ao[r] + b));
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            k_gemm_term32_avx2(q81, acc + 8 * r, dy, q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy, dx0, dx1,
+            k_gemm_term32_avx2(q81, acc + 8 * r, acc + 8 * r, dy, q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy, dx0, dx1,
                                q81 ? _mm256_loadu_pd(dmp) : dx0, q81 ? _mm256_loadu_pd(dmp + 4) : dx1, is[r]);
         }
         return;
@@ -10934,7 +10956,7 @@ K_AVX2 K_INLINE void k_gemm_blk_avx2(uint32_t type, bool vnni, int R, const uint
     const double *dmp = dxp + 8;
     K_UNROLL
     for (int r = 0; r < R; r++)
-        k_gemm_kterm_avx2(min, acc + 8 * r, _mm256_set1_pd(dr[r][b]), dx0, dx1, min ? _mm256_loadu_pd(dmp) : dx0,
+        k_gemm_kterm_avx2(min, acc + 8 * r, acc + 8 * r, _mm256_set1_pd(dr[r][b]), dx0, dx1, min ? _mm256_loadu_pd(dmp) : dx0,
                           min ? _mm256_loadu_pd(dmp + 4) : dx1, is[r], ms[r]);
 }
 
@@ -11144,7 +11166,7 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
         K_UNROLL
         for (int r = 0; r < R; r++) {
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            k_gemm_term32_avx2(false, acc[b % K_BLOCK_LANES] + 8 * r, dy, dy, dx0, dx1, dx0, dx1, is[r]);
+            k_gemm_term32_avx2(false, acc[b % K_BLOCK_LANES] + 8 * r, acc[b % K_BLOCK_LANES] + 8 * r, dy, dy, dx0, dx1, dx0, dx1, is[r]);
         }
     }
     for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
@@ -11260,7 +11282,8 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t
     const double *dr[K_GEMM16_ROWS];
     const int32_t *ao[K_GEMM16_ROWS];
     double acc[K_GEMM16_ROWS][K_BLOCK_LANES][16]; // lane l of row r's 16 results at acc[r][l]
-    k_zero_acc_avx2(&acc[0][0][0], R * K_BLOCK_LANES * 16);
+    if (nb < K_BLOCK_LANES) k_zero_acc_avx2(&acc[0][0][0], R * K_BLOCK_LANES * 16);
+    _Static_assert(sizeof k_zero_acc16 == sizeof acc, "k_zero_acc16: the accumulators' layout");
     K_UNROLL
     for (int r = 0; r < R; r++) {
         k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
@@ -11270,9 +11293,14 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
         const uint8_t *qa = pa + (size_t)b * bb, *qb = pb + (size_t)b * bb;
+        const bool von = vnni && k_panel_off(type); // vnni's sums start from the quants' offset term (k_act_side)
         __m256i p[K_GEMM16_ROWS][2]; // int16 pair sums (K_STEP_U8) or int32 sums
         K_UNROLL
-        for (int r = 0; r < R; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
+        for (int r = 0; r < R; r++) {
+            p[r][0] = von ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
+            p[r][1] = von ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
+        }
+        const double (*const src)[K_BLOCK_LANES][16] = b < K_BLOCK_LANES ? k_zero_acc16 : (const double (*)[K_BLOCK_LANES][16])acc;
         __m256i is5[K_GEMM16_ROWS][2]; // Q5_0, Q5_1: the int32 sums of the first run of four steps
         if (w16) {
             K_UNROLL16
@@ -11300,23 +11328,21 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t
         K_UNROLL
         for (int r = 0; r < R; r++) {
             const __m256d dy = _mm256_set1_pd(dr[r][b]);
-            const __m256i off = k_panel_off(type) && !w16 ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256(); // the quant offset (k_act_side)
+            const __m256i off = // the quant offset (k_act_side); vnni's sums started from it
+                k_panel_off(type) && !w16 && !vnni ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
             K_UNROLL
             for (int h = 0; h < 2; h++) {
                 const double *dx = (const double *)(const void *)((h ? qb : qa) + dxo);
-                __m256i is = w16 ? p[r][h] : _mm256_add_epi32(vnni ? p[r][h] : _mm256_madd_epi16(p[r][h], ones), off);
+                __m256i is = w16 || vnni ? p[r][h] : _mm256_add_epi32(_mm256_madd_epi16(p[r][h], ones), off);
                 if (five && !vnni) is = _mm256_add_epi32(is, is5[r][h]);
                 const double *dm = q81 ? dx + 8 : dx; // (Q4_1, Q5_1: the minimums' scales)
-                k_gemm_term32_avx2(q81, acc[r][b % K_BLOCK_LANES] + 8 * h, dy, q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy,
+                k_gemm_term32_avx2(q81, acc[r][b % K_BLOCK_LANES] + 8 * h, src[r][b % K_BLOCK_LANES] + 8 * h, dy,
+                                   q81 ? _mm256_set1_pd(dr[r][nb + b]) : dy,
                                    _mm256_loadu_pd(dx), _mm256_loadu_pd(dx + 4), _mm256_loadu_pd(dm), _mm256_loadu_pd(dm + 4), is);
             }
         }
     }
-    for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
-        for (int i = 0; i < nw; i++) {
-            const double l[K_BLOCK_LANES] = {acc[r][0][i], acc[r][1][i], acc[r][2][i], acc[r][3][i]};
-            out[r][i] = k_lanes_sum(l, K_BLOCK_LANES);
-        }
+    for (int r = 0; r < R; r++) k_lanes_out_avx2(out[r], acc[r][0], 16, nw);
 }
 
 // ---- AVX2: k-quant GEMM on 16-row panels ---------------------------------------------------------
@@ -11348,7 +11374,7 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, bool vnni, int R, int64_
     const double *dr[4];
     const int32_t *ao[4];
     double acc[4][K_BLOCK_LANES][16]; // lane l of row r's 16 results at acc[r][l]
-    k_zero_acc_avx2(&acc[0][0][0], R * K_BLOCK_LANES * 16);
+    if (nb < K_BLOCK_LANES) k_zero_acc_avx2(&acc[0][0][0], R * K_BLOCK_LANES * 16);
     K_UNROLL
     for (int r = 0; r < R; r++) k_gemm_side(type, n, y + (size_t)r * ys, side + (size_t)r * side_stride, &yr[r], &ar[r], &dr[r], &ao[r]);
     // as k_gemm_blk_avx2: `per` steps of four values to a scale vector, in int16 runs of `run` steps
@@ -11356,6 +11382,7 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, bool vnni, int R, int64_
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
         const uint8_t *q[2] = {half[0] + (size_t)b * bb, half[1] + (size_t)b * bb};
+        const double (*const src)[K_BLOCK_LANES][16] = b < K_BLOCK_LANES ? k_zero_acc16 : (const double (*)[K_BLOCK_LANES][16])acc;
         __m256i is[4][2], ms[4][2];
         K_UNROLL
         for (int r = 0; r < R; r++) is[r][0] = is[r][1] = ms[r][0] = ms[r][1] = _mm256_setzero_si256();
@@ -11410,15 +11437,12 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, bool vnni, int R, int64_
         for (int r = 0; r < R; r++)
             for (int hh = 0; hh < 2; hh++) {
                 const double *dx = (const double *)(const void *)(q[hh] + dxo), *dm = min ? dx + 8 : dx;
-                k_gemm_kterm_avx2(min, acc[r][b % K_BLOCK_LANES] + 8 * hh, _mm256_set1_pd(dr[r][b]), _mm256_loadu_pd(dx),
-                                  _mm256_loadu_pd(dx + 4), _mm256_loadu_pd(dm), _mm256_loadu_pd(dm + 4), is[r][hh], ms[r][hh]);
+                k_gemm_kterm_avx2(min, acc[r][b % K_BLOCK_LANES] + 8 * hh, src[r][b % K_BLOCK_LANES] + 8 * hh, _mm256_set1_pd(dr[r][b]),
+                                  _mm256_loadu_pd(dx), _mm256_loadu_pd(dx + 4), _mm256_loadu_pd(dm), _mm256_loadu_pd(dm + 4), is[r][hh],
+                                  ms[r][hh]);
             }
     }
-    for (int r = 0; r < R; r++) // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
-        for (int i = 0; i < nw; i++) {
-            const double l[K_BLOCK_LANES] = {acc[r][0][i], acc[r][1][i], acc[r][2][i], acc[r][3][i]};
-            out[r][i] = k_lanes_sum(l, K_BLOCK_LANES);
-        }
+    for (int r = 0; r < R; r++) k_lanes_out_avx2(out[r], acc[r][0], 16, nw);
 }
 
 // A panel of up to eight rows (the last of a matrix) is an 8-row panel: the 8-row kernel takes it,
