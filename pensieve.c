@@ -10977,14 +10977,7 @@ K_AVX2 K_INLINE void k_gemm_core_avx2(uint32_t type, bool vnni, int R, int64_t n
         if (pf) k_prefetch_blks(pf, b, 1);
         k_gemm_blk_avx2(type, vnni, R, panel + (size_t)b * bb, b, yr, ar, dr, ao, nb, acc[b % K_BLOCK_LANES]);
     }
-    for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
-        float res[8];
-        for (int i = 0; i < 8; i++) {
-            double l[K_BLOCK_LANES] = {acc[0][8 * r + i], acc[1][8 * r + i], acc[2][8 * r + i], acc[3][8 * r + i]};
-            res[i] = k_lanes_sum(l, K_BLOCK_LANES);
-        }
-        memcpy(out[r], res, (size_t)nw * sizeof(float));
-    }
+    for (int r = 0; r < R; r++) k_lanes_out_avx2(out[r], &acc[0][8 * r], sizeof acc[0] / sizeof acc[0][0], nw);
 }
 
 #define K_DEF_GEMM2(name, type, set, vnni) /* set: avx2 or vnni (the avxvnni set's) */                \
@@ -11169,14 +11162,7 @@ K_AVX2 K_INLINE void k_gemm_q8_0_core_avx2(int R, int64_t n, const uint8_t *pane
             k_gemm_term32_avx2(false, acc[b % K_BLOCK_LANES] + 8 * r, acc[b % K_BLOCK_LANES] + 8 * r, dy, dy, dx0, dx1, dx0, dx1, is[r]);
         }
     }
-    for (int r = 0; r < R; r++) { // the reference's ((lane0 + lane1) + lane2) + lane3, rounded once
-        float res[8];
-        for (int i = 0; i < 8; i++) {
-            double l[K_BLOCK_LANES] = {acc[0][8 * r + i], acc[1][8 * r + i], acc[2][8 * r + i], acc[3][8 * r + i]};
-            res[i] = k_lanes_sum(l, K_BLOCK_LANES);
-        }
-        memcpy(out[r], res, (size_t)nw * sizeof(float));
-    }
+    for (int r = 0; r < R; r++) k_lanes_out_avx2(out[r], &acc[0][8 * r], sizeof acc[0] / sizeof acc[0][0], nw);
 }
 
 K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8_t *y, size_t ys, const uint8_t *side,
