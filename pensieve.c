@@ -10751,12 +10751,6 @@ K_AVX2 K_INLINE void k_zero_acc_avx2(double *acc, int n) {
     for (int i = 0; i < n; i += 4) _mm256_storeu_pd(acc + i, z);
 }
 
-// Zeros laid out as a 16-row GEMM kernel's accumulators (acc[r][lane][16], up to K_GEMM16_ROWS rows):
-// where its first K_BLOCK_LANES blocks read their lanes' starting values (each lane starts at +0,
-// as the reference's do) at the offsets their accumulators have, so that the kernel need not zero
-// them first (k_zero_acc_avx2) unless it has fewer blocks than lanes.
-static _Alignas(32) const double k_zero_acc16[6][4][16];
-
 // out[i] = ((l[i] + l[ls + i]) + l[2 ls + i]) + l[3 ls + i] rounded once to float, i < nw: the
 // reference's sum of a GEMM call's K_BLOCK_LANES lanes (k_lanes_sum), four results a step.
 K_AVX2 K_INLINE void k_lanes_out_avx2(float *out, const double *l, size_t ls, int nw) {
@@ -11212,6 +11206,18 @@ K_AVX2 static void k_gemm_q8_0_avx2(int64_t n, const uint8_t *panel, const uint8
 // Q4_K_M pp64 25.1 -> 33.6 (medians of alternated runs).
 #define K_GEMM16_ROWS 6 // (four: Q4_0 pp128 4-8 % slower; more would not fit the 16 registers)
 
+// Zeros laid out as a 16-row GEMM kernel's accumulators (acc[r][lane][16], up to K_GEMM16_ROWS rows):
+// where its first K_BLOCK_LANES blocks read their lanes' starting values (each lane starts at +0,
+// as the reference's do) at the offsets their accumulators have, so that the kernel need not zero
+// them first (k_zero_acc_avx2) unless it has fewer blocks than lanes.
+static _Alignas(32) const double k_zero_acc16[K_GEMM16_ROWS][K_BLOCK_LANES][16];
+
+// Where block b of a 16-row GEMM kernel reads its lanes' starting values: k_zero_acc16 for the
+// first K_BLOCK_LANES blocks, the accumulators acc themselves after.
+K_INLINE const double (*k_acc16_src(int64_t b, double (*acc)[K_BLOCK_LANES][16]))[K_BLOCK_LANES][16] {
+    return b < K_BLOCK_LANES ? k_zero_acc16 : (const double (*)[K_BLOCK_LANES][16])acc;
+}
+
 #define K_DEF_PACK16(name, type, set, half_blk) /* set: the 8-row packer's (avx2 or vnni) */               \
     K_AVX2 static void k_pack16_##name##_##set(int64_t n, const uint8_t *w, size_t ws, int nw, uint8_t *panel) { \
         const size_t half = (size_t)(n / type_table[type].blck_size) * (half_blk);                         \
@@ -11259,6 +11265,7 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t
     const bool w16 = type == T_Q8_0 && !vnni; // the AVX2 set's Q8_0: int16 panels
     const bool q81 = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
     const int how = vnni ? K_STEP_VNNI : K_STEP_U8;
+    const bool von = vnni && k_panel_off(type); // vnni's sums start from the quants' offset term (k_act_side)
     const int64_t nb = n / 32;
     const size_t bb = w16 ? K_PANEL_W16_BLK : k_panel_blk(type), dxo = w16 ? 512 : k_panel_dx(type);
     const size_t as = q81 ? K_Q8_1_SIZE : K_Q8_0_SIZE, qo = q81 ? 4 : 2; // the activation blocks, their quants
@@ -11279,14 +11286,10 @@ K_AVX2 K_INLINE void k_gemm16_core_avx2(uint32_t type, bool vnni, int R, int64_t
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
         const uint8_t *qa = pa + (size_t)b * bb, *qb = pb + (size_t)b * bb;
-        const bool von = vnni && k_panel_off(type); // vnni's sums start from the quants' offset term (k_act_side)
         __m256i p[K_GEMM16_ROWS][2]; // int16 pair sums (K_STEP_U8) or int32 sums
         K_UNROLL
-        for (int r = 0; r < R; r++) {
-            p[r][0] = von ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
-            p[r][1] = von ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
-        }
-        const double (*const src)[K_BLOCK_LANES][16] = b < K_BLOCK_LANES ? k_zero_acc16 : (const double (*)[K_BLOCK_LANES][16])acc;
+        for (int r = 0; r < R; r++) p[r][0] = p[r][1] = von ? k_bcast4_avx2(ao[r] + b) : _mm256_setzero_si256();
+        const double (*const src)[K_BLOCK_LANES][16] = k_acc16_src(b, acc);
         __m256i is5[K_GEMM16_ROWS][2]; // Q5_0, Q5_1: the int32 sums of the first run of four steps
         if (w16) {
             K_UNROLL16
@@ -11368,7 +11371,7 @@ K_AVX2 K_INLINE void k_gemm16k_core_avx2(uint32_t type, bool vnni, int R, int64_
     for (int64_t b = 0; b < nb; b++) {
         if (pf) k_prefetch_blks(pf, b, 1);
         const uint8_t *q[2] = {half[0] + (size_t)b * bb, half[1] + (size_t)b * bb};
-        const double (*const src)[K_BLOCK_LANES][16] = b < K_BLOCK_LANES ? k_zero_acc16 : (const double (*)[K_BLOCK_LANES][16])acc;
+        const double (*const src)[K_BLOCK_LANES][16] = k_acc16_src(b, acc);
         __m256i is[4][2], ms[4][2];
         K_UNROLL
         for (int r = 0; r < R; r++) is[r][0] = is[r][1] = ms[r][0] = ms[r][1] = _mm256_setzero_si256();
