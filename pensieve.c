@@ -9069,8 +9069,7 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   straddle two cache lines, and one pointer a row finds all three);
 // - for Q8_0, at k_act_side_x, filled only for products of one row: for each whole group of four
 //   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512,
-//   k_gemv1_avx2): the
-//   four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks' -off * sum in lanes
+//   k_gemv1_avx2, k_gemv1_grp32_neon): the four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks' -off * sum in lanes
 //   0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four times;
 // - for Q8_0, in the products of several rows of a set whose GEMM wants them (k_traits.side_w16:
 //   the AVX2 set's), at k_act_side_x as well, by k_act_side_w16: the quants as int16, 2n bytes
@@ -9258,6 +9257,7 @@ K_INLINE int k_gemv1_groups(int nw) { return (nw + 3) / 4; }
 // The rows of group w (past the end: the last row again, its result not stored).
 PSV_MAYBE_UNUSED K_INLINE void k_gemv1_rows(const uint8_t *x, size_t x_stride, int nw, int w, const uint8_t *xr[4]) {
     const int q = k_gemv1_groups(nw);
+    K_UNROLL
     for (int r = 0; r < 4; r++) xr[r] = x + (size_t)PSV_MIN(w + r * q, nw - 1) * x_stride;
 }
 
@@ -16287,12 +16287,20 @@ K_DEF_GEMM_NEON(k_gemm_q6_k, T_Q6_K)
 // Lanes (acc[l][0]: rows 0-1, acc[l][1]: rows 2-3) added in the reference's order, rounded to
 // float, stored for the rows that exist.
 static inline void k_gemv1_store_neon(float64x2_t acc[K_BLOCK_LANES][2], float *s, int w, int nw) {
-    float out[4];
+    float32x2_t o[2];
     K_UNROLL
-    for (int h = 0; h < 2; h++) {
-        const float64x2_t v = vaddq_f64(vaddq_f64(vaddq_f64(acc[0][h], acc[1][h]), acc[2][h]), acc[3][h]);
-        vst1_f32(out + 2 * h, vcvt_f32_f64(v));
+    for (int h = 0; h < 2; h++) o[h] = vcvt_f32_f64(vaddq_f64(vaddq_f64(vaddq_f64(acc[0][h], acc[1][h]), acc[2][h]), acc[3][h]));
+    const int q = k_gemv1_groups(nw);
+    if (w + 3 * q < nw) { // all four rows exist (where a store through memory took about 30 instructions)
+        vst1_lane_f32(s + w, o[0], 0);
+        vst1_lane_f32(s + w + q, o[0], 1);
+        vst1_lane_f32(s + w + 2 * q, o[1], 0);
+        vst1_lane_f32(s + w + 3 * q, o[1], 1);
+        return;
     }
+    float out[4];
+    vst1_f32(out, o[0]);
+    vst1_f32(out + 2, o[1]);
     k_gemv1_put(out, s, w, nw);
 }
 
@@ -16334,6 +16342,70 @@ K_INLINE void k_gemv1_blk32_neon(bool dp, uint32_t type, const uint8_t *const xr
     acc[1] = vfmaq_f64(acc[1], vmulq_n_f64(vcvt_f64_f32(vget_high_f32(dx)), dy), vcvtq_f64_s64(vmovl_high_s32(is)));
 }
 
+// A row's fp16 scales of four consecutive blocks xs bytes apart, from *p, as lanes 0-3; *p moves
+// on by 4 * xs. Post-indexed lane loads: gcc and clang computed each lane's address with an add
+// of its own. (The weights are read-only during a product: the asm names no memory it reads.)
+K_INLINE uint16x4_t k_ld_h4_neon(const uint8_t **p, int64_t xs) {
+    uint16x4_t v;
+    const uint8_t *q = *p;
+    __asm__("ld1r {%0.4h}, [%1], %2\n\t"
+            "ld1 {%0.h}[1], [%1], %2\n\t"
+            "ld1 {%0.h}[2], [%1], %2\n\t"
+            "ld1 {%0.h}[3], [%1], %2"
+            : "=&w"(v), "+r"(q)
+            : "r"(xs));
+    *p = q;
+    return v;
+}
+
+// Q4_0, Q5_0 and Q8_0 generation, whole groups of four blocks (k_gemv1_32_neon's main loop):
+// each row's four blocks are summed into one vector (lane l: block b + l, as the reference's
+// lane (b + l) % 4 since b is a multiple of four), by sdot from the activation's group in the
+// one-row side data (k_act_side_x: its quants in order, each block's offset term as a vector to
+// start from, its scale as a float), and the row's four scales are gathered with it, so that a
+// row's four terms take one vector operation each where a block's four rows took one: dx * dy
+// in float is exact (11 + 11 bits), isum in float too (|isum| < 2^20), both widened to double,
+// one FMA a pair of lanes rounds the exact product's sum as the reference's addition does.
+// acc[r]: row r's lanes 0-1 and 2-3. The rows' pointers move on a group at a time.
+K_INLINE void k_gemv1_grp32_neon(bool dp, uint32_t type, int64_t ng, const uint8_t *xp[4], const uint8_t *g,
+                                 float64x2_t acc[4][2]) {
+    const bool off = type == T_Q4_0 || type == T_Q5_0;
+    const int64_t xs = (int64_t)type_table[type].type_size;
+    for (int64_t i = 0; i < ng; i++, g += 256) {
+        const float32x4_t dy = vld4q_f32((const float *)(const void *)(g + 192)).val[0];
+        int32x4_t u[2][4];
+        K_UNROLL
+        for (int h = 0; h < 2; h++) { // blocks 2h and 2h + 1
+            const int8x16_t a0 = vld1q_s8((const int8_t *)(g + 32 * h)), a1 = vld1q_s8((const int8_t *)(g + 32 * h + 16));
+            const int8x16_t c0 = vld1q_s8((const int8_t *)(g + 64 + 32 * h)), c1 = vld1q_s8((const int8_t *)(g + 80 + 32 * h));
+            K_UNROLL
+            for (int r = 0; r < 4; r++) {
+                int8x16_t lo, hi;
+                int32x4_t t[2];
+                K_UNROLL
+                for (int k = 0; k < 2; k++) {
+                    const int j = 2 * h + k;
+                    const int32x4_t s0 = off ? vld1q_s32((const int32_t *)(const void *)(g + 128 + 16 * j)) : vdupq_n_s32(0);
+                    k_w32_off_neon(type, xp[r] + j * xs, &lo, &hi, true);
+                    t[k] = k_dot32w_neon(dp, type == T_Q8_0, s0, lo, k ? a1 : a0, hi, k ? c1 : c0);
+                }
+                u[h][r] = vpaddq_s32(t[0], t[1]);
+            }
+            // Emits nothing; keeps the halves apart: without it gcc 12 hoisted the second half's
+            // loads above the first half's dot products and spilled the sums to the stack (0.413
+            // instructions a product for Q4_0 against 0.380 with it; clang's code is the same).
+            __asm__ __volatile__("" ::: "memory");
+        }
+        K_UNROLL
+        for (int r = 0; r < 4; r++) {
+            const float32x4_t is = vcvtq_f32_s32(vpaddq_s32(u[0][r], u[1][r]));
+            const float32x4_t d = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(k_ld_h4_neon(&xp[r], xs))), dy);
+            acc[r][0] = vfmaq_f64(acc[r][0], vcvt_f64_f32(vget_low_f32(d)), vcvt_f64_f32(vget_low_f32(is)));
+            acc[r][1] = vfmaq_f64(acc[r][1], vcvt_high_f64_f32(d), vcvt_high_f64_f32(is));
+        }
+    }
+}
+
 K_INLINE void k_gemv1_32_neon(bool dp, uint32_t type, int64_t n, float *s, const uint8_t *x, size_t x_stride, int nw, int w0,
                               int w1, const uint8_t *y, const uint8_t *side) {
     PSV_ASSERT(n % 32 == 0 && nw >= 1 &&
@@ -16343,6 +16415,7 @@ K_INLINE void k_gemv1_32_neon(bool dp, uint32_t type, int64_t n, float *s, const
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
     const double *sy = type == T_Q4_1 || type == T_Q5_1 ? dy + nb : dy; // Q8_1's sum terms (k_act_side); unused else
     const int32_t *ao = (const int32_t *)(const void *)(side + k_act_side_o(n)); // Q4_0's, Q5_0's offset terms
+    const bool one = type == T_Q4_1 || type == T_Q5_1;
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -16350,6 +16423,28 @@ K_INLINE void k_gemv1_32_neon(bool dp, uint32_t type, int64_t n, float *s, const
         K_UNROLL
         for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
         int64_t b = 0;
+        if (!one) { // the groups by rows (k_gemv1_grp32_neon), their lanes then as acc's
+            const uint8_t *xp[4] = {xr[0], xr[1], xr[2], xr[3]};
+            float64x2_t ar[4][2];
+            K_UNROLL
+            for (int r = 0; r < 4; r++) ar[r][0] = ar[r][1] = vdupq_n_f64(0);
+            k_gemv1_grp32_neon(dp, type, nb / K_BLOCK_LANES, xp, side + k_act_side_x(n), ar);
+            float64x2_t al[K_BLOCK_LANES][2];
+            K_UNROLL
+            for (int h = 0; h < 2; h++) {
+                al[0][h] = vzip1q_f64(ar[2 * h][0], ar[2 * h + 1][0]);
+                al[1][h] = vzip2q_f64(ar[2 * h][0], ar[2 * h + 1][0]);
+                al[2][h] = vzip1q_f64(ar[2 * h][1], ar[2 * h + 1][1]);
+                al[3][h] = vzip2q_f64(ar[2 * h][1], ar[2 * h + 1][1]);
+            }
+            if (nb % K_BLOCK_LANES == 0) {
+                k_gemv1_store_neon(al, s, w, nw);
+                continue;
+            }
+            K_UNROLL
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = al[l][0], acc[l][1] = al[l][1];
+            b = nb / K_BLOCK_LANES * K_BLOCK_LANES;
+        }
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
             K_UNROLL
             for (int l = 0; l < K_BLOCK_LANES; l++) k_gemv1_blk32_neon(dp, type, xr, xs, b + l, y, ao, dy[b + l], sy[b + l], acc[l]);
