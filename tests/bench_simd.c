@@ -153,6 +153,40 @@ static void bs_pp(void *p) { // a prompt's product (mm_gemm_task), one thread
                 .panel_size = k_panel_bytes(c->tr, c->wt, c->n), .vnni = c->vnni};
     mm_gemm_task(&j, 0, 1);
 }
+// The one-row side data of c's first activation row, for the gemv1 kernels (bs_free frees it).
+static void bs_setup_gemv1(bs_ctx *c) {
+    const uint32_t at = k_traits_ref(c->wt)->vec_dot_type;
+    c->side = malloc(k_act_side_one(at, c->n));
+    PSV_ASSERT(c->side);
+    k_act_side(at, k_panel_off(c->wt), c->a, c->n, c->side, true);
+}
+// For the GEMM kernels: a panel buffer, aligned as the engine's, the side data of c's
+// BS_PP_ROWS activation rows and, where the set wants them, their k_act_vnni groups (gemmR's
+// group: rows 0-15; pp128's: all of them, 16 a group). bs_free frees them. The panel is packed
+// by bs_pack (gemmR takes what it holds; pp128 packs its own).
+static void bs_setup_gemm(bs_ctx *c) {
+    const uint32_t at = k_traits_ref(c->wt)->vec_dot_type;
+    c->side_stride = k_act_side_stride(c->tr, c->n, true);
+    c->panel = aligned_alloc(64, (k_panel_bytes(c->tr, c->wt, c->n) + 63) & ~(size_t)63);
+    c->side = malloc(BS_PP_ROWS * c->side_stride);
+    PSV_ASSERT(c->panel && c->side);
+    for (int r = 0; r < BS_PP_ROWS; r++) {
+        k_act_side(at, k_panel_off(c->wt), c->a + (size_t)r * c->ys, c->n, c->side + (size_t)r * c->side_stride, false);
+        if (c->tr->side_w16) k_act_side_w16(c->a + (size_t)r * c->ys, c->n, c->side + (size_t)r * c->side_stride);
+    }
+    if (c->tr->act_vnni) {
+        PSV_ASSERT(c->tr->gemm_rows == 16 && (c->vnni = aligned_alloc(64, BS_PP_ROWS / 16 * k_act_vnni_size(c->n))));
+        for (int r = 0; r < BS_PP_ROWS; r++)
+            k_act_vnni(c->a + (size_t)r * c->ys, c->n, r % 16, k_act_vnni_at(c->vnni, c->n, r));
+    }
+}
+static void bs_free(bs_ctx *c) {
+    free(c->panel);
+    free(c->side);
+    free(c->vnni);
+    c->panel = c->side = c->vnni = NULL;
+}
+
 typedef struct {
     const k_vec_ops *ops;
     int op;
@@ -210,38 +244,21 @@ int main(int argc, char **argv) {
             double rows4 = bs_time(bs_rows4, &c, secs) * 1e9 / (double)(n * n_out * 4);
             printf("%-6s %-7s %10.4f %10.4f %10.4f", type_get(wt)->name, k_set_names[s], hot, gemv, rows4);
             if (c.tr->gemv1) {
-                c.side = malloc(k_act_side_one(at, n));
-                PSV_ASSERT(c.side);
-                k_act_side(at, k_panel_off(wt), a, n, c.side, true);
+                bs_setup_gemv1(&c);
                 printf(" %10.4f", bs_time(bs_gemv1, &c, secs) * 1e9 / (double)(n * n_out));
                 printf(" %10.4f", bs_time(bs_gemv1_hot, &c, secs) * 1e9 / (double)(n * BS_HOT_ROWS));
-                free(c.side);
-                c.side = NULL;
+                bs_free(&c);
             } else if (c.tr->gemm) {
                 printf(" %10s %10s", "-", "-");
             }
             if (c.tr->gemm) {
-                c.side_stride = k_act_side_stride(c.tr, n, true);
-                c.panel = aligned_alloc(64, (k_panel_bytes(c.tr, wt, n) + 63) & ~(size_t)63); // as the engine's
-                c.side = malloc(BS_PP_ROWS * c.side_stride);
-                PSV_ASSERT(c.panel && c.side);
-                for (int r = 0; r < BS_PP_ROWS; r++) {
-                    k_act_side(at, k_panel_off(wt), a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride, false);
-                    if (c.tr->side_w16) k_act_side_w16(a + (size_t)r * ys, n, c.side + (size_t)r * c.side_stride);
-                }
-                if (c.tr->act_vnni) { // (gemmR's group: rows 0-15; pp128's: all of them, 16 a group)
-                    PSV_ASSERT(c.tr->gemm_rows == 16 && (c.vnni = aligned_alloc(64, BS_PP_ROWS / 16 * k_act_vnni_size(n))));
-                    for (int r = 0; r < BS_PP_ROWS; r++) k_act_vnni(a + (size_t)r * ys, n, r % 16, k_act_vnni_at(c.vnni, n, r));
-                }
+                bs_setup_gemm(&c);
                 double pack = bs_time(bs_pack, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows);
                 double gemm = bs_time(bs_gemm, &c, secs) * 1e9 / (double)(n * c.tr->panel_rows * c.tr->gemm_rows);
                 double mat4 = bs_time(bs_mat4, &c, secs) * 1e9 / (double)(n * n_out * 4);
                 double pp = bs_time(bs_pp, &c, secs) * 1e9 / (double)(n * BS_PP_OUT * BS_PP_ROWS);
                 printf(" %10.4f %10.4f %10.4f %10.4f", pack, gemm, mat4, pp);
-                free(c.panel);
-                free(c.side);
-                free(c.vnni);
-                c.vnni = NULL;
+                bs_free(&c);
             }
             printf("\n");
             bs_sink = out[0];

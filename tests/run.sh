@@ -5,7 +5,7 @@
 # runs longer than PSV_TEST_TIMEOUT seconds (default 1800: a hang names its test instead of
 # using up CI's time: test_model under qemu-aarch64 has stopped with all its threads asleep,
 # see README). PSV_TEST_SKIP="NAME ..." skips those tests and counts each as skipped (CI's
-# sanitizer run leaves out the two that compile and check their own builds of pensieve.c).
+# sanitizer run leaves out the three that compile and check their own builds of pensieve.c).
 # PSV_TEST_JOBS=N runs N tests at a time (default 1); the output is the same either way, each
 # test's whole and in the same order, printed when it and the tests before it have ended.
 bindir=$1; shift
