@@ -9069,8 +9069,9 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   straddle two cache lines, and one pointer a row finds all three);
 // - for Q8_0, at k_act_side_x, filled only for products of one row: for each whole group of four
 //   blocks, 256 bytes laid out for the one-row kernels of 32-value blocks (k_gemv1_avx512,
-//   k_gemv1_avx2, k_gemv1_grp32_neon): the four blocks' quants 0-15, their quants 16-31, 16 int32 with the blocks' -off * sum in lanes
-//   0, 4, 8 and 12 (zero elsewhere), and 16 floats, each block's scale four times;
+//   k_gemv1_avx2, k_gemv1_grp32_neon): the four blocks' quants 0-15, their quants 16-31, 16
+//   int32 with the blocks' -off * sum in lanes 0, 4, 8 and 12 (zero elsewhere), and 16 floats,
+//   each block's scale four times;
 // - for Q8_0, in the products of several rows of a set whose GEMM wants them (k_traits.side_w16:
 //   the AVX2 set's), at k_act_side_x as well, by k_act_side_w16: the quants as int16, 2n bytes
 //   (k_gemm_q8_0_avx2's vpmaddwd takes them in pairs). Only there: rows of side data further
@@ -16382,22 +16383,23 @@ K_INLINE void k_gemv1_grp32_neon(bool dp, uint32_t type, int64_t ng, const uint8
         for (int h = 0; h < 2; h++) { // blocks 2h and 2h + 1
             const int8x16_t a0 = vld1q_s8((const int8_t *)(g + 32 * h)), a1 = vld1q_s8((const int8_t *)(g + 32 * h + 16));
             const int8x16_t c0 = vld1q_s8((const int8_t *)(g + 64 + 32 * h)), c1 = vld1q_s8((const int8_t *)(g + 80 + 32 * h));
+            int32x4_t s0[2]; // the blocks' sums start from their offset terms (Q8_0: none)
+            K_UNROLL
+            for (int k = 0; k < 2; k++) s0[k] = off ? vld1q_s32((const int32_t *)(const void *)(g + 128 + 32 * h + 16 * k)) : vdupq_n_s32(0);
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 int8x16_t lo, hi;
                 int32x4_t t[2];
                 K_UNROLL
                 for (int k = 0; k < 2; k++) {
-                    const int j = 2 * h + k;
-                    const int32x4_t s0 = off ? vld1q_s32((const int32_t *)(const void *)(g + 128 + 16 * j)) : vdupq_n_s32(0);
-                    k_w32_off_neon(type, xp[r] + j * xs, &lo, &hi, true);
-                    t[k] = k_dot32w_neon(dp, type == T_Q8_0, s0, lo, k ? a1 : a0, hi, k ? c1 : c0);
+                    k_w32_off_neon(type, xp[r] + (2 * h + k) * xs, &lo, &hi, true);
+                    t[k] = k_dot32w_neon(dp, type == T_Q8_0, s0[k], lo, k ? a1 : a0, hi, k ? c1 : c0);
                 }
                 u[h][r] = vpaddq_s32(t[0], t[1]);
             }
             // Emits nothing; keeps the halves apart: without it gcc 12 hoisted the second half's
-            // loads above the first half's dot products and spilled the sums to the stack (0.413
-            // instructions a product for Q4_0 against 0.380 with it; clang's code is the same).
+            // loads above the first half's dot products and spilled the sums to the stack (Q4_0
+            // 0.401 instructions a product against 0.371 with it; clang's counts within 0.003).
             __asm__ __volatile__("" ::: "memory");
         }
         K_UNROLL
@@ -16417,37 +16419,31 @@ K_INLINE void k_gemv1_32_neon(bool dp, uint32_t type, int64_t n, float *s, const
     const size_t xs = type_table[type].type_size;
     const int64_t nb = n / 32;
     const double *dy = (const double *)(const void *)(side + k_act_side_d(n));
-    const double *sy = type == T_Q4_1 || type == T_Q5_1 ? dy + nb : dy; // Q8_1's sum terms (k_act_side); unused else
-    const int32_t *ao = (const int32_t *)(const void *)(side + k_act_side_o(n)); // Q4_0's, Q5_0's offset terms
     const bool one = type == T_Q4_1 || type == T_Q5_1;
+    const double *sy = one ? dy + nb : dy; // Q8_1's sum terms (k_act_side); unused else
+    const int32_t *ao = (const int32_t *)(const void *)(side + k_act_side_o(n)); // Q4_0's, Q5_0's offset terms
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
         float64x2_t acc[K_BLOCK_LANES][2];
-        K_UNROLL
-        for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
         int64_t b = 0;
-        if (!one) { // the groups by rows (k_gemv1_grp32_neon), their lanes then as acc's
+        if (one) {
+            K_UNROLL
+            for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = acc[l][1] = vdupq_n_f64(0);
+        } else { // the groups by rows (k_gemv1_grp32_neon), their lanes then as acc's
             const uint8_t *xp[4] = {xr[0], xr[1], xr[2], xr[3]};
             float64x2_t ar[4][2];
             K_UNROLL
             for (int r = 0; r < 4; r++) ar[r][0] = ar[r][1] = vdupq_n_f64(0);
             k_gemv1_grp32_neon(dp, type, nb / K_BLOCK_LANES, xp, side + k_act_side_x(n), ar);
-            float64x2_t al[K_BLOCK_LANES][2];
             K_UNROLL
             for (int h = 0; h < 2; h++) {
-                al[0][h] = vzip1q_f64(ar[2 * h][0], ar[2 * h + 1][0]);
-                al[1][h] = vzip2q_f64(ar[2 * h][0], ar[2 * h + 1][0]);
-                al[2][h] = vzip1q_f64(ar[2 * h][1], ar[2 * h + 1][1]);
-                al[3][h] = vzip2q_f64(ar[2 * h][1], ar[2 * h + 1][1]);
+                acc[0][h] = vzip1q_f64(ar[2 * h][0], ar[2 * h + 1][0]);
+                acc[1][h] = vzip2q_f64(ar[2 * h][0], ar[2 * h + 1][0]);
+                acc[2][h] = vzip1q_f64(ar[2 * h][1], ar[2 * h + 1][1]);
+                acc[3][h] = vzip2q_f64(ar[2 * h][1], ar[2 * h + 1][1]);
             }
-            if (nb % K_BLOCK_LANES == 0) {
-                k_gemv1_store_neon(al, s, w, nw);
-                continue;
-            }
-            K_UNROLL
-            for (int l = 0; l < K_BLOCK_LANES; l++) acc[l][0] = al[l][0], acc[l][1] = al[l][1];
-            b = nb / K_BLOCK_LANES * K_BLOCK_LANES;
+            b = nb / K_BLOCK_LANES * K_BLOCK_LANES; // (the blocks past the last whole group below)
         }
         for (; b + K_BLOCK_LANES <= nb; b += K_BLOCK_LANES) {
             K_UNROLL
