@@ -97,6 +97,7 @@ AB_EXPORT unsigned long long ab_digest(void) {
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,8 +178,9 @@ int main(int argc, char **argv) {
         qsort(b[i].t, (size_t)trials, sizeof *b[i].t, ab_cmp);
         q[i][0] = b[i].t[0] * scale, q[i][1] = b[i].t[trials / 10] * scale, q[i][2] = b[i].t[trials / 2] * scale;
     }
+    const bool rows = strcmp(argv[5], "gemmR") == 0 || strcmp(argv[5], "pp128") == 0; // (ab_units: per activation row too)
     printf("%s %s %s n=%lld: %d trials of %lld calls each, ns a value%s\n", argv[3], argv[4], argv[5], n, trials, reps,
-           argv[5][0] == 'g' && argv[5][1] == 'e' ? " and row" : argv[5][0] == 'p' ? " and row" : "");
+           rows ? " and row" : "");
     printf("%-6s %10s %10s %10s\n", "", "min", "p10", "median");
     for (int i = 0; i < 2; i++) printf("%-6s %10.5f %10.5f %10.5f\n", i ? "B" : "A", q[i][0], q[i][1], q[i][2]);
     printf("%-6s %10.4f %10.4f %10.4f\n", "B / A", q[1][0] / q[0][0], q[1][1] / q[0][1], q[1][2] / q[0][2]);
