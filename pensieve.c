@@ -9374,7 +9374,7 @@ K_INLINE size_t k_gemv1_step(size_t x_stride, int nr, size_t act) { return 4 * x
 K_INLINE size_t k_gemv1_pf_step(size_t step) { return step > K_GEMV1_L1_FIT ? k_gemv1_pf_long : k_gemv1_pf; }
 
 // On Zen 4 the AVX-512 kernels of the quantized types (not F16/BF16's) also ask for the line
-// K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch), where
+// K_GEMV1_PF_L1 bytes ahead of each stream into the level-1 cache (k_gemv1_prefetch_rows), where
 // its own prefetchers left them waiting: measured alternating token by token in one process (so
 // the machine's load moves both alike), medians, one thread, phi4-mini Q4_K_M (Q4_K and Q6_K)
 // 1.02-1.10x (7.29 -> 7.99 t/s in a busy hour), two threads 1.02-1.05x; qwen2-0.5b Q4_0 1.07x
@@ -9409,12 +9409,39 @@ K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
     else __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
 }
 
-// A gemv1 kernel's prefetch for the line at p of one of its streams (the AVX-512 quantized
-// kernels'): `ahead` bytes ahead (k_gemv1_pf_step: k_gemv1_pf, or k_gemv1_pf_long in long rows)
-// into the level-2 cache and, where k_gemv1_pf_l1 says so, nearer into the level-1 cache.
-K_INLINE void k_gemv1_prefetch(const uint8_t *p, size_t ahead) {
-    if (k_gemv1_pf_l1) __builtin_prefetch((const void *)((uintptr_t)p + k_gemv1_pf_l1), 0, 3);
-    k_prefetch_ahead(p, ahead);
+// The one-row kernels' requests for a step of their streams: for r < rows, a line every 64 bytes
+// of [p[r], p[r] + len), `ahead` bytes further on (k_gemv1_pf_step: k_gemv1_pf, or
+// k_gemv1_pf_long in long rows) into the level-2 cache (k_prefetch_ahead's kind) and, where l1
+// is not 0, l1 bytes further on into the level-1 cache (the AVX-512 quantized kernels:
+// k_gemv1_pf_l1, or K_GEMV1_PF_L1 as a constant in the Zen 4 forms; the others pass 0). Each
+// choice is tested once a step, not once a line and stream as when the kernels asked line by
+// line (fifty-eighth session, Zen 4, tools/kernel_ab.sh g1hot, rows of 3072, B / A of the
+// minimums: AVX-512 Q4_K 0.85-0.86, Q5_K 0.87-0.91, Q6_K 0.92-0.93, Q2_K and Q3_K 0.98; phi4-mini
+// Q4_K_M generation with one thread, alternated, 9.87 -> 10.30 t/s). Where the requests stay
+// apart (a pair's, or each row's before its loads) they are made there: all of a step's 32
+// requests of Q6_K together before its first loads read 1.00 of the old kernel's time, a pair's
+// 0.92.
+K_INLINE void k_gemv1_prefetch_rows(const uint8_t *const *p, int rows, size_t len, size_t ahead, size_t l1) {
+    // (several streams' addresses formed inside the branch that asks: hoisted above them, the
+    // compilers kept every line's address in a register of its own, spilling)
+#define K_PF_ROWS(dist, loc)                                                             \
+    K_UNROLL                                                                             \
+    for (int r = 0; r < rows; r++) {                                                     \
+        uintptr_t a = (uintptr_t)p[r];                                                   \
+        if (rows > 1) __asm__("" : "+r"(a));                                             \
+        a += (dist);                                                                     \
+        K_UNROLL                                                                         \
+        for (size_t o = 0; o < len; o += 64) __builtin_prefetch((const void *)(a + o), 0, loc); \
+    }
+    if (l1) {
+        K_PF_ROWS(l1, 3)
+    }
+    if (k_gemv1_pf_nta) {
+        K_PF_ROWS(ahead, 0)
+    } else {
+        K_PF_ROWS(ahead, 2)
+    }
+#undef K_PF_ROWS
 }
 
 // Attention's kernels (k_dot_keys_*, k_axpy_rows_*) ask for the KV cache's keys K_KEYS_PF blocks
@@ -9872,8 +9899,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    K_UNROLL
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
+                    k_gemv1_prefetch_rows(&xb, 1, 4 * xs, k_gemv1_pf, 0); // 136 bytes: 3 lines
                     __m256i q[4];
                     K_UNROLL
                     for (int j = 0; j < 4; j++)
@@ -9909,8 +9935,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    K_UNROLL
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
+                    k_gemv1_prefetch_rows(&xb, 1, 4 * xs, k_gemv1_pf, 0); // 136 bytes: 3 lines
                     K_UNROLL
                     for (int i = 0; i < nr; i++) { // (the compilers widen each row's quants once for all i)
                         __m256i d[4];
@@ -10388,8 +10413,7 @@ K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int6
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                K_UNROLL // (with bsize a constant: gcc had kept this loop, Q6_K in cache 0.0298 -> 0.0287 ns a value)
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, pf); // 210, 110 or 84 bytes
+                k_gemv1_prefetch_rows(&xb, 1, bsize, pf, 0); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
                 wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
                 const __m128i s3r = r % 2 ? _mm256_extracti128_si256(s3[r / 2], 1) : _mm256_castsi256_si128(s3[r / 2]);
@@ -10505,8 +10529,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + o;
-                K_UNROLL
-                for (size_t oo = 0; oo < bsize; oo += 64) k_prefetch_ahead(xb + oo, pf); // 144 or 176 bytes: 3 lines
+                k_gemv1_prefetch_rows(&xb, 1, bsize, pf, 0); // 144 or 176 bytes: 3 lines
                 __m256i q[8]; // sub-block k's quants
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
@@ -12361,8 +12384,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    K_UNROLL
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_gemv1_prefetch(xb + o, pf); // 136 bytes: 3 lines
+                    k_gemv1_prefetch_rows(&xb, 1, 4 * xs, pf, k_gemv1_pf_l1); // 136 bytes: 3 lines
                     const __m512i q01 = _mm512_xor_si512(k_cat256(xb + 2, xb + 36), flip);
                     const __m512i q23 = _mm512_xor_si512(k_cat256(xb + 70, xb + 104), flip);
                     K_UNROLL
@@ -12380,7 +12402,7 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_gemv1_prefetch(xb, pf); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
+                    k_gemv1_prefetch_rows(&xb, 1, 1, pf, k_gemv1_pf_l1); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
                     __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
                     k_loaded2(&x0, &x1);
                     const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
@@ -12486,8 +12508,7 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *const 
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                k_gemv1_prefetch(xb, pf); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
-                k_gemv1_prefetch(xb + 64, pf);
+                k_gemv1_prefetch_rows(&xb, 1, 128, pf, k_gemv1_pf_l1); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
                 __m512i h0 = _mm512_loadu_si512(xb), h1 = _mm512_loadu_si512(xb + (five ? 32 : 16)); // (within the step's bytes)
                 k_loaded2(&h0, &h1);
                 hw[r] = _mm512_permutex2var_epi16(h0, iw, h1);
@@ -12569,8 +12590,8 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
 // vbmi (CPUs with AVX512_VBMI): each scale vector is one zero-masked vpermb from the four rows'
 // scales, where a vpermd a pair and a vpshufb made them; zen4: the level-1 request is
-// Zen 4's (k_gemv1_pf_l1_for) as a constant, a line's two requests two instructions where the
-// loop over k_gemv1_prefetch took seven, and Q5_K's without the level-1 request, which slowed it
+// Zen 4's (k_gemv1_pf_l1_for) as a constant, a line's two requests two instructions where a
+// line's tests of the settings took seven before k_gemv1_prefetch_rows, and Q5_K's without the level-1 request, which slowed it
 // there (k_gemv1_q45_k_for: measured on Zen 4). Every form asks k_gemv1_pf_step's distance ahead
 // into the level-2 cache.
 K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi, const bool zen4, int64_t n, float *const *s,
@@ -12651,19 +12672,9 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                 const int64_t bk = b + k;
                 const uint8_t *xb[4];
                 K_UNROLL
-                for (int r = 0; r < 4; r++) {
-                    xb[r] = xr[r] + (size_t)bk * bsize;
-                    if (!zen4) {
-                        K_UNROLL
-                        for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xb[r] + o, pf); // 144 or 176 bytes: 3 lines
-                        continue;
-                    }
-                    K_UNROLL
-                    for (size_t o = 0; o < bsize; o += 64) {
-                        if (!five) __builtin_prefetch((const void *)((uintptr_t)xb[r] + o + K_GEMV1_PF_L1), 0, 3);
-                        k_prefetch_ahead(xb[r] + o, pf);
-                    }
-                }
+                for (int r = 0; r < 4; r++) xb[r] = xr[r] + (size_t)bk * bsize;
+                // 144 or 176 bytes: 3 lines (the Zen 4 form: Q5_K without the level-1 request)
+                k_gemv1_prefetch_rows(xb, 4, bsize, pf, !zen4 ? k_gemv1_pf_l1 : five ? 0 : K_GEMV1_PF_L1);
                 h[k] = k_load4x128_avx512(xb[0], xb[1], xb[2], xb[3]);
                 // hu = [u0, u2, u1, u2 >> 4] masked, hv = [u0, u0, u1, u1] >> 2; sm = hu | (hv & mb):
                 // scales 0-7 in bytes 0-7 of each row's lane, minimums 0-7 in bytes 8-15
@@ -12878,9 +12889,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                 K_UNROLL
                 for (int p = 0; p < 2; p++) {
                     const uint8_t *xp[2] = {xr[2 * p] + (size_t)bk * bsize, xr[2 * p + 1] + (size_t)bk * bsize};
-                    for (int e = 0; e < 2; e++)
-                        K_UNROLL
-                        for (size_t o = 0; o < bsize; o += 64) k_gemv1_prefetch(xp[e] + o, pf); // 210, 110 or 84 bytes
+                    k_gemv1_prefetch_rows(xp, 2, bsize, pf, k_gemv1_pf_l1); // 210, 110 or 84 bytes
                     __m512i scz, mnz = _mm512_setzero_si512();
                     if (six) {
                         scz = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(k_load128(xp[0] + 192)), k_load128(xp[1] + 192), 1));
