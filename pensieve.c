@@ -9409,18 +9409,18 @@ K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
     else __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
 }
 
-// The one-row kernels' requests for a step of their streams: for r < rows, a line every 64 bytes
-// of [p[r], p[r] + len), `ahead` bytes further on (k_gemv1_pf_step: k_gemv1_pf, or
+// The AVX-512 one-row kernels' requests for a step of their streams: for r < rows, a line every
+// 64 bytes of [p[r], p[r] + len), `ahead` bytes further on (k_gemv1_pf_step: k_gemv1_pf, or
 // k_gemv1_pf_long in long rows) into the level-2 cache (k_prefetch_ahead's kind) and, where l1
-// is not 0, l1 bytes further on into the level-1 cache (the AVX-512 quantized kernels:
-// k_gemv1_pf_l1, or K_GEMV1_PF_L1 as a constant in the Zen 4 forms; the others pass 0). Each
-// choice is tested once a step, not once a line and stream as when the kernels asked line by
-// line (fifty-eighth session, Zen 4, tools/kernel_ab.sh g1hot, rows of 3072, B / A of the
+// is not 0, l1 bytes further on into the level-1 cache (k_gemv1_pf_l1, or K_GEMV1_PF_L1 as a
+// constant in the Zen 4 forms). Each choice is tested once a step, not once a line and stream
+// as when the kernels asked line by line (fifty-eighth session, Zen 4, tools/kernel_ab.sh g1hot, rows of 3072, B / A of the
 // minimums: AVX-512 Q4_K 0.85-0.86, Q5_K 0.87-0.91, Q6_K 0.92-0.93, Q2_K and Q3_K 0.98; phi4-mini
 // Q4_K_M generation with one thread, alternated, 9.87 -> 10.30 t/s). Where the requests stay
 // apart (a pair's, or each row's before its loads) they are made there: all of a step's 32
 // requests of Q6_K together before its first loads read 1.00 of the old kernel's time, a pair's
-// 0.92.
+// 0.92. The AVX2 kernels keep their requests line by line: gcc tests the setting once a row
+// there already, and phi4-mini's generation with them read 5 % slower through this function.
 K_INLINE void k_gemv1_prefetch_rows(const uint8_t *const *p, int rows, size_t len, size_t ahead, size_t l1) {
     // (several streams' addresses formed inside the branch that asks: hoisted above them, the
     // compilers kept every line's address in a register of its own, spilling)
@@ -9899,7 +9899,8 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_gemv1_prefetch_rows(&xb, 1, 4 * xs, k_gemv1_pf, 0); // 136 bytes: 3 lines
+                    K_UNROLL
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     __m256i q[4];
                     K_UNROLL
                     for (int j = 0; j < 4; j++)
@@ -9935,7 +9936,8 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_gemv1_prefetch_rows(&xb, 1, 4 * xs, k_gemv1_pf, 0); // 136 bytes: 3 lines
+                    K_UNROLL
+                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
                     K_UNROLL
                     for (int i = 0; i < nr; i++) { // (the compilers widen each row's quants once for all i)
                         __m256i d[4];
@@ -10413,7 +10415,8 @@ K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int6
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                k_gemv1_prefetch_rows(&xb, 1, bsize, pf, 0); // 210, 110 or 84 bytes
+                K_UNROLL // (with bsize a constant: gcc had kept this loop, Q6_K in cache 0.0298 -> 0.0287 ns a value)
+                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, pf); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
                 wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
                 const __m128i s3r = r % 2 ? _mm256_extracti128_si256(s3[r / 2], 1) : _mm256_castsi256_si128(s3[r / 2]);
@@ -10529,7 +10532,8 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + o;
-                k_gemv1_prefetch_rows(&xb, 1, bsize, pf, 0); // 144 or 176 bytes: 3 lines
+                K_UNROLL
+                for (size_t oo = 0; oo < bsize; oo += 64) k_prefetch_ahead(xb + oo, pf); // 144 or 176 bytes: 3 lines
                 __m256i q[8]; // sub-block k's quants
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
