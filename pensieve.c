@@ -9455,7 +9455,8 @@ K_INLINE void k_gemv1_prefetch_rows(const uint8_t *const *p, int rows, size_t le
 
 // The lines of bytes [p, p + len) `ahead` bytes further on, of k_prefetch_ahead's kind (the
 // setting tested once for all of them: gcc -O2 does not take such a test out of a loop, which
-// cost the keys' loop seven instructions a line, four now).
+// cost the keys' loop seven instructions a line, four now). k_gemv1_prefetch_rows's loops for
+// one stream, but not unrolled: len is not a constant here (the keys' span is n * 8 values).
 K_INLINE void k_prefetch_span(const void *p, size_t len, size_t ahead) {
     const uintptr_t a = (uintptr_t)p + ahead;
     if (k_gemv1_pf_nta)
