@@ -9414,13 +9414,14 @@ K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
 // k_gemv1_pf_long in long rows) into the level-2 cache (k_prefetch_ahead's kind) and, where l1
 // is not 0, l1 bytes further on into the level-1 cache (k_gemv1_pf_l1, or K_GEMV1_PF_L1 as a
 // constant in the Zen 4 forms). Each choice is tested once a step, not once a line and stream
-// as when the kernels asked line by line (fifty-eighth session, Zen 4, tools/kernel_ab.sh g1hot, rows of 3072, B / A of the
-// minimums: AVX-512 Q4_K 0.85-0.86, Q5_K 0.87-0.91, Q6_K 0.92-0.93, Q2_K and Q3_K 0.98; phi4-mini
-// Q4_K_M generation with one thread, alternated, 9.87 -> 10.30 t/s). Where the requests stay
-// apart (a pair's, or each row's before its loads) they are made there: all of a step's 32
-// requests of Q6_K together before its first loads read 1.00 of the old kernel's time, a pair's
-// 0.92. The AVX2 kernels keep their requests line by line: gcc tests the setting once a row
-// there already, and phi4-mini's generation with them read 5 % slower through this function.
+// as when the kernels asked line by line (fifty-eighth session, Zen 4, tools/kernel_ab.sh
+// g1hot, rows of 3072, B / A of the minimums: AVX-512 Q4_K 0.85-0.86, Q5_K 0.87-0.91, Q6_K
+// 0.92-0.93, Q2_K and Q3_K 0.98; phi4-mini Q4_K_M generation with one thread, alternated,
+// 10.11 -> 10.99 t/s). Where the requests stay apart (a pair's, or each row's before its loads)
+// they are made there: all of a step's 32 requests of Q6_K together before its first loads read
+// 1.00 of the old kernel's time, a pair's 0.92. The AVX2 kernels keep their requests line by
+// line: gcc tests the setting once a row there already, and phi4-mini's generation with them
+// read no faster through this function (5 % slower in one set of runs).
 K_INLINE void k_gemv1_prefetch_rows(const uint8_t *const *p, int rows, size_t len, size_t ahead, size_t l1) {
     // (several streams' addresses formed inside the branch that asks: hoisted above them, the
     // compilers kept every line's address in a register of its own, spilling)
@@ -12413,7 +12414,8 @@ K_AVX512 K_INLINE void k_gemv1_avx512(uint32_t type, int64_t n, float *const *s,
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    k_gemv1_prefetch_rows(&xb, 1, 1, pf, k_gemv1_pf_l1); // a step reads 72 (88) bytes: 8 lines in 9 (11) are asked for
+                    // a step reads 72 (88) bytes: its first line asked for, 8 lines in 9 (11)
+                    k_gemv1_prefetch_rows(&xb, 1, 64, pf, k_gemv1_pf_l1);
                     __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + (five ? 24 : 8));
                     k_loaded2(&x0, &x1);
                     const __m512i q = _mm512_permutex2var_epi16(x0, iqs, x1);
@@ -12519,7 +12521,8 @@ K_AVX512 K_INLINE void k_gemv1_w1_avx512(uint32_t type, int64_t n, float *const 
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                k_gemv1_prefetch_rows(&xb, 1, 128, pf, k_gemv1_pf_l1); // a step reads 80 (96) bytes: 5 lines in 4 (3 in 2) are asked for
+                // a step reads 80 (96) bytes: two lines asked for, 5 lines in 4 (3 in 2)
+                k_gemv1_prefetch_rows(&xb, 1, 128, pf, k_gemv1_pf_l1);
                 __m512i h0 = _mm512_loadu_si512(xb), h1 = _mm512_loadu_si512(xb + (five ? 32 : 16)); // (within the step's bytes)
                 k_loaded2(&h0, &h1);
                 hw[r] = _mm512_permutex2var_epi16(h0, iw, h1);
@@ -12601,9 +12604,9 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
 // vbmi (CPUs with AVX512_VBMI): each scale vector is one zero-masked vpermb from the four rows'
 // scales, where a vpermd a pair and a vpshufb made them; zen4: the level-1 request is
-// Zen 4's (k_gemv1_pf_l1_for) as a constant, a line's two requests two instructions where a
-// line's tests of the settings took seven before k_gemv1_prefetch_rows, and Q5_K's without the level-1 request, which slowed it
-// there (k_gemv1_q45_k_for: measured on Zen 4). Every form asks k_gemv1_pf_step's distance ahead
+// Zen 4's (k_gemv1_pf_l1_for) as a constant (a line's two requests two instructions, where a
+// line's tests of the settings took seven before k_gemv1_prefetch_rows), and Q5_K's without the
+// level-1 request, which slowed it there (k_gemv1_q45_k_for: measured on Zen 4). Every form asks k_gemv1_pf_step's distance ahead
 // into the level-2 cache.
 K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi, const bool zen4, int64_t n, float *const *s,
                                                 const uint8_t *x, size_t x_stride, int nw, int w0, int w1, const uint8_t *y,
