@@ -9078,8 +9078,10 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   apart cost the AVX-512 GEMM 1 % of qwen2-0.5b's prompt speed;
 // - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q45_k_avx512: its
 //   quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
-//   96-127, 128-159 with 192-223, 160-191 with 224-255), then the stored bsums 0-7 four times
-//   over and bsums 8-15 four times over (16 bytes each); or, for weights with a quant offset
+//   96-127, 128-159 with 192-223, 160-191 with 224-255), then, in the first block b of each
+//   pair (b, c: b + 1, or b again for an odd last block), the stored bsums 4j .. 4j + 3 of b and
+//   then of c (16 bytes, j = 0..3) and the scales of b and of c as doubles, each four times
+//   over (64 bytes); or, for weights with a quant offset
 //   (Q3_K, Q6_K), 16 int32 vectors of four (256 of the 384 bytes): sub-block k's -off * (sum of
 //   its 16 quants) in lane 0 of vector k, the other lanes zero, where the NEON one-row kernels'
 //   sdot of sub-block k starts (k_gemv1_kq16_neon).
@@ -9211,13 +9213,20 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                     memcpy(g + 64 * v, a + 32 * k0, 32);
                     memcpy(g + 64 * v + 32, a + 32 * (k0 + 2), 32);
                 }
-                for (int l = 0; l < 4; l++) { // the stored bsums, as the reference takes them
-                    memcpy(g + 256 + 16 * l, yb + 260, 16);
-                    memcpy(g + 320 + 16 * l, yb + 276, 16);
-                }
             }
         }
     }
+    if (atype == T_Q8_K && one_row && !off) // the Q4_K one's pairs of blocks: their last 128 bytes
+        for (int64_t b = 0; b < nb; b += 2) {
+            const int64_t c = b + 1 < nb ? b + 1 : b; // (an odd last block pairs with itself)
+            const uint8_t *yb = y + (size_t)b * bs, *yc = y + (size_t)c * bs;
+            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + K_ACT_K_BLK * (size_t)b + 256;
+            for (int j = 0; j < 4; j++) { // the stored bsums, as the reference takes them
+                memcpy(g + 16 * j, yb + 260 + 8 * j, 8);
+                memcpy(g + 16 * j + 8, yc + 260 + 8 * j, 8);
+            }
+            for (int l = 0; l < 4; l++) memcpy(g + 64 + 8 * l, &d[b], 8), memcpy(g + 96 + 8 * l, &d[c], 8);
+        }
 }
 
 // Fully unrolled, so a block's vectors stay in registers (GCC keeps these 4- and 8-trip loops
@@ -12594,7 +12603,12 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // vector, unpacked for all four at once (k_scale_min_k4 in each 128-bit lane); msum is the
 // minimums, each twice, against the activation's stored bsums (sums of 16). Two blocks go a
 // step: their eight rows' sums are reduced together and their terms formed side by side in
-// 512-bit vectors, exactly the reference's dy * (d * isum - dmin * msum). Per row and block this
+// 512-bit vectors, exactly the reference's dy * (d * isum - dmin * msum). The step's msums take
+// one vpmaddwd and three vpdpwssd, both blocks' minimums in each vector against the pair's
+// bsums and its scales laid out in the side data (fifty-ninth session; before, two blocks'
+// vpmaddwd apart, their sums merged by shuffles: 17 vector instructions, now 13, and dy
+// loaded whole, d * isum - dmin * msum one vfmsub; tools/kernel_ab.sh g1hot, rows of 3072, Zen
+// 4, B / A of the minimums: gcc Q4_K 0.952, Q5_K 0.973, clang 0.933 and 0.976). Per row and block this
 // was about 35 instructions where scalar unpacking of the scales and a reduction per row took
 // 70: 43 -> 52 GB/s in the cache, 32 -> 37 GB/s from memory (one thread, Zen 5; its read
 // bandwidth 39). The pairs and the two blocks a step: 5.64 -> 5.19 ns a row and block in the
@@ -12623,12 +12637,8 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                             _mm512_inserti64x4(_mm512_set1_epi16(3), _mm256_set1_epi16(1), 1),
                             _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
                             _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1)};
-    const double *dys[K_GEMVN_MAX]; // activation row i's scales and 384 bytes a block (k_act_side)
-    const uint8_t *ax[K_GEMVN_MAX];
-    for (int i = 0; i < nr; i++) {
-        dys[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
-        ax[i] = side + (size_t)i * side_stride + k_act_side_size(T_Q8_K, n);
-    }
+    const uint8_t *ax[K_GEMVN_MAX]; // activation row i's 384 bytes a block (k_act_side)
+    for (int i = 0; i < nr; i++) ax[i] = side + (size_t)i * side_stride + k_act_side_size(T_Q8_K, n);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     // Rows r and r + 1 (a pair, p = r / 2) go together: vector v's sums of the two rows packed into
     // one (vpackssdw: row r's four int32 lanes of a 128-bit lane, then row r + 1's), weighted by
@@ -12655,14 +12665,21 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
     // [u0 & 0x3f.., (u2 & 0x0f..) | (u0 >> 2 & 0x30..)], the minimums the same of u1 and u2 >> 4
     const __m512i shv = _mm512_set4_epi32(4, 0, 0, 0), ma = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
     const __m512i mb = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
-    // minimums 0-3 (4-7) of a row, each twice as int16, against bsums 0-7 (8-15)
-    const __m512i mlo = _mm512_set4_epi32((int)0x800b800b, (int)0x800a800a, (int)0x80098009, (int)0x80088008);
-    const __m512i mhi = _mm512_set4_epi32((int)0x800f800f, (int)0x800e800e, (int)0x800d800d, (int)0x800c800c);
+    // the minimums of both blocks' rows (row r in 128-bit lane r: mins 0-3 of block A, of B, then
+    // 4-7 of A, of B, vpunpckhdq's bytes) to int16 pairs: pick j's words are minimums 2j, 2j
+    // of A, 2j + 1, 2j + 1 of A, the same of B, against the stored bsums 4j .. 4j + 3 of A and of B
+    __m512i mpick[4];
+    for (int j = 0; j < 4; j++) {
+        const int a0 = j < 2 ? 2 * j : 2 * j + 4; // the byte of A's minimum 2j
+        uint8_t t[16];
+        for (int i = 0; i < 16; i++) t[i] = i % 2 ? 0x80 : (uint8_t)(a0 + 4 * (i / 8) + i % 8 / 4);
+        mpick[j] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)t));
+    }
     // d of rows 0-3 of the two blocks (A's header vector, then B's), then their dmin
     const __m512i fp16 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 57, 49, 41, 33, 25, 17, 9, 1,
                                           56, 48, 40, 32, 24, 16, 8, 0);
-    // msum of block A (int32 0 of each row's lane) for rows 0-3, then of block B (int32 1)
-    const __m512i first4 = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    // msum of block A (int32 0 of each row's lane) for rows 0-3, then of block B (int32 2)
+    const __m512i first4 = _mm512_set_epi32(15, 11, 7, 3, 13, 9, 5, 1, 14, 10, 6, 2, 12, 8, 4, 0);
     const __mmask64 even = 0x5555555555555555ull; // (vbmi: pickp's odd bytes, zeros, masked off)
     // prefetch distance (k_gemv1_pf_step): the kernel reads the side data's 384 bytes a block
     const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, K_ACT_K_BLK * (size_t)nb));
@@ -12738,24 +12755,27 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
             const __m512d dx = _mm512_cvtps_pd(_mm512_castps512_ps256(dh));
             const __m512d dm = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dh), 1)));
             const __mmask8 km = nk == 2 ? 0xff : 0x0f;
+            const __m512i mu = _mm512_unpackhi_epi32(sm[0], sm[1]); // row r's minimums in lane r
+            __m512i mw[4];
+            K_UNROLL
+            for (int j = 0; j < 4; j++) mw[j] = _mm512_shuffle_epi8(mu, mpick[j]);
             K_UNROLL
             for (int i = 0; i < nr; i++) {
-                const uint8_t *a = ax[i] + K_ACT_K_BLK * (size_t)b, *a1 = nk == 2 ? a + K_ACT_K_BLK : a;
+                const uint8_t *a = ax[i] + K_ACT_K_BLK * (size_t)b + 256; // the pair's bsums and scales (k_act_side)
                 // each block's four rows' sums: in each 128-bit lane [row 0, 1, 2, 3], then the lanes
                 // added, both blocks' in the low 256 bits: [block][row]
                 const __m512d is = k_blocks2_sum_avx512(k_pairs_sum_avx512(t[0][i][0], t[0][i][1]), k_pairs_sum_avx512(t[1][i][0], t[1][i][1]));
-                // msum of row r in 128-bit lane r: the minimums as int16 against the bsums (stored
-                // data, any int16: |msum| <= 16 * 63 * 2^15)
-                const __m512i m0 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm[0], mlo), _mm512_loadu_si512(a + 256)),
-                                                    _mm512_madd_epi16(_mm512_shuffle_epi8(sm[0], mhi), _mm512_loadu_si512(a + 320)));
-                const __m512i m1 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(sm[1], mlo), _mm512_loadu_si512(a1 + 256)),
-                                                    _mm512_madd_epi16(_mm512_shuffle_epi8(sm[1], mhi), _mm512_loadu_si512(a1 + 320)));
-                __m512i m = _mm512_add_epi32(_mm512_unpacklo_epi32(m0, m1), _mm512_unpackhi_epi32(m0, m1));
-                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4E)); // lane r: [m0, m1, m0, m1]
+                // msum of row r in 128-bit lane r, [A, A, B, B] in halves: the minimums as int16
+                // against the bsums (stored data, any int16: |msum| <= 16 * 63 * 2^15)
+                __m512i m = _mm512_madd_epi16(mw[0], _mm512_broadcast_i32x4(k_load128(a)));
+                K_UNROLL
+                for (int j = 1; j < 4; j++) m = _mm512_dpwssd_epi32(m, mw[j], _mm512_broadcast_i32x4(k_load128(a + 16 * j)));
+                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1)); // lane r: [A, A, B, B]
                 const __m512d ms = _mm512_cvtepi32_pd(_mm512_castsi512_si256(_mm512_permutexvar_epi32(first4, m)));
-                // the reference: dy * (d * isum - dmin * msum)
-                const __m512d dy = _mm512_insertf64x4(_mm512_set1_pd(dys[i][b]), _mm256_set1_pd(dys[i][b + nk - 1]), 1);
-                k_lanes2_add_avx512(acc[i], b, km, _mm512_mul_pd(dy, _mm512_sub_pd(_mm512_mul_pd(dx, is), _mm512_mul_pd(dm, ms))));
+                // the reference: dy * (d * isum - dmin * msum), both products exact (so one rounding
+                // of their difference, as the reference's subtraction)
+                const __m512d dy = _mm512_loadu_pd((const double *)(const void *)(a + 64));
+                k_lanes2_add_avx512(acc[i], b, km, _mm512_mul_pd(dy, _mm512_fmsub_pd(dx, is, _mm512_mul_pd(dm, ms))));
             }
         }
         for (int i = 0; i < nr; i++) k_lanes2_store_avx512(acc[i], s[i], w, nw);
