@@ -9076,17 +9076,21 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   the AVX2 set's), at k_act_side_x as well, by k_act_side_w16: the quants as int16, 2n bytes
 //   (k_gemm_q8_0_avx2's vpmaddwd takes them in pairs). Only there: rows of side data further
 //   apart cost the AVX-512 GEMM 1 % of qwen2-0.5b's prompt speed;
-// - for Q8_K, with `one_row`, at k_act_side_size, 384 bytes a block for k_gemv1_q45_k_avx512: its
-//   quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95, 32-63 with
-//   96-127, 128-159 with 192-223, 160-191 with 224-255), then, in the first block b of each
-//   pair (b, c: b + 1, or b again for an odd last block), the stored bsums 4j .. 4j + 3 of b and
-//   then of c (16 bytes, j = 0..3) and the scales of b and of c as doubles, each four times
-//   over (64 bytes); or, for weights with a quant offset
-//   (Q3_K, Q6_K), 16 int32 vectors of four (256 of the 384 bytes): sub-block k's -off * (sum of
-//   its 16 quants) in lane 0 of vector k, the other lanes zero, where the NEON one-row kernels'
-//   sdot of sub-block k starts (k_gemv1_kq16_neon).
+// - for Q8_K, with `one_row`, at k_act_side_k (k_act_side_size rounded up to 64), 384 bytes a
+//   block for the AVX-512 one-row k-quant kernels. Weights without a quant offset (Q4_K, Q5_K,
+//   Q2_K): the quants in the order of the Q4_K kernel's four vectors (values 0-31 with 64-95,
+//   32-63 with 96-127, 128-159 with 192-223, 160-191 with 224-255), then, in the first block b
+//   of each pair (b, c: b + 1, or b again for an odd last block), the stored bsums 4j .. 4j + 3
+//   of b and then of c (16 bytes, j = 0..3: k_gemv1_q45_k_core_avx512's msum) and the scales of
+//   b and of c as doubles, each four times over (64 bytes). With one (Q3_K, Q6_K): 16
+//   int32 vectors of four (256 bytes), sub-block k's -off * (sum of its 16 quants) in lane 0 of
+//   vector k, the other lanes zero, where the NEON one-row kernels' sdot of sub-block k starts
+//   (k_gemv1_kq16_neon); then 32 int16, -off * the sum of the 16 values 4L + k in words 8L + k
+//   and 8L + 4 + k (k = 0..3; for Q6_K a quarter of it: its AVX-512 kernel takes the scales
+//   four times over, as 32 * 16 * 128 does not fit int16), k_gemv1_kq16_avx512's offset term;
+//   and in the first block of each pair the pair's scales, as above.
 #define K_ACT_G_BLK 48 // bytes a block of the AVX-512 GEMM's part of a Q8_0 row's side data
-#define K_ACT_K_BLK 384 // bytes a block of a one-row Q8_K row's part at k_act_side_size
+#define K_ACT_K_BLK 384 // bytes a block of a one-row Q8_K row's part at k_act_side_k
 static size_t k_act_side_d(int64_t n) { return ((size_t)(n / 16) * 2 + 7) & ~(size_t)7; }
 static size_t k_act_side_o(int64_t n) { return k_act_side_d(n) + (size_t)(n / 32) * 8; }
 static size_t k_act_side_g(int64_t n) { return (k_act_side_o(n) + (size_t)(n / 32) * 4 + 7) & ~(size_t)7; }
@@ -9097,11 +9101,16 @@ static size_t k_act_side_size(uint32_t atype, int64_t n) { // a multiple of 8: r
     return (k_act_side_d(n) + (size_t)nb * (atype == T_Q8_1 ? 16 : 8) + 7) & ~(size_t)7;
 }
 static size_t k_act_side_x(int64_t n) { return k_act_side_size(T_Q8_0, n); }
+// Where a Q8_K row's one-row part (K_ACT_K_BLK bytes a block) starts: a multiple of 64, so that in
+// the engine's 64-byte aligned side data (and bench_simd's) the one-row Q4_K kernel's 64-byte
+// loads of it are whole cache lines (fifty-ninth session: tools/kernel_ab.c g1hot Q4_K, rows of
+// 3072, the same build with its side data so aligned against not, Zen 4: 0.97).
+static size_t k_act_side_k(int64_t n) { return (k_act_side_size(T_Q8_K, n) + 63) & ~(size_t)63; }
 // The side data of a single row, with the part at k_act_side_x (rows of several: k_act_side_size
 // apart, without it, or k_act_side_stride).
 static size_t k_act_side_one(uint32_t atype, int64_t n) {
-    const size_t x = atype == T_Q8_0 ? (size_t)(n / 128) * 256 : atype == T_Q8_K ? (size_t)(n / QK_K) * K_ACT_K_BLK : 0;
-    return k_act_side_size(atype, n) + x;
+    if (atype == T_Q8_K) return k_act_side_k(n) + (size_t)(n / QK_K) * K_ACT_K_BLK;
+    return k_act_side_size(atype, n) + (atype == T_Q8_0 ? (size_t)(n / 128) * 256 : 0);
 }
 
 // The int16 quants of a Q8_0 row y of n values, at k_act_side_x of its side data (see above).
@@ -9200,7 +9209,7 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
             }
         }
         if (atype == T_Q8_K && one_row) { // the one-row kernels' 384 bytes
-            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + K_ACT_K_BLK * (size_t)b;
+            uint8_t *g = side + k_act_side_k(n) + K_ACT_K_BLK * (size_t)b;
             if (off) { // the NEON ones' sdot starting values
                 memset(g, 0, 256);
                 for (int k = 0; k < 16; k++) {
@@ -9216,15 +9225,23 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
             }
         }
     }
-    if (atype == T_Q8_K && one_row && !off) // the Q4_K one's pairs of blocks: their last 128 bytes
-        for (int64_t b = 0; b < nb; b += 2) {
-            const int64_t c = b + 1 < nb ? b + 1 : b; // (an odd last block pairs with itself)
-            const uint8_t *yb = y + (size_t)b * bs, *yc = y + (size_t)c * bs;
-            uint8_t *g = side + k_act_side_size(T_Q8_K, n) + K_ACT_K_BLK * (size_t)b + 256;
-            for (int j = 0; j < 4; j++) { // the stored bsums, as the reference takes them
-                memcpy(g + 16 * j, yb + 260 + 8 * j, 8);
-                memcpy(g + 16 * j + 8, yc + 260 + 8 * j, 8);
+    if (atype == T_Q8_K && one_row) // the last 128 bytes of each block's 384
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *g = side + k_act_side_k(n) + K_ACT_K_BLK * (size_t)b + 256;
+            if (off) { // -off * sum (a quarter of it for Q6_K) of 16 values 4L + k, twice, in lane L
+                const int f = off == 32 ? 8 : off;
+                for (int i = 0; i < 32; i++) {
+                    const int16_t v = (int16_t)(-f * sums[b * 16 + 4 * (i / 8) + i % 4]);
+                    memcpy(g + 2 * i, &v, 2);
+                }
             }
+            if (b % 2) continue;
+            const int64_t c = b + 1 < nb ? b + 1 : b; // a pair of blocks (an odd last block: itself again)
+            if (!off) // the stored bsums, as the reference takes them
+                for (int j = 0; j < 4; j++) {
+                    memcpy(g + 16 * j, y + (size_t)b * bs + 260 + 8 * j, 8);
+                    memcpy(g + 16 * j + 8, y + (size_t)c * bs + 260 + 8 * j, 8);
+                }
             for (int l = 0; l < 4; l++) memcpy(g + 64 + 8 * l, &d[b], 8), memcpy(g + 96 + 8 * l, &d[c], 8);
         }
 }
@@ -12638,7 +12655,7 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                             _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
                             _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1)};
     const uint8_t *ax[K_GEMVN_MAX]; // activation row i's 384 bytes a block (k_act_side)
-    for (int i = 0; i < nr; i++) ax[i] = side + (size_t)i * side_stride + k_act_side_size(T_Q8_K, n);
+    for (int i = 0; i < nr; i++) ax[i] = side + (size_t)i * side_stride + k_act_side_k(n);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     // Rows r and r + 1 (a pair, p = r / 2) go together: vector v's sums of the two rows packed into
     // one (vpackssdw: row r's four int32 lanes of a 128-bit lane, then row r + 1's), weighted by
@@ -12852,8 +12869,8 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
     const bool six = type == T_Q6_K, three = type == T_Q3_K, two = type == T_Q2_K;
     const size_t bsize = six ? K_Q6_K_SIZE : three ? K_Q3_K_SIZE : K_Q2_K_SIZE, od = six ? 208 : three ? 108 : 80, qo = three ? 32 : 16;
     const int64_t nb = n / QK_K;
-    const double *dys[K_GEMVN_MAX]; // activation row i's scales
-    for (int i = 0; i < nr; i++) dys[i] = (const double *)(const void *)(side + (size_t)i * side_stride + k_act_side_d(n));
+    const uint8_t *ax[K_GEMVN_MAX]; // activation row i's 384 bytes a block (k_act_side)
+    for (int i = 0; i < nr; i++) ax[i] = side + (size_t)i * side_stride + k_act_side_k(n);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
     // Q6_K: qh bits 2k of value 32k + l to bits 4-5: values 0-31 and 32-63 of a half (k = 0, 1)
     // shift left by 4 and 2, values 64-95 and 96-127 (k = 2, 3) right by 0 and 2. qh masked first
@@ -12875,9 +12892,10 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
     // values 8h + 4v + L, then four of the second's), so one vpdpwssd weights both rows' sums into
     // the pair's int32 lanes (the first row's in lanes 0-1 of each 128-bit lane, the second's in
     // 2-3). picko: the scales (Q2_K: the minimums) of the 16 values 4L + k, k = 0..3, of each row
-    // in the same lanes, against pickb's words of the activation's sums of 16 (bsw): Q3_K's and
-    // Q6_K's offset term, -4 * scale * sum and -32 * scale * sum (as 4 * scale times -8 * sum:
-    // words, |8 * sum| <= 8 * 16 * 128), taken into the sums with one more vpdpwssd; Q2_K's msum.
+    // in the same lanes, against words bsw of the activation's sums of 16 in the same order: Q3_K's
+    // and Q6_K's offset term, -4 * scale * sum and -32 * scale * sum (as 4 * scale times -8 * sum:
+    // words, |8 * sum| <= 8 * 16 * 128), those words laid out in the side data (k_act_side), taken
+    // into the sums with one more vpdpwssd; Q2_K's msum, the stored bsums picked by pickb.
     __m512i pickp[2][2], picko, pickb;
     for (int h = 0; h < 2; h++)
         for (int v = 0; v < 2; v++) {
@@ -12891,7 +12909,6 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
         picko = _mm512_loadu_si512(wo);
         pickb = _mm512_loadu_si512(wb);
     }
-    const __m512i fo = _mm512_set1_epi16(six ? -8 : three ? -4 : 1);
     // prefetch distance (k_gemv1_pf_step): the kernel reads the activation row and 32 bytes of side
     // data (sums) a block
     const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32)));
@@ -12917,8 +12934,8 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
                 for (int i = 0; i < nr; i++) {
                     const uint8_t *yb = y + (size_t)i * ys + (size_t)bk * K_Q8_K_SIZE;
                     a[i] = yb + 4; // Q2_K: the stored bsums
-                    const __m256i sums = two ? k_load256(yb + 260) : k_load256(side + (size_t)i * side_stride + 32 * bk);
-                    bsw[i] = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pickb, _mm512_castsi256_si512(sums)), fo);
+                    bsw[i] = two ? _mm512_permutexvar_epi16(pickb, _mm512_castsi256_si512(k_load256(yb + 260)))
+                                 : _mm512_loadu_si512(ax[i] + K_ACT_K_BLK * (size_t)bk + 256);
                 }
                 K_UNROLL
                 for (int p = 0; p < 2; p++) {
@@ -13004,7 +13021,7 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
             K_UNROLL
             for (int i = 0; i < nr; i++) {
                 const __m512d is = k_blocks2_sum_avx512(xs[0][i], xs[1][i]); // [block][row]
-                const __m512d dy = _mm512_insertf64x4(_mm512_set1_pd(dys[i][b]), _mm256_set1_pd(dys[i][b + nk - 1]), 1);
+                const __m512d dy = _mm512_loadu_pd((const double *)(const void *)(ax[i] + K_ACT_K_BLK * (size_t)b + 320)); // (k_act_side)
                 __m512d tt;
                 if (two) { // the reference: dy * (d * isum - dmin * msum)
                     const __m512d ms = k_blocks2_sum_avx512(xm[0][i], xm[1][i]);
@@ -16613,7 +16630,7 @@ K_INLINE void k_gemv1_q6_k_dp_neon(int64_t n, float *s, const uint8_t *x, size_t
     PSV_ASSERT(n % QK_K == 0 && nw >= 1);
     const int64_t nb = n / QK_K;
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
-    const size_t init_o = k_act_side_size(T_Q8_K, n);
+    const size_t init_o = k_act_side_k(n);
     const uint8x16_t m30 = vdupq_n_u8(0x30), m3f = vdupq_n_u8(0x3f);
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
@@ -16702,7 +16719,7 @@ K_INLINE void k_gemv1_kq16_neon(bool dp, uint32_t type, int64_t n, float *s, con
     const double *dys = (const double *)(const void *)(side + k_act_side_d(n));
     const int16_t *as = (const int16_t *)(const void *)side; // the activation's sums of 16 (k_act_side)
     const int off = k_panel_off(type); // Q6_K's 32, Q3_K's 4
-    const size_t init_o = k_act_side_size(T_Q8_K, n);
+    const size_t init_o = k_act_side_k(n);
     const bool started = dp && off && K_NEON_GCC; // sdot starts from the offset's term (init), none comes off after
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
@@ -19187,7 +19204,8 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     const size_t side_row = PSV_MAX(PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), k_act_side_size(T_BF16, widest_in));
-    ok = ok && (s->sides = malloc(PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_ROWS) * one))); // gemv1, gemvn: one each
+    // (64-byte aligned: k_act_side_k)
+    ok = ok && (s->sides = aligned_alloc(64, (PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_ROWS) * one) + 63) & ~(size_t)63)); // gemv1, gemvn: one each
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
         // a value of the row rounded up to 16, and their trailer)

@@ -156,7 +156,7 @@ static void bs_pp(void *p) { // a prompt's product (mm_gemm_task), one thread
 // The one-row side data of c's first activation row, for the gemv1 kernels (bs_free frees it).
 static void bs_setup_gemv1(bs_ctx *c) {
     const uint32_t at = k_traits_ref(c->wt)->vec_dot_type;
-    c->side = malloc(k_act_side_one(at, c->n));
+    c->side = aligned_alloc(64, (k_act_side_one(at, c->n) + 63) & ~(size_t)63); // as the engine's (k_act_side_k)
     PSV_ASSERT(c->side);
     k_act_side(at, k_panel_off(c->wt), c->a, c->n, c->side, true);
 }
