@@ -9082,8 +9082,8 @@ PSV_MAYBE_UNUSED static void k_panel_regroup8(uint32_t type, int64_t n, uint8_t 
 //   32-63 with 96-127, 128-159 with 192-223, 160-191 with 224-255), then, in the first block b
 //   of each pair (b, c: b + 1, or b again for an odd last block), the stored bsums 4j .. 4j + 3
 //   of b and then of c (16 bytes, j = 0..3: k_gemv1_q45_k_core_avx512's msum) and the scales of
-//   b and of c as doubles, each four times over (64 bytes). With one (Q3_K, Q6_K): 16
-//   int32 vectors of four (256 bytes), sub-block k's -off * (sum of its 16 quants) in lane 0 of
+//   b and of c as doubles, each four times over (64 bytes). With a quant offset (Q3_K, Q6_K):
+//   16 int32 vectors of four (256 bytes), sub-block k's -off * (sum of its 16 quants) in lane 0 of
 //   vector k, the other lanes zero, where the NEON one-row kernels' sdot of sub-block k starts
 //   (k_gemv1_kq16_neon); then 32 int16, -off * the sum of the 16 values 4L + k in words 8L + k
 //   and 8L + 4 + k (k = 0..3; for Q6_K a quarter of it: its AVX-512 kernel takes the scales
@@ -12625,11 +12625,11 @@ K_DEF_GEMV1N(K_AVX512, k_gemv1_q5_1_avx512, k_gemvn_q5_1_avx512, k_gemv1_w1_avx5
 // bsums and its scales laid out in the side data (fifty-ninth session; before, two blocks'
 // vpmaddwd apart, their sums merged by shuffles: 17 vector instructions, now 13, and dy
 // loaded whole, d * isum - dmin * msum one vfmsub; tools/kernel_ab.sh g1hot, rows of 3072, Zen
-// 4, B / A of the minimums: gcc Q4_K 0.952, Q5_K 0.973, clang 0.933 and 0.976). Per row and block this
-// was about 35 instructions where scalar unpacking of the scales and a reduction per row took
-// 70: 43 -> 52 GB/s in the cache, 32 -> 37 GB/s from memory (one thread, Zen 5; its read
-// bandwidth 39). The pairs and the two blocks a step: 5.64 -> 5.19 ns a row and block in the
-// cache (rows of 3072, the Xeon of k_pack8_q4_k_avx512; Q5_K 7.14 -> 6.68).
+// 4, B / A of the minimums: gcc Q4_K 0.952, Q5_K 0.973, clang 0.933 and 0.976). Per row and
+// block this was about 35 instructions where scalar unpacking of the scales and a reduction per
+// row took 70: 43 -> 52 GB/s in the cache, 32 -> 37 GB/s from memory (one thread, Zen 5; its
+// read bandwidth 39). The pairs and the two blocks a step: 5.64 -> 5.19 ns a row and block in
+// the cache (rows of 3072, the Xeon of k_pack8_q4_k_avx512; Q5_K 7.14 -> 6.68).
 // Q5_K (type) is the same with each quant's fifth bit from qh (32 bytes before the quants, in
 // both halves of a vector: bit k of byte l is value 32k + l's) moved to bit 4 by a 16-bit shift
 // per half and or-ed in (vpternlogd); |lane| <= 4 * 31 * 128 still packs into int16 exactly.
@@ -12786,7 +12786,8 @@ K_AVX512 K_INLINE void k_gemv1_q45_k_core_avx512(uint32_t type, const bool vbmi,
                 // against the bsums (stored data, any int16: |msum| <= 16 * 63 * 2^15)
                 __m512i m = _mm512_madd_epi16(mw[0], _mm512_broadcast_i32x4(k_load128(a)));
                 K_UNROLL
-                for (int j = 1; j < 4; j++) m = _mm512_dpwssd_epi32(m, mw[j], _mm512_broadcast_i32x4(k_load128(a + 16 * j)));
+                for (int j = 1; j < 4; j++)
+                    m = _mm512_dpwssd_epi32(m, mw[j], _mm512_broadcast_i32x4(k_load128(a + 16 * j)));
                 m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xB1)); // lane r: [A, A, B, B]
                 const __m512d ms = _mm512_cvtepi32_pd(_mm512_castsi512_si256(_mm512_permutexvar_epi32(first4, m)));
                 // the reference: dy * (d * isum - dmin * msum), both products exact (so one rounding
@@ -12909,9 +12910,9 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
         picko = _mm512_loadu_si512(wo);
         pickb = _mm512_loadu_si512(wb);
     }
-    // prefetch distance (k_gemv1_pf_step): the kernel reads the activation row and 32 bytes of side
-    // data (sums) a block
-    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 32)));
+    // prefetch distance (k_gemv1_pf_step): the kernel reads the activation row and 96 bytes of side
+    // data a block (its offset term's words, half its pair's scales)
+    const size_t pf = k_gemv1_pf_step(k_gemv1_step(x_stride, nr, (size_t)nb * (K_Q8_K_SIZE + 96)));
     for (int w = w0; w < w1; w++) {
         const uint8_t *xr[4];
         k_gemv1_rows(x, x_stride, nw, w, xr);
@@ -13021,7 +13022,8 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
             K_UNROLL
             for (int i = 0; i < nr; i++) {
                 const __m512d is = k_blocks2_sum_avx512(xs[0][i], xs[1][i]); // [block][row]
-                const __m512d dy = _mm512_loadu_pd((const double *)(const void *)(ax[i] + K_ACT_K_BLK * (size_t)b + 320)); // (k_act_side)
+                const uint8_t *ap = ax[i] + K_ACT_K_BLK * (size_t)b + 320; // the pair's scales (k_act_side)
+                const __m512d dy = _mm512_loadu_pd((const double *)(const void *)ap);
                 __m512d tt;
                 if (two) { // the reference: dy * (d * isum - dmin * msum)
                     const __m512d ms = k_blocks2_sum_avx512(xm[0][i], xm[1][i]);
@@ -19204,8 +19206,9 @@ static psv_status scratch_init(fwd_scratch *s, const psv_model *m, int64_t n_bat
     const size_t side_max = PSV_MAX(k_act_side_size(T_Q8_0, widest_in) + (size_t)widest_in * 2, // k_act_side_stride's
                                     k_act_side_size(T_Q8_1, widest_in));
     const size_t side_row = PSV_MAX(PSV_MAX(side_max, k_act_side_size(T_Q8_K, widest_in)), k_act_side_size(T_BF16, widest_in));
-    // (64-byte aligned: k_act_side_k)
-    ok = ok && (s->sides = aligned_alloc(64, (PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_ROWS) * one) + 63) & ~(size_t)63)); // gemv1, gemvn: one each
+    // (gemv1, gemvn: one each; 64-byte aligned, k_act_side_k)
+    const size_t sides = PSV_MAX(B * side_row, PSV_MIN(B, (size_t)K_GEMVN_ROWS) * one);
+    ok = ok && (s->sides = aligned_alloc(64, (sides + 63) & ~(size_t)63));
     if (n_batch >= MM_GEMM_MIN) {
         // (49 bytes a value: the largest quantized layout; F16 and BF16 panels: K_FLT_PANEL_BLK
         // a value of the row rounded up to 16, and their trailer)
