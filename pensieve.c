@@ -9216,6 +9216,13 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
                     const int32_t o = -off * sums[b * 16 + k];
                     memcpy(g + 16 * k, &o, 4);
                 }
+                // the AVX-512 one's: -off * sum (a quarter of it for Q6_K) of 16 values 4L + k,
+                // twice, in lane L
+                const int f = off == 32 ? 8 : off;
+                for (int i = 0; i < 32; i++) {
+                    const int16_t v = (int16_t)(-f * sums[b * 16 + 4 * (i / 8) + i % 4]);
+                    memcpy(g + 256 + 2 * i, &v, 2);
+                }
             } else { // the Q4_K one's
                 for (int v = 0; v < 4; v++) { // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
                     const int k0 = v < 2 ? v : v + 2;
@@ -9225,18 +9232,10 @@ static void k_act_side(uint32_t atype, int off, const uint8_t *y, int64_t n, uin
             }
         }
     }
-    if (atype == T_Q8_K && one_row) // the last 128 bytes of each block's 384
-        for (int64_t b = 0; b < nb; b++) {
+    if (atype == T_Q8_K && one_row) // each pair of blocks' data, in its first block (both scales known)
+        for (int64_t b = 0; b < nb; b += 2) {
             uint8_t *g = side + k_act_side_k(n) + K_ACT_K_BLK * (size_t)b + 256;
-            if (off) { // -off * sum (a quarter of it for Q6_K) of 16 values 4L + k, twice, in lane L
-                const int f = off == 32 ? 8 : off;
-                for (int i = 0; i < 32; i++) {
-                    const int16_t v = (int16_t)(-f * sums[b * 16 + 4 * (i / 8) + i % 4]);
-                    memcpy(g + 2 * i, &v, 2);
-                }
-            }
-            if (b % 2) continue;
-            const int64_t c = b + 1 < nb ? b + 1 : b; // a pair of blocks (an odd last block: itself again)
+            const int64_t c = b + 1 < nb ? b + 1 : b; // (an odd last block: itself again)
             if (!off) // the stored bsums, as the reference takes them
                 for (int j = 0; j < 4; j++) {
                     memcpy(g + 16 * j, y + (size_t)b * bs + 260 + 8 * j, 8);
@@ -9433,6 +9432,14 @@ PSV_MAYBE_UNUSED static bool k_gemv1_pf_nta_for(const plat_cpu *c) { return c->a
 K_INLINE void k_prefetch_ahead(const uint8_t *p, size_t ahead) {
     if (k_gemv1_pf_nta) __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 0);
     else __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 2);
+}
+
+// k_prefetch_ahead of each line of [p, p + len), unrolled (len is a constant where it is called):
+// the AVX2 one-row kernels' requests, line by line (see k_gemv1_prefetch_rows). Unrolled, the
+// Q6_K kernel read 0.0298 -> 0.0287 ns a value in the cache (gcc had kept the loop).
+K_INLINE void k_prefetch_lines(const uint8_t *p, size_t len, size_t ahead) {
+    K_UNROLL
+    for (size_t o = 0; o < len; o += 64) k_prefetch_ahead(p + o, ahead);
 }
 
 // The AVX-512 one-row kernels' requests for a step of their streams: for r < rows, a line every
@@ -9933,8 +9940,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    K_UNROLL
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
+                    k_prefetch_lines(xb, 4 * xs, k_gemv1_pf); // 136 bytes: 3 lines
                     __m256i q[4];
                     K_UNROLL
                     for (int j = 0; j < 4; j++)
@@ -9970,8 +9976,7 @@ K_AVX2 K_INLINE void k_gemv1_core_avx2(uint32_t type, const bool vnni, int64_t n
                 K_UNROLL
                 for (int r = 0; r < 4; r++) {
                     const uint8_t *xb = xr[r] + (size_t)g * 4 * xs;
-                    K_UNROLL
-                    for (size_t o = 0; o < 4 * xs; o += 64) k_prefetch_ahead(xb + o, k_gemv1_pf); // 136 bytes: 3 lines
+                    k_prefetch_lines(xb, 4 * xs, k_gemv1_pf); // 136 bytes: 3 lines
                     K_UNROLL
                     for (int i = 0; i < nr; i++) { // (the compilers widen each row's quants once for all i)
                         __m256i d[4];
@@ -10449,8 +10454,7 @@ K_AVX2 K_INLINE void k_gemv1_kq16_core_avx2(uint32_t type, const bool vnni, int6
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + (size_t)b * bsize;
-                K_UNROLL // (with bsize a constant: gcc had kept this loop, Q6_K in cache 0.0298 -> 0.0287 ns a value)
-                for (size_t o = 0; o < bsize; o += 64) k_prefetch_ahead(xb + o, pf); // 210, 110 or 84 bytes
+                k_prefetch_lines(xb, bsize, pf); // 210, 110 or 84 bytes
                 k_wk_avx2 wk;
                 wk.s16 = k_wk_unpack_q_avx2(type, xb, &wk);
                 const __m128i s3r = r % 2 ? _mm256_extracti128_si256(s3[r / 2], 1) : _mm256_castsi256_si128(s3[r / 2]);
@@ -10566,8 +10570,7 @@ K_AVX2 K_INLINE void k_gemv1_q45_k_core_avx2(uint32_t type, const bool vnni, int
             K_UNROLL
             for (int r = 0; r < 4; r++) {
                 const uint8_t *xb = xr[r] + o;
-                K_UNROLL
-                for (size_t oo = 0; oo < bsize; oo += 64) k_prefetch_ahead(xb + oo, pf); // 144 or 176 bytes: 3 lines
+                k_prefetch_lines(xb, bsize, pf); // 144 or 176 bytes: 3 lines
                 __m256i q[8]; // sub-block k's quants
                 const __m256i qh = five ? k_load256(xb + 16) : _mm256_setzero_si256();
                 K_UNROLL
