@@ -7,8 +7,10 @@
 # a message and exit 1; no arguments, the usage and exit 2. Then the whole tool on the working
 # tree against itself (one build of pensieve.c, the `ref` set's Q4_0 dot product, which every CPU
 # has): the same outputs, and a time for each; and with its builds, kept, a row length the type's
-# blocks do not divide, an unknown set, type and mode and a GEMM the set lacks, each refused with
-# a message (exit 1). Ends with `N passed, N failed, N skipped`.
+# blocks do not divide, an unknown set, type and mode and a GEMM or gemv1 kernel the set lacks,
+# each refused with a message (exit 1), and the gemv1 mode (a 128 MiB matrix, from memory) with
+# the first set the CPU has that has a gemv1 kernel (skipped, and said so, where none does).
+# Ends with `N passed, N failed, N skipped`.
 
 pass=0 fail=0 skip=0
 finish() { echo "$pass passed, $fail failed, $skip skipped"; [ "$fail" -eq 0 ]; exit; }
@@ -85,10 +87,23 @@ has tool "^B / A +$num +$num +$num\$"
 # its builds kept (AB_OUT): the libraries' own checks
 for v in "badn|ref Q4_K hot 100|N=100: Q4_K needs a multiple of 256" "badset|nosuchset Q4_0 hot|no kernel set 'nosuchset'" \
          "badtype|ref Q9_9 hot|no weight type 'Q9_9'" "badmode|ref Q4_0 fast|unknown mode 'fast'" \
-         "nogemm|ref Q4_0 gemmR|set ref has no GEMM kernel for Q4_0"; do
+         "nogemm|ref Q4_0 gemmR|set ref has no GEMM kernel for Q4_0" "nogemv1|ref Q4_0 gemv1|set ref has no gemv1 kernel for Q4_0"; do
     name=${v%%|*} rest=${v#*|}
     run "$name" 1 "$tmp/ab/a.so" "$tmp/ab/b.so" ${rest%%|*}
     has "$name" "${rest#*|}"
 done
+# gemv1: the one-row kernel on a 128 MiB matrix (from memory), where the CPU has a set with one
+gset=
+for s in avx512 avx2 dotprod neon; do
+    if "$tmp/ab/kernel_ab" "$tmp/ab/a.so" "$tmp/ab/b.so" $s Q4_0 gemv1 256 1 > "$tmp/probe.out" 2>&1; then gset=$s; break; fi
+done
+if [ -n "$gset" ]; then
+    run gemv1 0 "$tmp/ab/a.so" "$tmp/ab/b.so" $gset Q4_0 gemv1 256 2
+    has gemv1 '^outputs: identical \([0-9a-f]{16}, [0-9a-f]{16}\)$'
+    has gemv1 "^$gset Q4_0 gemv1 n=256: 2 trials of [0-9]+ calls each, ns a value\$"
+    has gemv1 "^B / A +$num +$num +$num\$"
+else
+    skip=$((skip + 1)); echo "skipped: no kernel set with a gemv1 kernel here (gemv1 mode)"; cat "$tmp/probe.out"
+fi
 cat "$tmp/tool.out"
 finish

@@ -16,7 +16,9 @@
 //   for gemmR and pp128), and B / A of each. A benchmark: it asserts nothing but the digests.
 //
 // MODE: hot (vec_dot, 64 times one row, in L1), g1hot (the gemv1 kernel on 64 rows, in the
-// cache), gemmR (the GEMM kernel on one panel and the set's rows a call, in L1), pp128 (a
+// cache), gemv1 (the gemv1 kernel on a matrix of AB_G1_BYTES, read from memory as generation
+// reads its weights: bench_simd's random rows repeated, each build its own copy, in 2 MiB pages
+// where the system gives them, in 4 KiB pages with AB_SMALL_PAGES=1), gemmR (the GEMM kernel on one panel and the set's rows a call, in L1), pp128 (a
 // prompt's product: 256 weight rows by 128 activation rows, panels packed as the engine does).
 // N: the row length (default 4096; 896 is qwen2-0.5b's).
 #if defined(AB_LIB)
@@ -28,9 +30,10 @@
 static bs_ctx ab_c;
 static void (*ab_fn)(void *);
 static double ab_unit_count;
-static uint8_t *ab_w, *ab_a;
+static uint8_t *ab_w, *ab_a, *ab_big;
 static float *ab_out;
-enum { AB_OUT = 4 * 16384 };
+static size_t ab_out_n = 4 * 16384; // outputs (gemv1: one a row of its matrix)
+#define AB_G1_BYTES ((size_t)128 << 20) // gemv1's matrix: past the last-level caches of the machines measured
 
 // 0 when the measurement is set up; else a message on stderr and nonzero.
 AB_EXPORT int ab_setup(const char *set, const char *type, const char *mode, long long n) {
@@ -53,12 +56,26 @@ AB_EXPORT int ab_setup(const char *set, const char *type, const char *mode, long
     type_row_size(at, (uint64_t)n, &ys);
     ab_w = bs_row(wt, n, BS_PP_OUT);
     ab_a = bs_row(at, n, BS_PP_ROWS);
-    ab_out = calloc(AB_OUT, sizeof *ab_out);
-    PSV_ASSERT(ab_out);
     ab_c = (bs_ctx){.tr = k_traits_of_set((k_set)s, wt), .wt = wt, .n = n, .n_out = BS_PP_OUT, .w = ab_w, .a = ab_a,
-                    .xs = (size_t)xs, .ys = (size_t)ys, .out = ab_out};
+                    .xs = (size_t)xs, .ys = (size_t)ys}; // (.out: below, sized for the mode)
     const k_traits *tr = ab_c.tr;
-    if (strcmp(mode, "hot") == 0) {
+    if (strcmp(mode, "gemv1") == 0) {
+        if (!tr->gemv1) return fprintf(stderr, "kernel_ab: set %s has no gemv1 kernel for %s\n", set, type), 1;
+        const size_t rows = AB_G1_BYTES / (size_t)xs / 4 * 4; // (at least 4 * 256 rows: n <= 65536)
+        // in 2 MiB pages where the system gives them, as a model's mapping mostly is (the page
+        // cache's large folios), or with AB_SMALL_PAGES=1 in 4 KiB pages, as the rest of it is
+        // (the page walks then load the core too: PERFORMANCE.md, the sixtieth session)
+        ab_big = aligned_alloc((size_t)2 << 20, AB_G1_BYTES);
+        PSV_ASSERT(ab_big);
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+        const char *sp = getenv("AB_SMALL_PAGES");
+        (void)madvise(ab_big, AB_G1_BYTES, sp && strcmp(sp, "1") == 0 ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
+#endif
+        for (size_t r = 0; r < rows; r++) memcpy(ab_big + r * (size_t)xs, ab_w + r % BS_PP_OUT * (size_t)xs, (size_t)xs);
+        ab_c.w = ab_big, ab_c.n_out = (int64_t)rows, ab_out_n = rows;
+        bs_setup_gemv1(&ab_c);
+        ab_fn = bs_gemv1, ab_unit_count = (double)rows * (double)n;
+    } else if (strcmp(mode, "hot") == 0) {
         ab_fn = bs_hot, ab_unit_count = 64.0 * (double)n;
     } else if (strcmp(mode, "g1hot") == 0) {
         if (!tr->gemv1) return fprintf(stderr, "kernel_ab: set %s has no gemv1 kernel for %s\n", set, type), 1;
@@ -71,8 +88,11 @@ AB_EXPORT int ab_setup(const char *set, const char *type, const char *mode, long
         if (mode[0] == 'g') ab_fn = bs_gemm, ab_unit_count = (double)n * tr->panel_rows * tr->gemm_rows;
         else ab_fn = bs_pp, ab_unit_count = (double)n * BS_PP_OUT * BS_PP_ROWS;
     } else {
-        return fprintf(stderr, "kernel_ab: unknown mode '%s' (hot, g1hot, gemmR, pp128)\n", mode), 1;
+        return fprintf(stderr, "kernel_ab: unknown mode '%s' (hot, g1hot, gemv1, gemmR, pp128)\n", mode), 1;
     }
+    ab_out = calloc(ab_out_n, sizeof *ab_out);
+    PSV_ASSERT(ab_out);
+    ab_c.out = ab_out;
     return 0;
 }
 
@@ -85,11 +105,11 @@ AB_EXPORT double ab_units(void) { return ab_unit_count; }
 
 // FNV-1a of the outputs' bits, after one call on zeroed outputs.
 AB_EXPORT unsigned long long ab_digest(void) {
-    memset(ab_out, 0, AB_OUT * sizeof *ab_out);
+    memset(ab_out, 0, ab_out_n * sizeof *ab_out);
     ab_fn(&ab_c);
     const uint8_t *b = (const uint8_t *)ab_out;
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < AB_OUT * sizeof *ab_out; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < ab_out_n * sizeof *ab_out; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
@@ -141,7 +161,7 @@ static int ab_cmp(const void *x, const void *y) {
 int main(int argc, char **argv) {
     if (argc < 6 || argc > 8) {
         fprintf(stderr, "usage: kernel_ab A.so B.so SET TYPE MODE [N] [TRIALS]\n"
-                        "  MODE: hot, g1hot, gemmR, pp128; N: row length (default 4096); TRIALS: default 200\n");
+                        "  MODE: hot, g1hot, gemv1, gemmR, pp128; N: row length (default 4096); TRIALS: default 200\n");
         return 2;
     }
     const long long n = argc > 6 ? atoll(argv[6]) : 4096;

@@ -3,15 +3,16 @@
 #   tools/kernel_ab.sh A B SET TYPE MODE [N] [TRIALS]
 # A and B: a git revision (HEAD, a commit, a branch) or a directory holding pensieve.c and
 # tests/bench_simd.c ("." : the working tree). SET: a kernel set (avx512, avxvnni, avx2, amx,
-# neon, dotprod, i8mm, ref), TYPE: Q4_0, Q4_K, ...; MODE: hot, g1hot, gemmR, pp128; N: the row
-# length (default 4096); TRIALS: default 200. CC (default cc) and CFLAGS (default -O2) build both.
+# neon, dotprod, i8mm, ref), TYPE: Q4_0, Q4_K, ...; MODE: hot, g1hot, gemv1 (a 128 MiB matrix,
+# from memory, in 2 MiB pages; AB_SMALL_PAGES=1: 4 KiB), gemmR, pp128; N: the row length (default
+# 4096); TRIALS: default 200. CC (default cc) and CFLAGS (default -O2) build both.
 # Revisions from before tools/kernel_ab.c's (their bench_simd.c has no bs_setup_gemm) do not build.
 # Prints whether both compute the same outputs, then each one's minimum, 10th percentile and
 # median ns a value and the ratios B / A. Exits 3 if the outputs differ. AB_OUT=DIR keeps the
 # builds there (DIR/kernel_ab DIR/a.so DIR/b.so SET TYPE MODE ... then measures more without
 # building again; each build of pensieve.c takes about a minute).
 set -e
-[ $# -ge 5 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 5 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 A=$1 B=$2
 shift 2
 CC=${CC:-cc}
