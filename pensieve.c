@@ -9522,7 +9522,8 @@ K_AVX2 K_INLINE __m128i k_hsum4_i32_avx2(__m256i a, __m256i b, __m256i c, __m256
 
 K_AVX2 K_INLINE float k_f16_avx2(const uint8_t *p) { return _cvtsh_ss(ld_u16(p)); }
 
-// Four fp16 values' bits, p0's in the low 16 (for a vector conversion of four at a time). The
+// Four fp16 values' bits, p0's in the low 16 (for a vector conversion of four at a time; the
+// 32-value types' one-row kernels, k_gemv1_core_avx2 and k_gemv1_avx512). The
 // empty asm keeps the value in a general register: gcc's SLP vectorizer otherwise builds two of
 // them at once in vector registers (vmovd, vpunpcklwd, vpshuflw, vpmovzxwq, vpsllq, vpor), which
 // loads the vector shuffle units the kernels need (k_gemv1_q4_0_avx2 on Zen 4, in the cache:
@@ -9535,11 +9536,32 @@ static inline uint64_t k_f16x4_bits(const uint8_t *p0, const uint8_t *p1, const 
     return v;
 }
 
-// Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32). Gathered in a
-// general register, which keeps the vector shuffle units free (measured: 10 % faster Q4_0 than
-// inserting words, 25 % faster than a hardware gather, on Zen 4).
+// Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32), their words inserted
+// one by one (vpinsrw, the load folded in). Gathered in a general register as k_f16x4_bits does,
+// which the one-row Q4_0 kernel had measured faster in the cache, the k-quants' one-row kernels
+// read slower from memory, where the rows' bytes come in no faster than those kernels take them
+// and a step's instructions decide how far ahead the core has its loads under way (sixtieth
+// session, Zen 4, tools/kernel_ab.sh gemv1, B / A: AVX-512 Q6_K rows of 8192 0.86-0.89, AVX2
+// Q6_K 0.98; in the cache 1.00-1.01).
 K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    return _mm_cvtph_ps(_mm_set_epi64x(0, (long long)k_f16x4_bits(p0, p1, p2, p3)));
+    __m128i h = _mm_cvtsi32_si128(ld_u16(p0));
+    h = _mm_insert_epi16(h, ld_u16(p1), 1);
+    h = _mm_insert_epi16(h, ld_u16(p2), 2);
+    h = _mm_insert_epi16(h, ld_u16(p3), 3);
+    return _mm_cvtph_ps(h);
+}
+// The fp16 values at x[0..3] + o0 (lanes 0-3) and x[0..3] + o1 (lanes 4-7) as floats, as
+// k_f16x4_avx2 inserts them: eight words in one vector, one conversion.
+K_AVX2 K_INLINE __m256 k_f16x8_avx2(const uint8_t *const x[4], size_t o0, size_t o1) {
+    __m128i h = _mm_cvtsi32_si128(ld_u16(x[0] + o0));
+    h = _mm_insert_epi16(h, ld_u16(x[1] + o0), 1);
+    h = _mm_insert_epi16(h, ld_u16(x[2] + o0), 2);
+    h = _mm_insert_epi16(h, ld_u16(x[3] + o0), 3);
+    h = _mm_insert_epi16(h, ld_u16(x[0] + o1), 4);
+    h = _mm_insert_epi16(h, ld_u16(x[1] + o1), 5);
+    h = _mm_insert_epi16(h, ld_u16(x[2] + o1), 6);
+    h = _mm_insert_epi16(h, ld_u16(x[3] + o1), 7);
+    return _mm256_cvtph_ps(h);
 }
 // The f16 at o of rows x[0..7] as eight doubles (exact) at p.
 K_AVX2 K_INLINE void k_pack_d8_avx2(const uint8_t *const *x, size_t o, uint8_t *p) {
@@ -13016,11 +13038,8 @@ K_AVX512 K_INLINE void k_gemv1_kq16_avx512(uint32_t type, int64_t n, float *cons
             }
             // d (Q2_K: and dmin) of the four rows of both blocks: [block][row]
             const size_t o0 = (size_t)b * bsize + od, o1 = (size_t)(b + nk - 1) * bsize + od;
-            const __m512d dx = _mm512_cvtps_pd(_mm256_set_m128(k_f16x4_avx2(xr[0] + o1, xr[1] + o1, xr[2] + o1, xr[3] + o1),
-                                                               k_f16x4_avx2(xr[0] + o0, xr[1] + o0, xr[2] + o0, xr[3] + o0)));
-            const __m512d dm = two ? _mm512_cvtps_pd(_mm256_set_m128(k_f16x4_avx2(xr[0] + o1 + 2, xr[1] + o1 + 2, xr[2] + o1 + 2, xr[3] + o1 + 2),
-                                                                     k_f16x4_avx2(xr[0] + o0 + 2, xr[1] + o0 + 2, xr[2] + o0 + 2, xr[3] + o0 + 2)))
-                                   : _mm512_setzero_pd();
+            const __m512d dx = _mm512_cvtps_pd(k_f16x8_avx2(xr, o0, o1));
+            const __m512d dm = two ? _mm512_cvtps_pd(k_f16x8_avx2(xr, o0 + 2, o1 + 2)) : _mm512_setzero_pd();
             const __mmask8 km = nk == 2 ? 0xff : 0x0f;
             K_UNROLL
             for (int i = 0; i < nr; i++) {
