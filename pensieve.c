@@ -9537,12 +9537,12 @@ static inline uint64_t k_f16x4_bits(const uint8_t *p0, const uint8_t *p1, const 
 }
 
 // Four fp16 values to floats (F16C converts exactly, like psv_fp16_to_f32), their words inserted
-// one by one (vpinsrw, the load folded in). Gathered in a general register as k_f16x4_bits does,
-// which the one-row Q4_0 kernel had measured faster in the cache, the k-quants' one-row kernels
-// read slower from memory in 4 KiB pages, where a step's instructions seem to decide how far
-// ahead the core has its loads under way (sixtieth session, Zen 4, tools/kernel_ab.sh gemv1 with
-// AB_SMALL_PAGES=1, B / A: AVX-512 Q6_K rows of 8192 0.83-0.86, of 3072 0.96, AVX2 Q6_K 0.81; in
-// 2 MiB pages 0.98-1.05, in the cache 0.99-1.00).
+// one by one (vpinsrw, the load folded in). Gathered in a general register instead (k_f16x4_bits,
+// which the 32-value types' one-row kernels keep: faster for them in the cache, by 7-10 %), the
+// k-quants' one-row kernels read slower from memory in 4 KiB pages, where a step's instructions
+// seem to decide how far ahead the core has its loads under way (sixtieth session, Zen 4,
+// tools/kernel_ab.sh gemv1 with AB_SMALL_PAGES=1, B / A: AVX-512 Q6_K rows of 8192 0.83-0.86, of
+// 3072 0.96, AVX2 Q6_K 0.81; in 2 MiB pages 0.98-1.05, in the cache 0.99-1.00).
 K_AVX2 K_INLINE __m128 k_f16x4_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
     __m128i h = _mm_cvtsi32_si128(ld_u16(p0));
     h = _mm_insert_epi16(h, ld_u16(p1), 1);
