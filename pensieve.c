@@ -700,7 +700,7 @@ static inline bool psv_isfinite(float x) { return (f32_bits(x) & 0x7f800000u) !=
 // it to be exact), else Newton iteration in double, which converges to the correctly rounded
 // float after rounding.
 static inline double psv_sqrt(double x) {
-#if defined(PSV_X86)
+#if defined(PSV_X86) && defined(__SSE2__)
     return _mm_cvtsd_f64(_mm_sqrt_sd(_mm_setzero_pd(), _mm_set_sd(x)));
 #elif defined(PSV_ARM64)
     double r;
@@ -2658,9 +2658,10 @@ static psv_status gguf_parse_kv(gguf_file *f, rd_t *r, uint64_t idx, psv_error *
     for (uint64_t k = 0; k < n; k++) {
         size_t at = r->off;
         str_t sk;
-        if ((uint64_t)(at - (size_t)(kv->arr_data - r->p)) > UINT32_MAX)
+        const uint64_t rel = at - (size_t)(kv->arr_data - r->p); // (a variable: with a 32-bit size_t the test is always false)
+        if (rel > UINT32_MAX)
             return err_set(err, PSV_ERR_RANGE, "gguf: %s: element %" PRIu64 " starts more than 4 GiB into the array", what, k);
-        kv->str_off[k] = (uint32_t)(at - (size_t)(kv->arr_data - r->p));
+        kv->str_off[k] = (uint32_t)rel;
         if (gguf_rd_str(r, &sk, PSV_GGUF_MAX_STRING, what, NULL) == PSV_OK) continue;
         // read again for the message naming the element (formatting it for each of a vocabulary's
         // 200,000 strings took a tenth of the model's open time)
@@ -10180,8 +10181,8 @@ K_AVX2 K_INLINE void k_scale_min_k4_avx2(const uint8_t *x, __m128i *sc8, __m128i
     uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
     // built as 64-bit moves (measured when the one-row Q4_K kernel used this: 9 % faster than
     // inserting four lanes)
-    *sc8 = _mm_cvtsi64_si128((long long)((uint64_t)sc_lo | (uint64_t)sc_hi << 32));
-    *m8 = _mm_cvtsi64_si128((long long)((uint64_t)m_lo | (uint64_t)m_hi << 32));
+    *sc8 = _mm_set_epi64x(0, (long long)((uint64_t)sc_lo | (uint64_t)sc_hi << 32));
+    *m8 = _mm_set_epi64x(0, (long long)((uint64_t)m_lo | (uint64_t)m_hi << 32));
 }
 
 // k_unpack_q3_k's 16 scales of the Q3_K block at x, sub-block k in byte k (-32..31).
@@ -11639,7 +11640,7 @@ K_AVX2 K_INLINE void k_dot_keys_q_avx2(const int c, const bool h, float *s, size
     for (int64_t p = 0; p < nk; p += K_KEY_BLOCK) {
         const uint8_t *kb = (const uint8_t *)k + (size_t)(p / K_KEY_BLOCK) * bstride * el;
         k_prefetch_span(kb, (size_t)n * K_KEY_BLOCK * el, K_KEYS_PF * bstride * el);
-        __m256d tot[4][2];
+        __m256d tot[4][2] = {{_mm256_setzero_pd()}}; // (set at l = 0: gcc's 32-bit build could not tell)
         for (int l = 0; l < K_LANES; l++) {
             __m256d lane[4][2];
             K_UNROLL
