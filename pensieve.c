@@ -124,6 +124,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -182,6 +183,83 @@
 #define PSV_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PSV_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+// Threads. glibc before 2.34 (Debian 11, Ubuntu 20.04, RHEL 8, Amazon Linux 2) keeps
+// pthread_create, pthread_join and pthread_once in libpthread, which `cc pensieve.c` does not link
+// (-pthread does): there those are weak references, and where they stay unresolved a constructor
+// loads libpthread.so.0 through libc's own dlopen, before main or an embedder's code runs (so
+// before any mutex is initialised: until libpthread is in, libc's mutex and condition functions
+// do nothing). Threads are then made through the pointers it finds. Everywhere else (glibc 2.34
+// on, musl, macOS, any build with -pthread, whose compilers define _REENTRANT) this is plain
+// pthread_create. plat_once replaces pthread_once everywhere.
+#if defined(__GLIBC__) && !defined(_REENTRANT) && (__GLIBC__ < 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ < 34))
+#define PSV_LATE_PTHREAD 1
+#include <dlfcn.h> // RTLD_NOW (the header only: libdl is not linked)
+#pragma weak pthread_create
+#pragma weak pthread_join
+#pragma weak pthread_attr_setstacksize
+extern void *__libc_dlopen_mode(const char *name, int mode); // libc.so.6's own (GLIBC_PRIVATE)
+extern void *__libc_dlsym(void *handle, const char *name);
+typedef int (*plat_create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+typedef int (*plat_join_fn)(pthread_t, void **);
+typedef int (*plat_stack_fn)(pthread_attr_t *, size_t);
+static plat_create_fn plat_pt_create;
+static plat_join_fn plat_pt_join;
+static plat_stack_fn plat_pt_stack;
+__attribute__((constructor)) static void plat_threads_load(void) {
+    if (pthread_create && pthread_join && pthread_attr_setstacksize) { // linked after all
+        plat_pt_create = pthread_create, plat_pt_join = pthread_join, plat_pt_stack = pthread_attr_setstacksize;
+        return;
+    }
+    void *h = __libc_dlopen_mode("libpthread.so.0", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) return;
+    // (object to function pointer: POSIX dlsym's conversion, spelled through memcpy)
+    void *f[3] = {__libc_dlsym(h, "pthread_create"), __libc_dlsym(h, "pthread_join"),
+                  __libc_dlsym(h, "pthread_attr_setstacksize")};
+    if (!f[0] || !f[1] || !f[2]) return;
+    memcpy(&plat_pt_create, &f[0], sizeof f[0]);
+    memcpy(&plat_pt_join, &f[1], sizeof f[1]);
+    memcpy(&plat_pt_stack, &f[2], sizeof f[2]);
+}
+#endif
+
+// pthread_create, pthread_join, pthread_attr_setstacksize; ENOSYS where this glibc has no threads
+// to give (libpthread.so.0 missing), which callers report as any other failure to start a thread.
+static int plat_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+#if defined(PSV_LATE_PTHREAD)
+    return plat_pt_create ? plat_pt_create(t, attr, fn, arg) : ENOSYS;
+#else
+    return pthread_create(t, attr, fn, arg);
+#endif
+}
+static int plat_thread_join(pthread_t t) {
+#if defined(PSV_LATE_PTHREAD)
+    return plat_pt_join ? plat_pt_join(t, NULL) : ENOSYS;
+#else
+    return pthread_join(t, NULL);
+#endif
+}
+PSV_MAYBE_UNUSED static int plat_thread_stack(pthread_attr_t *attr, size_t size) {
+#if defined(PSV_LATE_PTHREAD)
+    return plat_pt_stack ? plat_pt_stack(attr, size) : ENOSYS;
+#else
+    return pthread_attr_setstacksize(attr, size);
+#endif
+}
+
+// pthread_once's work with C11 atomics: 0 not run, 1 running (others yield until it ends), 2 done.
+typedef atomic_int plat_once_t;
+#define PLAT_ONCE_INIT 0
+static void plat_once(plat_once_t *once, void (*fn)(void)) {
+    if (atomic_load_explicit(once, memory_order_acquire) == 2) return;
+    int expect = 0;
+    if (atomic_compare_exchange_strong_explicit(once, &expect, 1, memory_order_acquire, memory_order_acquire)) {
+        fn();
+        atomic_store_explicit(once, 2, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(once, memory_order_acquire) != 2) sched_yield();
+}
+
 // Monotonic time in seconds, for rates and timeouts (never for tests).
 PSV_MAYBE_UNUSED static double plat_now(void) {
     struct timespec ts;
@@ -206,7 +284,7 @@ typedef struct {
 } plat_cpu;
 
 static plat_cpu plat_cpu_info;
-static pthread_once_t plat_cpu_once = PTHREAD_ONCE_INIT;
+static plat_once_t plat_cpu_once = PLAT_ONCE_INIT;
 
 static void plat_cpu_detect_once(void) {
     plat_cpu c;
@@ -281,7 +359,7 @@ static void plat_cpu_detect_once(void) {
 }
 
 static const plat_cpu *plat_cpu_get(void) {
-    pthread_once(&plat_cpu_once, plat_cpu_detect_once);
+    plat_once(&plat_cpu_once, plat_cpu_detect_once);
     return &plat_cpu_info;
 }
 
@@ -645,13 +723,13 @@ static void plat_prefault_start(plat_prefault *pf, const uint8_t *p, size_t n) {
     pf->p = p;
     pf->n = n;
     atomic_store(&pf->stop, false);
-    pf->running = n > 0 && pthread_create(&pf->thread, NULL, plat_prefault_main, pf) == 0;
+    pf->running = n > 0 && plat_thread_create(&pf->thread, NULL, plat_prefault_main, pf) == 0;
 }
 
 static void plat_prefault_stop(plat_prefault *pf) {
     if (!pf->running) return;
     atomic_store(&pf->stop, true);
-    pthread_join(pf->thread, NULL);
+    plat_thread_join(pf->thread);
     pf->running = false;
 }
 
@@ -1252,23 +1330,23 @@ static sha256_blocks_fn sha256_pick(const plat_cpu *cpu, const char *kernels, co
     return sha256_blocks_ref;
 }
 
-// Resolved once per process; after that each call is one pthread_once fast-path check.
+// Resolved once per process; after that each call is one plat_once fast-path check.
 static sha256_blocks_fn sha256_impl_fn;
 static const char *sha256_impl_label;
-static pthread_once_t sha256_impl_once = PTHREAD_ONCE_INIT;
+static plat_once_t sha256_impl_once = PLAT_ONCE_INIT;
 
 static void sha256_impl_init(void) {
     sha256_impl_fn = sha256_pick(plat_cpu_get(), getenv("PSV_KERNELS"), &sha256_impl_label);
 }
 
 static sha256_blocks_fn sha256_impl(void) {
-    pthread_once(&sha256_impl_once, sha256_impl_init);
+    plat_once(&sha256_impl_once, sha256_impl_init);
     return sha256_impl_fn;
 }
 
 // Which variant psv_sha256_* use: "sha-ni", "armv8-sha2" or "ref" (for logs and `--help`).
 static const char *sha256_impl_name(void) {
-    pthread_once(&sha256_impl_once, sha256_impl_init);
+    plat_once(&sha256_impl_once, sha256_impl_init);
     return sha256_impl_label;
 }
 
@@ -5179,7 +5257,7 @@ done:
 // Byte lookups, the SPM word-splitting property, and every token's detokenized bytes.
 static psv_status tok_build_tables(tok_vocab *v, psv_error *err) {
     for (int b = 0; b < 256; b++) {
-        char one = (char)b, hex[7];
+        char one = (char)b, hex[8]; // (8: gcc 11 does not bound b to two hex digits)
         uint8_t enc[4];
         v->byte_tok1[b] = tok_find(v, &one, 1);
         snprintf(hex, sizeof hex, "<0x%02X>", b);
@@ -7681,12 +7759,12 @@ static void k_dot_f32_f32_ref(int64_t n, float *s, const void *vx, const void *v
 // x86-64 -O2). Built once, thread-safely; the quantized kernels convert one scale per block and
 // call psv_fp16_to_f32 directly.
 static float k_fp16_table[65536];
-static pthread_once_t k_fp16_once = PTHREAD_ONCE_INIT;
+static plat_once_t k_fp16_once = PLAT_ONCE_INIT;
 static void k_fp16_table_init(void) {
     for (uint32_t h = 0; h < 65536; h++) k_fp16_table[h] = psv_fp16_to_f32((uint16_t)h);
 }
 static const float *k_fp16_lut(void) {
-    pthread_once(&k_fp16_once, k_fp16_table_init);
+    plat_once(&k_fp16_once, k_fp16_table_init);
     return k_fp16_table;
 }
 
@@ -8534,10 +8612,8 @@ typedef enum { K_SET_REF, K_SET_AVX2, K_SET_AVXVNNI, K_SET_AVX512, K_SET_AMX, K_
 // as supported where that runs (AVX512-VNNI and VL), so that its kernels are checked on AVX-512
 // CPUs too, not only on the AVX-VNNI CPUs (Intel from Alder Lake on) that choose it.
 #if defined(PSV_VNNI_EVEX)
-#define K_VNNI_ENC ""
 #define K_VNNI_EVEX 1
 #else
-#define K_VNNI_ENC "%{vex%} "
 #define K_VNNI_EVEX 0
 #endif
 static const char *const k_set_names[K_SET_COUNT] = {"ref", "avx2", "avxvnni", "avx512", "amx", "neon", "dotprod", "i8mm"};
@@ -9822,12 +9898,39 @@ K_AVX2 K_INLINE void k_fma2_avx2(__m256d *acc_lo, __m256d *acc_hi, __m256 dxy, _
 // a lane, in int32: nothing saturates) and vpdpwssd (acc + the sums of pairs of int16 products),
 // as inline assembly: the AVX2 code around them needs no other target, and only the avxvnni
 // set's kernels (vnni: true) reach them.
+//
+// The VEX forms are written out as bytes: assemblers before binutils 2.36 (Debian 11's 2.35.2,
+// RHEL 8's) do not know them, and `cc pensieve.c` must build there. The .irp loop finds each
+// operand's register number from its name (%ymm0-%ymm15: "x" operands of a function without
+// AVX-512), then VEX.256.66.0F38.W0 with opcode 0x50 (vpdpbusd) or 0x52 (vpdpwssd): C4, then
+// ~R (dst bit 3), ~X, ~B (b's bit 3) and map 0F38; then W0, ~vvvv (a), L1 and pp 66; the opcode;
+// ModRM 11 dst b. The same bytes as "{vex} vpdpbusd %2, %1, %0" (tests/vnni_encoding.sh checks).
+// K_ASM_ONE: gcc sizes an asm statement by its lines, which would make these look like 50
+// instructions to its inliner and unroller (measured: five avxvnni GEMMs compiled differently);
+// "asm inline" (gcc 9 on) counts one.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 9
+#define K_ASM_ONE __asm__ __inline__
+#else
+#define K_ASM_ONE __asm__
+#endif
+#if K_VNNI_EVEX
+#define K_VNNI_ASM(mnemonic, opcode) mnemonic " %2, %1, %0"
+#else
+#define K_VNNI_ASM(mnemonic, opcode)                                                                       \
+    ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n"                                                     \
+    ".ifc %0,%%ymm\\i\n.set .Lpsv_vnni_d,\\i\n.endif\n"                                                \
+    ".ifc %1,%%ymm\\i\n.set .Lpsv_vnni_a,\\i\n.endif\n"                                                \
+    ".ifc %2,%%ymm\\i\n.set .Lpsv_vnni_b,\\i\n.endif\n"                                                \
+    ".endr\n"                                                                                           \
+    ".byte 0xc4, ((8 - (.Lpsv_vnni_d & 8)) << 4) | 0x40 | ((8 - (.Lpsv_vnni_b & 8)) << 2) | 0x02, "      \
+    "((15 - .Lpsv_vnni_a) << 3) | 0x05, " opcode ", 0xc0 | ((.Lpsv_vnni_d & 7) << 3) | (.Lpsv_vnni_b & 7)"
+#endif
 K_AVX2 K_INLINE __m256i k_dpbusd_vex(__m256i acc, __m256i a, __m256i b) {
-    __asm__(K_VNNI_ENC "vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    K_ASM_ONE(K_VNNI_ASM("vpdpbusd", "0x50") : "+x"(acc) : "x"(a), "x"(b));
     return acc;
 }
 K_AVX2 K_INLINE __m256i k_dpwssd_vex(__m256i acc, __m256i a, __m256i b) {
-    __asm__(K_VNNI_ENC "vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    K_ASM_ONE(K_VNNI_ASM("vpdpwssd", "0x52") : "+x"(acc) : "x"(a), "x"(b));
     return acc;
 }
 // acc + vpmaddwd(a, b), in one vpdpwssd with vnni (the same int32 sums)
@@ -18085,7 +18188,7 @@ static k_traits k_set_tables[K_SET_COUNT][T_COUNT];
 static k_vec_ops k_set_vec[K_SET_COUNT];
 static k_set k_active_set;
 static char k_active_note[160];
-static pthread_once_t k_sets_once = PTHREAD_ONCE_INIT;
+static plat_once_t k_sets_once = PLAT_ONCE_INIT;
 
 #if defined(PSV_X86_KERNELS)
 typedef struct { uint32_t type; k_gemm_fn gemm; k_pack_fn pack; } k_gemm_entry;
@@ -18351,7 +18454,7 @@ static void k_sets_init(void) {
 // The kernels of one set, whether or not this CPU can run it (tests and benchmarks check
 // k_set_supported first); NULL when the type has none.
 static const k_traits *k_traits_of_set(k_set s, uint32_t type) {
-    pthread_once(&k_sets_once, k_sets_init);
+    plat_once(&k_sets_once, k_sets_init);
     if ((unsigned)s >= K_SET_COUNT || type >= T_COUNT || !k_set_tables[s][type].to_float) return NULL;
     return &k_set_tables[s][type];
 }
@@ -18359,29 +18462,29 @@ static const k_traits *k_traits_of_set(k_set s, uint32_t type) {
 // The kernels the engine uses: the best set this CPU supports, or the one PSV_KERNELS names
 // (read once, at the first call). Thread-safe; the tables are immutable after that first call.
 PSV_MAYBE_UNUSED static const k_traits *k_traits_get(uint32_t type) {
-    pthread_once(&k_sets_once, k_sets_init);
+    plat_once(&k_sets_once, k_sets_init);
     return k_traits_of_set(k_active_set, type);
 }
 
 // The element-wise kernels of a set (k_vec_of_set: any set, for tests) or of the set in use.
 PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_of_set(k_set s) {
-    pthread_once(&k_sets_once, k_sets_init);
+    plat_once(&k_sets_once, k_sets_init);
     return (unsigned)s < K_SET_COUNT ? &k_set_vec[s] : NULL;
 }
 PSV_MAYBE_UNUSED static const k_vec_ops *k_vec_get(void) {
-    pthread_once(&k_sets_once, k_sets_init);
+    plat_once(&k_sets_once, k_sets_init);
     return &k_set_vec[k_active_set];
 }
 
 // Name of the set k_traits_get uses ("ref", "avx2", "avxvnni", "avx512", "neon", "dotprod" or "i8mm").
 PSV_MAYBE_UNUSED static const char *k_kernel_set_name(void) {
-    pthread_once(&k_sets_once, k_sets_init);
+    plat_once(&k_sets_once, k_sets_init);
     return k_set_names[k_active_set];
 }
 
 // Why PSV_KERNELS was not honoured (one line, for the CLI to print as a warning), or NULL.
 PSV_MAYBE_UNUSED static const char *k_kernel_set_note(void) {
-    pthread_once(&k_sets_once, k_sets_init);
+    plat_once(&k_sets_once, k_sets_init);
     return k_active_note[0] ? k_active_note : NULL;
 }
 
@@ -18561,7 +18664,7 @@ static void pool_free(pool_t *pl) {
     pthread_cond_broadcast(&pl->cv_work);
     pthread_mutex_unlock(&pl->mu);
     for (int i = 0; i < pl->n_threads - 1; i++)
-        if (pl->workers[i].pool) pthread_join(pl->workers[i].thread, NULL);
+        if (pl->workers[i].pool) plat_thread_join(pl->workers[i].thread);
     pthread_cond_destroy(&pl->cv_work);
     pthread_cond_destroy(&pl->cv_done);
     pthread_mutex_destroy(&pl->mu);
@@ -18592,7 +18695,7 @@ static psv_status pool_new(int n_threads, pool_t **out, psv_error *err) {
         pool_worker *w = &pl->workers[i];
         w->ith = i + 1;
         w->pool = pl;
-        if (pthread_create(&w->thread, NULL, pool_worker_main, w) != 0) {
+        if (plat_thread_create(&w->thread, NULL, pool_worker_main, w) != 0) {
             w->pool = NULL;
             pool_free(pl);
             return err_set(err, PSV_ERR_IO, "pool: cannot create thread %d of %d", i + 2, n_threads);
@@ -20881,7 +20984,7 @@ static psv_status mk_write_tokenizer(gguf_writer *w, const mk_shape *s, uint64_t
     toff = malloc(((size_t)n + 1) * sizeof *toff);
     moff = malloc(((size_t)n_merges + 1) * sizeof *moff);
     strs = malloc((size_t)n * sizeof *strs);
-    types = malloc((size_t)n * sizeof *types);
+    types = calloc((size_t)n, sizeof *types); // (calloc: gcc 11 takes malloc'd memory passed on as const for uninitialised)
     if (!toff || !moff || !strs || !types) goto oom;
     toff[0] = moff[0] = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -21636,11 +21739,11 @@ static psv_status bench_membw(int n_threads, double *out, psv_error *err) {
         int started = 0;
         for (int i = 0; i < n_threads; i++) {
             jobs[i] = (bench_bw_job){buf + (size_t)i * share, i == n_threads - 1 ? size - (size_t)i * share : share, 0};
-            if (i > 0 && pthread_create(&th[i], NULL, bench_bw_thread, &jobs[i]) != 0) break;
+            if (i > 0 && plat_thread_create(&th[i], NULL, bench_bw_thread, &jobs[i]) != 0) break;
             started = i + 1;
         }
         bench_bw_thread(&jobs[0]);
-        for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
+        for (int i = 1; i < started; i++) plat_thread_join(th[i]);
         double dt = plat_now() - t0;
         if (started < n_threads) {
             st = err_set(err, PSV_ERR_IO, "bench: cannot create %d threads", n_threads);
@@ -21948,7 +22051,7 @@ PSV_MAYBE_UNUSED static int cli_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true, takes = true;
-        int64_t r;
+        int64_t r = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(bench_usage, stdout);
             return 0;
@@ -25424,7 +25527,7 @@ static int srv_run(srv_conf *conf) {
         fprintf(stderr, "pensieve: %s\n", err.message[0] ? err.message : "out of memory");
         goto done;
     }
-    if (pthread_create(&s->sched, NULL, sched_main, s) != 0) {
+    if (plat_thread_create(&s->sched, NULL, sched_main, s) != 0) {
         fprintf(stderr, "pensieve: cannot start the scheduler thread\n");
         goto done;
     }
@@ -25485,14 +25588,14 @@ static int srv_run(srv_conf *conf) {
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&at, 1u << 20);
+        plat_thread_stack(&at, 1u << 20);
         if (c) {
             char host[INET6_ADDRSTRLEN] = "?";
             if (peer.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, host, sizeof host);
             else if (peer.ss_family == AF_INET6) inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, host, sizeof host);
             snprintf(c->peer, sizeof c->peer, "%s", host);
         }
-        if (!c || (c->fd = fd, c->srv = s, pthread_create(&th, &at, srv_conn_main, c) != 0)) {
+        if (!c || (c->fd = fd, c->srv = s, plat_thread_create(&th, &at, srv_conn_main, c) != 0)) {
             close(fd);
             free(c);
             pthread_mutex_lock(&s->mu);
@@ -25524,7 +25627,7 @@ done:
         pthread_mutex_lock(&s->mu);
         pthread_cond_broadcast(&s->sched_cv);
         pthread_mutex_unlock(&s->mu);
-        pthread_join(s->sched, NULL);
+        plat_thread_join(s->sched);
     }
     scratch_free(&s->sched_scratch);
     free(s->sched_items);

@@ -7,7 +7,7 @@
 # what $PSV_BIN prints, for the first case of every reference model, and so does a build with
 # -DPSV_NO_SIMD_KERNELS (the reference kernels only) what $PSV_BIN prints with them; that builds
 # without flags say whether they are optimised (`info --cpu`) and warn of nothing at -Wall
-# -Wextra; and that the file is strict ISO C11.
+# -Wextra (nor link other libraries: threads without -lpthread); and that the file is strict ISO C11.
 # Needs $PSV_BIN and ../shared ($PSV_SHARED).
 # Ends with `N passed, N failed, N skipped`.
 
@@ -32,9 +32,12 @@ trap 'exit 1' INT TERM HUP
 # by side: they are most of this test's time.
 # build OUT COMPILER ARGS...: $tmp/OUT, the compiler's messages in $tmp/OUT.err, its status in
 # $tmp/OUT.rc.
+# The builds without flags are the README's `cc pensieve.c -o pensieve`, so without -lpthread
+# (glibc before 2.34 keeps threads in libpthread: pensieve.c loads it itself there).
 build() {
     out=$1; shift
-    "$@" -o "$tmp/$out" -lpthread >"$tmp/$out.err" 2>&1; echo $? >"$tmp/$out.rc"
+    lib=-lpthread; case $out in flagless-*) lib= ;; esac
+    "$@" -o "$tmp/$out" $lib >"$tmp/$out.err" 2>&1; echo $? >"$tmp/$out.rc"
 }
 built() { [ "$(cat "$tmp/$1.rc" 2>/dev/null)" = 0 ]; }
 for cc in gcc clang; do
@@ -95,8 +98,8 @@ for b in gcc clang nosimd; do
 done
 built flagless-gcc && cp "$tmp/flagless-gcc" "$tmp/pensieve-flagless-gcc" && builds="$builds flagless-gcc"
 
-# logits BIN...: the top logits BIN computes for model $name's ids $ids
-logits() { "$@" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 2>&1; }
+# logits BIN [OPTION...]: the top logits BIN computes for model $name's ids $ids
+logits() { bin=$1; shift; "$bin" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 "$@" 2>&1; }
 for exp in "$ref"/expected/*.json; do
     name=$(basename "$exp" .json)
     # the first case's prompt and generated ids, with the contract's context and KV type
@@ -107,7 +110,9 @@ for exp in "$ref"/expected/*.json; do
     for b in $builds; do
         want=$tmp/want.out than=$PSV_BIN
         [ $b = nosimd ] && want=$tmp/want-nosimd.out than="$PSV_BIN with PSV_KERNELS=ref"
-        logits "$tmp/pensieve-$b" >"$tmp/got.out"
+        # (two threads for the build without flags: its pool's threads are made as above)
+        t=; [ $b = flagless-gcc ] && t="--threads 2"
+        logits "$tmp/pensieve-$b" $t >"$tmp/got.out"
         if cmp -s "$want" "$tmp/got.out"; then ok
         else bad "$name: the '$b' build computes other logits than $than"; diff "$want" "$tmp/got.out" | head -n 4
         fi
