@@ -80,7 +80,18 @@ cp f104 "$(printf 'carriage\rreturn')"
 same_as_sha256sum "name with spaces" "a name with  spaces.bin"
 same_as_sha256sum "name after --" -- "-dash" f5
 same_as_sha256sum "names escaped by sha256sum" "back\\slash" "new
-line" "$(printf 'carriage\rreturn')" f6
+line" f6
+# \r: escaped since coreutils 9.0, as pensieve does; an older sha256sum (Debian 11's 8.32)
+# prints it raw, so there the line is checked against the digest sha256sum gives.
+cr="$(printf 'carriage\rreturn')"
+case "$(sha256sum -- "$cr")" in
+\\*) same_as_sha256sum "name with a carriage return" "$cr" ;;
+*)
+    want="\\$(sha256sum <"$cr" | cut -c1-64)  carriage\\rreturn"
+    got=$("$PSV_BIN" sha256 -- "$cr")
+    if [ "$got" = "$want" ]; then ok; else bad "name with a carriage return: '$got', want '$want'"; fi
+    ;;
+esac
 
 # Unreadable arguments: reported, skipped, exit status 1, the others still hashed.
 mkdir adir
