@@ -7,7 +7,8 @@
 # what $PSV_BIN prints, for the first case of every reference model, and so does a build with
 # -DPSV_NO_SIMD_KERNELS (the reference kernels only) what $PSV_BIN prints with them; that builds
 # without flags say whether they are optimised (`info --cpu`) and warn of nothing at -Wall
-# -Wextra (nor link other libraries: threads without -lpthread); and that the file is strict ISO C11.
+# -Wextra (nor link other libraries: threads without -lpthread), also with musl (musl-gcc); and
+# that the file is strict ISO C11.
 # Needs $PSV_BIN and ../shared ($PSV_SHARED).
 # Ends with `N passed, N failed, N skipped`.
 
@@ -48,6 +49,10 @@ done
 # PSV_NO_SIMD_KERNELS (the downloader's, the fuzz program's and the ASan library object's): the
 # reference kernels only.
 command -v gcc >/dev/null 2>&1 && build pensieve-nosimd gcc -O2 -DPSV_NO_SIMD_KERNELS -Wall -Wextra -Werror "$src" &
+# musl's C library (Alpine's; Debian's musl-tools give musl-gcc, which links statically): built
+# without flags, it must compute what the test build computes, with two threads (musl's threads
+# start with 128 KiB stacks).
+command -v musl-gcc >/dev/null 2>&1 && build flagless-musl musl-gcc -Wall -Wextra -Werror "$src" &
 wait
 for cc in gcc clang; do
     if ! command -v $cc >/dev/null 2>&1; then
@@ -97,6 +102,10 @@ for b in gcc clang nosimd; do
     fi
 done
 built flagless-gcc && cp "$tmp/flagless-gcc" "$tmp/pensieve-flagless-gcc" && builds="$builds flagless-gcc"
+if ! command -v musl-gcc >/dev/null 2>&1; then skip=$((skip + 1)); echo "skipped: musl-gcc is not installed (Debian: musl-tools)"
+elif built flagless-musl; then cp "$tmp/flagless-musl" "$tmp/pensieve-flagless-musl"; builds="$builds flagless-musl"
+else bad "musl-gcc -Wall -Wextra -Werror pensieve.c failed"; cat "$tmp/flagless-musl.err"
+fi
 
 # logits BIN [OPTION...]: the top logits BIN computes for model $name's ids $ids
 logits() { bin=$1; shift; "$bin" logits -m "$ref/models/$name.gguf" --ids "$ids" --ctx 512 --kv-type f32 --top 16 "$@" 2>&1; }
@@ -110,8 +119,8 @@ for exp in "$ref"/expected/*.json; do
     for b in $builds; do
         want=$tmp/want.out than=$PSV_BIN
         [ $b = nosimd ] && want=$tmp/want-nosimd.out than="$PSV_BIN with PSV_KERNELS=ref"
-        # (two threads for the build without flags: its pool's threads are made as above)
-        t=; [ $b = flagless-gcc ] && t="--threads 2"
+        # (two threads for the builds without flags: their pools' threads are made as above)
+        t=; case $b in flagless-*) t="--threads 2" ;; esac
         logits "$tmp/pensieve-$b" $t >"$tmp/got.out"
         if cmp -s "$want" "$tmp/got.out"; then ok
         else bad "$name: the '$b' build computes other logits than $than"; diff "$want" "$tmp/got.out" | head -n 4
